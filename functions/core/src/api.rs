@@ -1,0 +1,212 @@
+//! The JSON objects of the HTTP contract (`shared/http-api.md`, "Objects"), built from rows.
+//!
+//! Only this module decides what a client sees: host secrets are never copied into a view.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::domain::{PoolRef, PoolSpec};
+use crate::store::{EventRow, HostRow, LeaseRow, LeaseView, PoolRow, PoolStatus, VmRow};
+
+/// RFC 3339 UTC with a `Z` and microseconds, the contract's timestamp form.
+pub fn ts<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::Micros, true))
+}
+
+fn ts_opt<S: Serializer>(t: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => ts(t, s),
+        None => s.serialize_none(),
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LeaseRecord {
+    pub lease_id: String,
+    pub vm_uid: String,
+    pub pool: PoolRef,
+    #[serde(serialize_with = "ts")]
+    pub claimed_at: DateTime<Utc>,
+    #[serde(serialize_with = "ts")]
+    pub last_heartbeat_at: DateTime<Utc>,
+    #[serde(serialize_with = "ts")]
+    pub expires_at: DateTime<Utc>,
+    pub request_id: Option<String>,
+}
+
+impl LeaseRecord {
+    pub fn new(lease: &LeaseRow, vm: Option<&VmRow>) -> LeaseRecord {
+        LeaseRecord {
+            lease_id: lease.lease_id.clone(),
+            vm_uid: vm.and_then(|v| v.uid.clone()).unwrap_or_default(),
+            pool: lease.pool_ref(),
+            claimed_at: lease.claimed_at,
+            last_heartbeat_at: lease.last_heartbeat_at,
+            expires_at: lease.expires_at,
+            request_id: lease.request_id.clone(),
+        }
+    }
+
+    pub fn from_view(v: &LeaseView) -> LeaseRecord {
+        LeaseRecord::new(&v.lease, v.vm.as_ref())
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HostInfo {
+    pub name: String,
+    pub address: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClaimedVm {
+    pub id: String,
+    pub uid: String,
+    pub flintlock_host: HostInfo,
+    pub network_interfaces: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClaimResponse {
+    pub lease: LeaseRecord,
+    pub vm: ClaimedVm,
+    pub replayed: bool,
+}
+
+impl ClaimResponse {
+    /// Built from stored data only: the VM's interfaces were recorded at provisioning, so the
+    /// claim path never calls flintlock.
+    pub fn new(view: &LeaseView, vm: &VmRow, replayed: bool) -> ClaimResponse {
+        ClaimResponse {
+            lease: LeaseRecord::new(&view.lease, Some(vm)),
+            vm: ClaimedVm {
+                id: vm.id.clone(),
+                uid: vm.uid.clone().unwrap_or_default(),
+                flintlock_host: HostInfo {
+                    name: vm.flintlock_host.clone(),
+                    address: view.host.as_ref().map(|h| h.address.clone()).unwrap_or_default(),
+                },
+                network_interfaces: vm.network_interfaces.clone(),
+            },
+            replayed,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Pool {
+    pub spec: PoolSpec,
+    pub status: PoolStatus,
+    #[serde(serialize_with = "ts")]
+    pub created_at: DateTime<Utc>,
+    #[serde(serialize_with = "ts")]
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Pool {
+    pub fn new(row: &PoolRow, status: PoolStatus) -> Pool {
+        Pool { spec: row.spec(), status, created_at: row.created_at, updated_at: row.updated_at }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct VmRecord {
+    pub id: String,
+    pub uid: Option<String>,
+    pub pool: PoolRef,
+    pub flintlock_host: String,
+    pub phase: crate::domain::Phase,
+    pub lease_id: Option<String>,
+    pub network_interfaces: serde_json::Value,
+    #[serde(serialize_with = "ts")]
+    pub created_at: DateTime<Utc>,
+    #[serde(serialize_with = "ts")]
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<&VmRow> for VmRecord {
+    fn from(v: &VmRow) -> Self {
+        VmRecord {
+            id: v.id.clone(),
+            uid: v.uid.clone(),
+            pool: v.pool_ref(),
+            flintlock_host: v.flintlock_host.clone(),
+            phase: v.phase,
+            lease_id: v.lease_id.clone(),
+            network_interfaces: v.network_interfaces.clone(),
+            created_at: v.created_at,
+            updated_at: v.updated_at,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HostTlsView {
+    pub insecure: bool,
+    /// A CA certificate is public; it is returned so operators can see what is configured.
+    pub ca_pem: Option<String>,
+    pub cert_pem: Option<String>,
+    /// Write-only: always null.
+    pub key_pem: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Host {
+    pub name: String,
+    pub address: String,
+    pub tls: HostTlsView,
+    /// Write-only: always null.
+    pub basic_auth_token: Option<String>,
+    pub cordoned: bool,
+    pub cordoned_reason: Option<String>,
+    #[serde(serialize_with = "ts_opt")]
+    pub cordoned_at: Option<DateTime<Utc>>,
+    pub vm_count: i64,
+}
+
+impl Host {
+    pub fn new(h: &HostRow, vm_count: i64) -> Host {
+        Host {
+            name: h.name.clone(),
+            address: h.address.clone(),
+            tls: HostTlsView {
+                insecure: h.tls_insecure,
+                ca_pem: h.ca_pem.clone(),
+                cert_pem: h.cert_pem.clone(),
+                key_pem: None,
+            },
+            basic_auth_token: None,
+            cordoned: h.cordoned,
+            cordoned_reason: h.cordoned_reason.clone(),
+            cordoned_at: h.cordoned_at,
+            vm_count,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    pub id: i64,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub pool: PoolRef,
+    pub vm_id: Option<String>,
+    pub lease_id: Option<String>,
+    #[serde(serialize_with = "ts")]
+    pub created_at: DateTime<Utc>,
+    pub payload: serde_json::Value,
+}
+
+impl From<&EventRow> for Event {
+    fn from(e: &EventRow) -> Self {
+        Event {
+            id: e.id,
+            kind: e.kind.clone(),
+            pool: PoolRef { namespace: e.pool_namespace.clone(), name: e.pool_name.clone() },
+            vm_id: e.vm_id.clone(),
+            lease_id: e.lease_id.clone(),
+            created_at: e.created_at,
+            payload: e.payload.clone(),
+        }
+    }
+}

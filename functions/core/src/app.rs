@@ -1,0 +1,52 @@
+//! The state every HTTP function and the reconcile pass share: built once per process
+//! (per Lambda execution environment), before serving, and lent to each request.
+
+use std::sync::Arc;
+
+use deadpool_postgres::{Object, Pool};
+
+use crate::auth::AuthConfig;
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::flintlock::Flintlock;
+use crate::metrics::Metrics;
+use crate::store::StoreError;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub db: Pool,
+    pub auth: Arc<AuthConfig>,
+    pub flintlock: Flintlock,
+    pub metrics: Arc<Metrics>,
+}
+
+impl AppState {
+    pub fn new(cfg: &Config, db: Pool) -> AppState {
+        if cfg.auth.disabled {
+            tracing::warn!(
+                "POOLMGR_AUTH=disabled: every request is served as admin without a token; never do this outside local development"
+            );
+        }
+        AppState {
+            db,
+            auth: Arc::new(cfg.auth.clone()),
+            flintlock: Flintlock::new(cfg.flintlock_timeout),
+            metrics: Arc::new(Metrics::new()),
+        }
+    }
+
+    /// A pooled connection; an unreachable database is UNAVAILABLE (503, retry).
+    pub async fn conn(&self) -> Result<Object, ApiError> {
+        self.db.get().await.map_err(|e| ApiError::from(StoreError::from(e)))
+    }
+}
+
+/// Start-up shared by every function binary: logs, configuration, the connection pool, and a
+/// schema version check (a function never migrates; the migrate step does).
+pub async fn boot_function() -> Result<AppState, Box<dyn std::error::Error + Send + Sync>> {
+    crate::telemetry::init();
+    let cfg = Config::from_env()?;
+    crate::db::check_schema(&cfg.database_url).await?;
+    let pool = crate::db::pool_from_config(&cfg)?;
+    Ok(AppState::new(&cfg, pool))
+}

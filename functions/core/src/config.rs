@@ -1,0 +1,108 @@
+//! Configuration from the environment, read once at start by each binary.
+//!
+//! Every knob has a default that suits the local stack; Lambda deployments set the rest
+//! (`infra/`). Parsing goes through a lookup closure so tests never touch the process
+//! environment.
+
+use std::time::Duration;
+
+use crate::auth::{AuthConfig, Role, TokenEntry};
+
+#[derive(Debug, thiserror::Error)]
+#[error("configuration: {0}")]
+pub struct ConfigError(pub String);
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// PostgreSQL URL (`DATABASE_URL`).
+    pub database_url: String,
+    /// Connections per process (`POOLMGR_DB_POOL_SIZE`). A Lambda instance serves one request
+    /// at a time and needs 1-2; the local server shares one pool across all routes.
+    pub db_pool_size: usize,
+    /// How long to wait for a connection (`POOLMGR_DB_CONNECT_TIMEOUT_SECONDS`).
+    pub db_connect_timeout: Duration,
+    /// Timeout of every flintlock RPC (`POOLMGR_FLINTLOCK_TIMEOUT_SECONDS`).
+    pub flintlock_timeout: Duration,
+    pub auth: AuthConfig,
+}
+
+fn parse_num<T: std::str::FromStr>(
+    lookup: &impl Fn(&str) -> Option<String>,
+    key: &str,
+    default: T,
+) -> Result<T, ConfigError> {
+    match lookup(key) {
+        None => Ok(default),
+        Some(v) if v.trim().is_empty() => Ok(default),
+        Some(v) => v.trim().parse().map_err(|_| ConfigError(format!("{key}={v:?} is not a valid number"))),
+    }
+}
+
+fn parse_tokens(raw: Option<String>, role: Role) -> Vec<TokenEntry> {
+    raw.unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|entry| TokenEntry::parse(entry, role))
+        .collect()
+}
+
+impl Config {
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let database_url = lookup("DATABASE_URL").filter(|s| !s.is_empty()).ok_or_else(|| {
+            ConfigError("DATABASE_URL is not set: point it at PostgreSQL (scripts/dev.sh starts one)".into())
+        })?;
+        let disabled = match lookup("POOLMGR_AUTH").as_deref().map(str::trim) {
+            None | Some("") | Some("enabled") => false,
+            Some("disabled") => true,
+            Some(other) => {
+                return Err(ConfigError(format!("POOLMGR_AUTH={other:?}: use \"enabled\" or \"disabled\"")));
+            }
+        };
+        let mut tokens = parse_tokens(lookup("POOLMGR_ADMIN_TOKENS"), Role::Admin);
+        tokens.extend(parse_tokens(lookup("POOLMGR_CLIENT_TOKENS"), Role::Client));
+        if !disabled && tokens.is_empty() {
+            return Err(ConfigError(
+                "no API tokens: set POOLMGR_ADMIN_TOKENS and/or POOLMGR_CLIENT_TOKENS (comma-separated, each `token` or `name:token`), or POOLMGR_AUTH=disabled for local development".into(),
+            ));
+        }
+        let db_pool_size = parse_num(&lookup, "POOLMGR_DB_POOL_SIZE", 16usize)?;
+        if db_pool_size == 0 {
+            return Err(ConfigError("POOLMGR_DB_POOL_SIZE must be at least 1".into()));
+        }
+        Ok(Config {
+            database_url,
+            db_pool_size,
+            db_connect_timeout: Duration::from_secs(parse_num(&lookup, "POOLMGR_DB_CONNECT_TIMEOUT_SECONDS", 5u64)?),
+            flintlock_timeout: Duration::from_secs(parse_num(&lookup, "POOLMGR_FLINTLOCK_TIMEOUT_SECONDS", 10u64)?),
+            auth: AuthConfig { disabled, tokens },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(move |k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn tokens_are_required_unless_auth_is_disabled() {
+        let err = cfg(&[("DATABASE_URL", "postgres://x")]).unwrap_err();
+        assert!(err.to_string().contains("POOLMGR_ADMIN_TOKENS"));
+        let c = cfg(&[("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "disabled")]).unwrap();
+        assert!(c.auth.disabled);
+        let c = cfg(&[("DATABASE_URL", "postgres://x"), ("POOLMGR_CLIENT_TOKENS", "a, ci:b ,")]).unwrap();
+        assert_eq!(c.auth.tokens.len(), 2);
+        assert!(cfg(&[("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "off")]).is_err());
+        assert!(cfg(&[("POOLMGR_AUTH", "disabled")]).is_err());
+    }
+}

@@ -1,0 +1,319 @@
+//! Domain types, parsed at the edge: once a value of these types exists it is valid.
+//!
+//! Nothing here touches the database or the network. Validation errors are plain strings
+//! naming the field, turned into INVALID_ARGUMENT by the caller.
+
+use std::fmt;
+use std::sync::LazyLock;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+use crate::template::MicroVmTemplate;
+
+/// Longest accepted `request_id`, in bytes (not characters).
+pub const MAX_REQUEST_ID_BYTES: usize = 255;
+pub const MAX_POOL_SIZE: i32 = 10_000;
+/// Longest accepted hook command and number of commands, so a pool row stays small.
+pub const MAX_COMMAND_BYTES: usize = 4096;
+pub const MAX_COMMANDS: usize = 64;
+
+static NAME_RE: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$").expect("static regex"));
+
+/// Validates a DNS-label-like name (pool, namespace, host).
+pub fn validate_name(field: &str, value: &str) -> Result<(), String> {
+    if NAME_RE.is_match(value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field} {value:?} is invalid: use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+        ))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl PoolRef {
+    pub fn parse(namespace: &str, name: &str) -> Result<PoolRef, String> {
+        validate_name("namespace", namespace)?;
+        validate_name("name", name)?;
+        Ok(PoolRef { namespace: namespace.to_owned(), name: name.to_owned() })
+    }
+}
+
+impl fmt::Display for PoolRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A client-chosen idempotency key: non-empty, at most 255 bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestId(String);
+
+impl RequestId {
+    /// `Ok(None)` for an empty id: the claim is then not retriable.
+    pub fn parse(raw: &str) -> Result<Option<RequestId>, String> {
+        if raw.is_empty() {
+            return Ok(None);
+        }
+        if raw.len() > MAX_REQUEST_ID_BYTES {
+            return Err(format!(
+                "request_id is {} bytes long; at most {MAX_REQUEST_ID_BYTES} bytes are allowed",
+                raw.len()
+            ));
+        }
+        Ok(Some(RequestId(raw.to_owned())))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A lease id: 128 random bits from the OS generator, so it can serve as a capability.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseId(String);
+
+impl LeaseId {
+    pub fn generate() -> LeaseId {
+        LeaseId(uuid::Uuid::new_v4().to_string())
+    }
+
+    pub fn parse(raw: &str) -> Result<LeaseId, String> {
+        if raw.is_empty() || raw.len() > 64 || !raw.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+            return Err(format!("lease id {raw:?} is malformed"));
+        }
+        Ok(LeaseId(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+macro_rules! string_enum {
+    ($(#[$meta:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name { $(#[serde(rename = $text)] $variant),+ }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+
+            pub fn parse(s: &str) -> Option<$name> {
+                match s { $($text => Some($name::$variant),)+ _ => None }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+string_enum!(
+    /// VM phases. DELETING is terminal: nothing moves a VM out of it.
+    Phase {
+        Provisioning => "PROVISIONING",
+        CreateHookRunning => "CREATE_HOOK_RUNNING",
+        Available => "AVAILABLE",
+        PreLeaseHookRunning => "PRE_LEASE_HOOK_RUNNING",
+        Leased => "LEASED",
+        Deleting => "DELETING",
+        Quarantined => "QUARANTINED",
+        Failed => "FAILED",
+    }
+);
+
+string_enum!(
+    Strategy {
+        ImmediateOnLease => "IMMEDIATE_ON_LEASE",
+        MinSizeThreshold => "MIN_SIZE_THRESHOLD",
+        ReplaceOnDelete => "REPLACE_ON_DELETE",
+    }
+);
+
+string_enum!(
+    HookFailurePolicy {
+        DeleteAndReplace => "DELETE_AND_REPLACE",
+        Quarantine => "QUARANTINE",
+    }
+);
+
+string_enum!(
+    EventType {
+        VmProvisioned => "VM_PROVISIONED",
+        VmAvailable => "VM_AVAILABLE",
+        VmClaimed => "VM_CLAIMED",
+        VmReleased => "VM_RELEASED",
+        VmExpiringSoon => "VM_EXPIRING_SOON",
+        VmDeletedDueToExpiry => "VM_DELETED_DUE_TO_EXPIRY",
+        VmDeletedOnRelease => "VM_DELETED_ON_RELEASE",
+        VmHookFailed => "VM_HOOK_FAILED",
+        VmDeletedOnPoolDelete => "VM_DELETED_ON_POOL_DELETE",
+        VmAdopted => "VM_ADOPTED",
+        VmOrphanDeleted => "VM_ORPHAN_DELETED",
+        PoolReplenishing => "POOL_REPLENISHING",
+        PoolSizeBelowTarget => "POOL_SIZE_BELOW_TARGET",
+    }
+);
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Replenishment {
+    pub strategy: Strategy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_size: Option<i32>,
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+fn default_policy() -> HookFailurePolicy {
+    HookFailurePolicy::DeleteAndReplace
+}
+fn default_interval() -> i32 {
+    30
+}
+fn default_expiry() -> i32 {
+    120
+}
+
+/// A pool's desired state, exactly the contract's PoolSpec JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpec {
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    pub name: String,
+    pub size: i32,
+    #[serde(default)]
+    pub flintlock_hosts: Vec<String>,
+    pub replenishment: Replenishment,
+    pub microvm_template: MicroVmTemplate,
+    #[serde(default)]
+    pub create_commands: Vec<String>,
+    #[serde(default)]
+    pub pre_lease_commands: Vec<String>,
+    #[serde(default = "default_policy")]
+    pub hook_failure_policy: HookFailurePolicy,
+    #[serde(default = "default_interval")]
+    pub heartbeat_interval_seconds: i32,
+    #[serde(default = "default_expiry")]
+    pub heartbeat_expiry_seconds: i32,
+}
+
+impl PoolSpec {
+    pub fn pool_ref(&self) -> PoolRef {
+        PoolRef { namespace: self.namespace.clone(), name: self.name.clone() }
+    }
+
+    /// Checks everything that needs no database. Host registration is checked by the store.
+    pub fn validate(&self) -> Result<(), String> {
+        validate_name("namespace", &self.namespace)?;
+        validate_name("name", &self.name)?;
+        if !(0..=MAX_POOL_SIZE).contains(&self.size) {
+            return Err(format!("size must be between 0 and {MAX_POOL_SIZE}, got {}", self.size));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for h in &self.flintlock_hosts {
+            validate_name("flintlock_hosts entry", h)?;
+            if !seen.insert(h) {
+                return Err(format!("flintlock_hosts lists {h:?} twice"));
+            }
+        }
+        match (self.replenishment.strategy, self.replenishment.min_size) {
+            (Strategy::MinSizeThreshold, None) => {
+                return Err("replenishment.min_size is required for MIN_SIZE_THRESHOLD".into());
+            }
+            (Strategy::MinSizeThreshold, Some(m)) if m < 1 || m > self.size => {
+                return Err(format!("replenishment.min_size must be between 1 and size ({}), got {m}", self.size));
+            }
+            (Strategy::MinSizeThreshold, Some(_)) => {}
+            (s, Some(_)) => {
+                return Err(format!("replenishment.min_size applies only to MIN_SIZE_THRESHOLD, not {s}"));
+            }
+            (_, None) => {}
+        }
+        for (field, cmds) in
+            [("create_commands", &self.create_commands), ("pre_lease_commands", &self.pre_lease_commands)]
+        {
+            if cmds.len() > MAX_COMMANDS {
+                return Err(format!("{field} has {} commands; at most {MAX_COMMANDS} are allowed", cmds.len()));
+            }
+            for (i, c) in cmds.iter().enumerate() {
+                if c.trim().is_empty() {
+                    return Err(format!("{field}[{i}] is empty"));
+                }
+                if c.len() > MAX_COMMAND_BYTES {
+                    return Err(format!("{field}[{i}] is longer than {MAX_COMMAND_BYTES} bytes"));
+                }
+            }
+        }
+        if self.heartbeat_interval_seconds < 1 {
+            return Err("heartbeat_interval_seconds must be at least 1".into());
+        }
+        if self.heartbeat_expiry_seconds < 1 || self.heartbeat_expiry_seconds < self.heartbeat_interval_seconds {
+            return Err(format!(
+                "heartbeat_expiry_seconds must be at least 1 and at least heartbeat_interval_seconds ({})",
+                self.heartbeat_interval_seconds
+            ));
+        }
+        self.microvm_template.validate()?;
+        // A static MAC or address can only exist once on the network: such a pool may hold at
+        // most one VM and must never keep a broken one around or provision ahead of a claim.
+        if self.microvm_template.has_static_network()
+            && (self.size > 1
+                || self.replenishment.strategy == Strategy::ImmediateOnLease
+                || self.hook_failure_policy == HookFailurePolicy::Quarantine)
+        {
+            return Err("microvm_template.interfaces sets guest_mac or a static address: such a pool needs size <= 1, a strategy other than IMMEDIATE_ON_LEASE and hook_failure_policy DELETE_AND_REPLACE".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_id_boundaries() {
+        assert!(RequestId::parse(&"a".repeat(255)).unwrap().is_some());
+        assert!(RequestId::parse(&"a".repeat(256)).is_err());
+        // 128 two-byte characters are 256 bytes.
+        assert!(RequestId::parse(&"é".repeat(128)).is_err());
+        assert_eq!(RequestId::parse("").unwrap(), None);
+    }
+
+    #[test]
+    fn names() {
+        assert!(validate_name("n", "ci").is_ok());
+        assert!(validate_name("n", "a").is_ok());
+        assert!(validate_name("n", &"a".repeat(63)).is_ok());
+        for bad in ["", "-a", "a-", "A", "a_b", "a/b", &"a".repeat(64)] {
+            assert!(validate_name("n", bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn phase_round_trip() {
+        for p in Phase::ALL {
+            assert_eq!(Phase::parse(p.as_str()), Some(*p));
+        }
+        assert_eq!(Phase::parse("nope"), None);
+    }
+}

@@ -1,0 +1,102 @@
+//! The one error type every HTTP function answers with, and its JSON shape.
+//!
+//! Each variant is a status of the contract (`shared/http-api.md`, "Errors"). Internal causes
+//! are logged here, once, and never sent to the client: an `Internal` or `Unavailable` body
+//! carries only a fixed, safe message.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// Seconds a client should wait before retrying a 429 or 503.
+pub const RETRY_AFTER_SECONDS: u64 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    Aborted(String),
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// The message is safe for clients; the cause is logged.
+    #[error("{message}")]
+    Internal { message: String, cause: String },
+    /// The message is safe for clients; the cause is logged.
+    #[error("{message}")]
+    Unavailable { message: String, cause: String },
+}
+
+impl ApiError {
+    pub fn internal(cause: impl std::fmt::Display) -> Self {
+        ApiError::Internal { message: "internal error".into(), cause: cause.to_string() }
+    }
+
+    pub fn unavailable(message: impl Into<String>, cause: impl std::fmt::Display) -> Self {
+        ApiError::Unavailable { message: message.into(), cause: cause.to_string() }
+    }
+
+    pub fn status(&self) -> (StatusCode, &'static str) {
+        match self {
+            ApiError::InvalidArgument(_) => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
+            ApiError::FailedPrecondition(_) => (StatusCode::BAD_REQUEST, "FAILED_PRECONDITION"),
+            ApiError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "UNAUTHENTICATED"),
+            ApiError::PermissionDenied(_) => (StatusCode::FORBIDDEN, "PERMISSION_DENIED"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+            ApiError::AlreadyExists(_) => (StatusCode::CONFLICT, "ALREADY_EXISTS"),
+            ApiError::Aborted(_) => (StatusCode::CONFLICT, "ABORTED"),
+            ApiError::ResourceExhausted(_) => (StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED"),
+            ApiError::Internal { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
+            ApiError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorDetail<'a> {
+    code: u16,
+    status: &'a str,
+    message: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (code, status) = self.status();
+        match &self {
+            ApiError::Internal { cause, .. } => tracing::error!(%cause, "internal error"),
+            ApiError::Unavailable { cause, .. } => tracing::warn!(%cause, "dependency unavailable"),
+            _ => tracing::info!(status, message = %self, "request refused"),
+        }
+        let body = ErrorBody { error: ErrorDetail { code: code.as_u16(), status, message: self.to_string() } };
+        let mut resp = (code, axum::Json(body)).into_response();
+        if matches!(self, ApiError::ResourceExhausted(_) | ApiError::Unavailable { .. }) {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+        }
+        resp
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> Self {
+        use crate::store::StoreError as S;
+        match e {
+            S::Unavailable(cause) => ApiError::unavailable("database unavailable, retry", cause),
+            S::Db(cause) => ApiError::internal(cause),
+        }
+    }
+}

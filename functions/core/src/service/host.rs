@@ -1,0 +1,159 @@
+//! Hosts: register, update, cordon, remove.
+
+use serde::Deserialize;
+
+use crate::api::Host;
+use crate::app::AppState;
+use crate::domain::validate_name;
+use crate::error::ApiError;
+use crate::store::{self, HostDelete, HostWrite};
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostTls {
+    #[serde(default)]
+    pub insecure: bool,
+    #[serde(default)]
+    pub ca_pem: Option<String>,
+    #[serde(default)]
+    pub cert_pem: Option<String>,
+    #[serde(default)]
+    pub key_pem: Option<String>,
+}
+
+/// A host as written by a client. `tls` omitted means a plaintext (`--insecure`) flintlockd.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    #[serde(default)]
+    pub name: Option<String>,
+    pub address: String,
+    #[serde(default)]
+    pub tls: Option<HostTls>,
+    #[serde(default)]
+    pub basic_auth_token: Option<String>,
+}
+
+const MAX_PEM_BYTES: usize = 16 * 1024;
+
+impl HostSpec {
+    fn validate(&self) -> Result<HostTls, ApiError> {
+        let bad = |m: String| ApiError::InvalidArgument(m);
+        let (host, port) = self
+            .address
+            .rsplit_once(':')
+            .ok_or_else(|| bad(format!("address {:?} must be host:port", self.address)))?;
+        if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) || self.address.len() > 255 {
+            return Err(bad(format!("address {:?} must be host:port with a port between 1 and 65535", self.address)));
+        }
+        if self.address.contains('/') || self.address.chars().any(char::is_whitespace) {
+            return Err(bad(format!("address {:?} must be host:port, without a scheme or path", self.address)));
+        }
+        let tls = self.tls.clone().unwrap_or(HostTls { insecure: true, ..Default::default() });
+        for (field, v) in [("tls.ca_pem", &tls.ca_pem), ("tls.cert_pem", &tls.cert_pem), ("tls.key_pem", &tls.key_pem)]
+        {
+            if let Some(v) = v {
+                if !v.contains("-----BEGIN ") || v.len() > MAX_PEM_BYTES {
+                    return Err(bad(format!("{field} must be a PEM block of at most {MAX_PEM_BYTES} bytes")));
+                }
+                if tls.insecure {
+                    return Err(bad(format!("{field} makes no sense with tls.insecure=true")));
+                }
+            }
+        }
+        if tls.cert_pem.is_some() != tls.key_pem.is_some() {
+            return Err(bad("tls.cert_pem and tls.key_pem go together: give both or neither".into()));
+        }
+        if !tls.insecure && tls.ca_pem.is_none() {
+            return Err(bad(
+                "tls.ca_pem is required for a TLS host (or set tls.insecure=true for a plaintext flintlockd)".into(),
+            ));
+        }
+        if let Some(t) = &self.basic_auth_token
+            && (t.is_empty() || t.len() > 1024 || t.chars().any(|c| c.is_control()))
+        {
+            return Err(bad("basic_auth_token must be 1-1024 printable characters".into()));
+        }
+        Ok(tls)
+    }
+}
+
+fn not_found(name: &str) -> ApiError {
+    ApiError::NotFound(format!("host {name} not found"))
+}
+
+fn write<'a>(name: &'a str, spec: &'a HostSpec, tls: &'a HostTls) -> HostWrite<'a> {
+    HostWrite {
+        name,
+        address: &spec.address,
+        tls_insecure: tls.insecure,
+        ca_pem: tls.ca_pem.as_deref(),
+        cert_pem: tls.cert_pem.as_deref(),
+        key_pem: tls.key_pem.as_deref(),
+        basic_auth_token: spec.basic_auth_token.as_deref(),
+    }
+}
+
+pub async fn create(state: &AppState, spec: HostSpec) -> Result<Host, ApiError> {
+    let name = spec.name.clone().ok_or_else(|| ApiError::InvalidArgument("name is required".into()))?;
+    validate_name("name", &name).map_err(ApiError::InvalidArgument)?;
+    let tls = spec.validate()?;
+    let conn = state.conn().await?;
+    let (row, n) = store::host_insert(&**conn, &write(&name, &spec, &tls)).await?.ok_or_else(|| {
+        ApiError::AlreadyExists(format!("host {name} already exists: use PUT /v1/hosts/{name} to change it"))
+    })?;
+    tracing::info!(host = %name, address = %row.address, "host registered");
+    Ok(Host::new(&row, n))
+}
+
+pub async fn update(state: &AppState, name: &str, spec: HostSpec) -> Result<Host, ApiError> {
+    validate_name("name", name).map_err(ApiError::InvalidArgument)?;
+    if let Some(body_name) = &spec.name
+        && body_name != name
+    {
+        return Err(ApiError::InvalidArgument(format!(
+            "the body names host {body_name} but the path names {name}: hosts cannot be renamed"
+        )));
+    }
+    let tls = spec.validate()?;
+    let conn = state.conn().await?;
+    let (row, n) = store::host_update(&**conn, &write(name, &spec, &tls)).await?.ok_or_else(|| not_found(name))?;
+    Ok(Host::new(&row, n))
+}
+
+pub async fn get(state: &AppState, name: &str) -> Result<Host, ApiError> {
+    let conn = state.conn().await?;
+    let (row, n) = store::host_get(&**conn, name).await?.ok_or_else(|| not_found(name))?;
+    Ok(Host::new(&row, n))
+}
+
+pub async fn list(state: &AppState) -> Result<Vec<Host>, ApiError> {
+    let conn = state.conn().await?;
+    Ok(store::host_list(&**conn).await?.iter().map(|(h, n)| Host::new(h, *n)).collect())
+}
+
+/// Cordons (`Some(reason)`) or uncordons (`None`) a host. Idempotent.
+pub async fn set_cordon(state: &AppState, name: &str, reason: Option<&str>) -> Result<Host, ApiError> {
+    let conn = state.conn().await?;
+    let (row, n) = store::host_set_cordon(&**conn, name, reason).await?.ok_or_else(|| not_found(name))?;
+    tracing::info!(host = %name, cordoned = row.cordoned, "host cordon changed");
+    Ok(Host::new(&row, n))
+}
+
+pub async fn remove(state: &AppState, name: &str) -> Result<(), ApiError> {
+    let mut conn = state.conn().await?;
+    let tx = conn.transaction().await.map_err(store::StoreError::from)?;
+    match store::host_delete(&*tx, name).await? {
+        HostDelete::NotFound => Err(not_found(name)),
+        HostDelete::InUse { pools, vm_count } => Err(ApiError::FailedPrecondition(format!(
+            "host {name} is still in use ({} pool(s){}{}, {vm_count} VM(s)): cordon it, remove it from those pools' flintlock_hosts and wait for its VMs to go",
+            pools.len(),
+            if pools.is_empty() { "" } else { ": " },
+            pools.join(", ")
+        ))),
+        HostDelete::Deleted => {
+            tx.commit().await.map_err(store::StoreError::from)?;
+            Ok(())
+        }
+    }
+}

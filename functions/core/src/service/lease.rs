@@ -1,0 +1,121 @@
+//! Leases: get, heartbeat, list, release — and the delete step shared with pool deletion
+//! and the reconciler.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::Utc;
+
+use crate::api::LeaseRecord;
+use crate::app::AppState;
+use crate::auth::Principal;
+use crate::domain::{LeaseId, PoolRef};
+use crate::error::ApiError;
+use crate::flintlock::FlintlockError;
+use crate::store::{self, HostRow, VmFinish, VmRow};
+
+pub const DEFAULT_PAGE_SIZE: i64 = 100;
+pub const MAX_PAGE_SIZE: i64 = 1000;
+
+fn lease_not_found(id: &LeaseId) -> ApiError {
+    ApiError::NotFound(format!("lease {} not found", id.as_str()))
+}
+
+pub async fn get(state: &AppState, id: &LeaseId) -> Result<LeaseRecord, ApiError> {
+    let conn = state.conn().await?;
+    let view = store::lease_get(&**conn, id.as_str()).await?.ok_or_else(|| lease_not_found(id))?;
+    Ok(LeaseRecord::from_view(&view))
+}
+
+pub async fn heartbeat(state: &AppState, id: &LeaseId) -> Result<LeaseRecord, ApiError> {
+    let conn = state.conn().await?;
+    match store::lease_heartbeat(&**conn, id.as_str()).await? {
+        Some(view) => Ok(LeaseRecord::from_view(&view)),
+        None => Err(ApiError::NotFound(format!(
+            "lease {} not found (released, expired, or its pool was deleted): claim a new VM",
+            id.as_str()
+        ))),
+    }
+}
+
+pub struct Page {
+    pub leases: Vec<LeaseRecord>,
+    pub next_page_token: String,
+}
+
+/// Lists leases; a client token sees only its own principal's leases.
+pub async fn list(
+    state: &AppState,
+    principal: &Principal,
+    pool: Option<&PoolRef>,
+    page_size: Option<i64>,
+    page_token: Option<&str>,
+) -> Result<Page, ApiError> {
+    let size = page_size.unwrap_or(DEFAULT_PAGE_SIZE);
+    if !(1..=MAX_PAGE_SIZE).contains(&size) {
+        return Err(ApiError::InvalidArgument(format!("page_size must be between 1 and {MAX_PAGE_SIZE}")));
+    }
+    let after = match page_token.filter(|t| !t.is_empty()) {
+        None => String::new(),
+        Some(t) => URL_SAFE_NO_PAD.decode(t).ok().and_then(|b| String::from_utf8(b).ok()).ok_or_else(|| {
+            ApiError::InvalidArgument("page_token is malformed: pass back next_page_token unchanged".into())
+        })?,
+    };
+    let only = (!principal.is_admin()).then_some(principal.name.as_str());
+    let conn = state.conn().await?;
+    // One extra row tells whether another page exists.
+    let mut views = store::lease_list(&**conn, pool, only, &after, size + 1).await?;
+    let more = views.len() as i64 > size;
+    views.truncate(size as usize);
+    let next_page_token = match (more, views.last()) {
+        (true, Some(last)) => URL_SAFE_NO_PAD.encode(&last.lease.lease_id),
+        _ => String::new(),
+    };
+    Ok(Page { leases: views.iter().map(LeaseRecord::from_view).collect(), next_page_token })
+}
+
+/// Deletes a DELETING VM in flintlock and then removes its row (and any lease left on it).
+/// A VM flintlock no longer knows counts as deleted. On a flintlock failure the VM stays
+/// DELETING for the reconciler to retry.
+pub async fn finish_vm_delete(state: &AppState, vm: &VmRow, host: Option<&HostRow>) -> Result<VmFinish, ApiError> {
+    if let Some(uid) = &vm.uid {
+        let host = host.ok_or_else(|| {
+            ApiError::unavailable(
+                "vm cleanup pending, retry later",
+                format!("host {} of vm {} is not registered", vm.flintlock_host, vm.id),
+            )
+        })?;
+        state.flintlock.delete(host, uid).await.map_err(|e: FlintlockError| {
+            ApiError::unavailable("vm cleanup pending: flintlock could not delete the VM, retry later", e)
+        })?;
+    }
+    let conn = state.conn().await?;
+    Ok(store::vm_finish_delete(&**conn, &vm.id).await?)
+}
+
+/// ReleaseVM: VM → DELETING, flintlock delete, then the VM and lease rows go together.
+/// Runs detached from the request so a client that disconnects cannot stop it halfway.
+pub async fn release(state: &AppState, id: &LeaseId) -> Result<(), ApiError> {
+    let state = state.clone();
+    let id = id.clone();
+    super::detached(async move {
+        let conn = state.conn().await?;
+        let view = store::lease_begin_release(&**conn, id.as_str()).await?.ok_or_else(|| lease_not_found(&id))?;
+        drop(conn);
+        let Some(vm) = view.vm else {
+            // The VM row is gone (a concurrent deleter finished it); only the lease remains.
+            let conn = state.conn().await?;
+            store::lease_delete(&**conn, id.as_str()).await?;
+            return Ok(());
+        };
+        match finish_vm_delete(&state, &vm, view.host.as_ref()).await? {
+            VmFinish::Removed { lease: Some(lease), .. } => {
+                let held = (Utc::now() - lease.claimed_at).as_seconds_f64();
+                state.metrics.release(&lease.pool_ref(), "api", Some(held));
+            }
+            // Someone else (the reconciler) finished this delete; it records the release.
+            VmFinish::Removed { lease: None, .. } | VmFinish::Gone => {}
+        }
+        Ok(())
+    })
+    .await
+}

@@ -1,0 +1,122 @@
+//! Pools: create, update, get, list, delete (drain).
+
+use std::collections::HashMap;
+
+use crate::api::Pool;
+use crate::app::AppState;
+use crate::domain::{PoolRef, PoolSpec};
+use crate::error::ApiError;
+use crate::store::{self, PoolDelete, PoolStatus};
+
+fn not_found(pool: &PoolRef) -> ApiError {
+    ApiError::NotFound(format!("pool {pool} not found"))
+}
+
+/// Refuses a spec that names hosts nobody registered. Locks the named hosts (KEY SHARE) for
+/// the rest of the transaction so a concurrent RemoveHost cannot slip in.
+async fn check_hosts(tx: &tokio_postgres::Transaction<'_>, spec: &PoolSpec) -> Result<(), ApiError> {
+    let missing = store::host_missing_for_pool(tx, &spec.flintlock_hosts).await?;
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::FailedPrecondition(format!(
+            "pool {} names unregistered flintlock host(s) {}: register them with POST /v1/hosts first",
+            spec.pool_ref(),
+            missing.join(", ")
+        )))
+    }
+}
+
+fn validated(spec: &PoolSpec) -> Result<(), ApiError> {
+    spec.validate().map_err(ApiError::InvalidArgument)
+}
+
+pub async fn create(state: &AppState, spec: PoolSpec) -> Result<Pool, ApiError> {
+    validated(&spec)?;
+    let mut conn = state.conn().await?;
+    let tx = conn.transaction().await.map_err(store::StoreError::from)?;
+    check_hosts(&tx, &spec).await?;
+    let row = store::pool_insert(&*tx, &spec).await?.ok_or_else(|| {
+        ApiError::AlreadyExists(format!("pool {} already exists: use PUT to change it", spec.pool_ref()))
+    })?;
+    tx.commit().await.map_err(store::StoreError::from)?;
+    tracing::info!(pool = %spec.pool_ref(), size = spec.size, "pool created");
+    Ok(Pool::new(&row, PoolStatus::default()))
+}
+
+pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec) -> Result<Pool, ApiError> {
+    if spec.pool_ref() != *path {
+        return Err(ApiError::InvalidArgument(format!(
+            "the body names pool {} but the path names {path}: they must match (pools cannot be renamed)",
+            spec.pool_ref()
+        )));
+    }
+    validated(&spec)?;
+    let mut conn = state.conn().await?;
+    let tx = conn.transaction().await.map_err(store::StoreError::from)?;
+    check_hosts(&tx, &spec).await?;
+    if !store::pool_update(&*tx, &spec).await? {
+        return Err(not_found(path));
+    }
+    let (row, status) = store::pool_get(&*tx, path).await?.ok_or_else(|| not_found(path))?;
+    tx.commit().await.map_err(store::StoreError::from)?;
+    tracing::info!(pool = %path, size = spec.size, "pool updated");
+    Ok(Pool::new(&row, status))
+}
+
+pub async fn get(state: &AppState, pool: &PoolRef) -> Result<Pool, ApiError> {
+    let conn = state.conn().await?;
+    let (row, status) = store::pool_get(&**conn, pool).await?.ok_or_else(|| not_found(pool))?;
+    Ok(Pool::new(&row, status))
+}
+
+pub async fn list(state: &AppState, namespace: Option<&str>) -> Result<Vec<Pool>, ApiError> {
+    let conn = state.conn().await?;
+    Ok(store::pool_list(&**conn, namespace).await?.into_iter().map(|(r, s)| Pool::new(&r, s)).collect())
+}
+
+/// Deletes a pool: its row goes, every VM becomes DELETING and every lease is removed in one
+/// transaction; then each VM is deleted in flintlock, best effort. A VM whose delete fails
+/// stays DELETING and the reconciler finishes it.
+pub async fn delete(state: &AppState, pool: &PoolRef, force: bool) -> Result<(), ApiError> {
+    let state = state.clone();
+    let pool = pool.clone();
+    super::detached(async move {
+        let mut conn = state.conn().await?;
+        let tx = conn.transaction().await.map_err(store::StoreError::from)?;
+        let (vms, leases) = match store::pool_delete_and_mark_vms(&*tx, &pool, force).await? {
+            PoolDelete::NotFound => return Err(not_found(&pool)),
+            // Dropping the transaction rolls the pool row back.
+            PoolDelete::HasLeasedVms(n) => {
+                return Err(ApiError::FailedPrecondition(format!(
+                    "pool {pool} has {n} leased VM(s): release them or delete with force=true"
+                )));
+            }
+            PoolDelete::Deleted { vms, leases } => (vms, leases),
+        };
+        tx.commit().await.map_err(store::StoreError::from)?;
+        drop(conn);
+        let now = chrono::Utc::now();
+        for l in &leases {
+            state.metrics.release(&pool, "pool_delete", Some((now - l.claimed_at).as_seconds_f64()));
+        }
+        tracing::info!(%pool, vms = vms.len(), leases = leases.len(), force, "pool deleted");
+
+        let hosts: HashMap<String, store::HostRow> = {
+            let conn = state.conn().await?;
+            store::host_list(&**conn).await?.into_iter().map(|(h, _)| (h.name.clone(), h)).collect()
+        };
+        let deletes = vms.iter().map(|vm| {
+            let state = &state;
+            let host = hosts.get(&vm.flintlock_host);
+            async move {
+                if let Err(e) = super::lease::finish_vm_delete(state, vm, host).await {
+                    tracing::warn!(vm = %vm.id, error = %e, "VM of deleted pool left DELETING for the reconciler");
+                }
+            }
+        });
+        futures::future::join_all(deletes).await;
+        Ok(())
+    })
+    .await
+}

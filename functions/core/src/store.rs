@@ -1,0 +1,905 @@
+//! Every SQL statement poolmgr runs, and the one mapping of each table's rows.
+//!
+//! Rows are read as `to_jsonb(<table alias>)` and decoded into the `*Row` structs below, so a
+//! table's columns are defined once, by the table, and every statement that returns a row of
+//! it (SELECT, INSERT … RETURNING, a CTE) maps it the same way. Statements are named
+//! `entity_verb`. Each function takes any client — a pooled connection or a transaction — so
+//! callers compose them into larger transactions.
+//!
+//! Statements go through `query_typed` (the unnamed statement, parameter types given here):
+//! no named prepared statements and no session state, so a transaction-mode pooler (RDS
+//! Proxy, PgBouncer) can move the connection between transactions freely. Database errors are
+//! translated into `StoreError` in exactly one place, [`interpret`].
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use tokio_postgres::GenericClient;
+use tokio_postgres::Row;
+use tokio_postgres::types::{ToSql, Type};
+
+use crate::domain::{EventType, HookFailurePolicy, Phase, PoolRef, PoolSpec, Replenishment, Strategy};
+use crate::template::MicroVmTemplate;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached or dropped the connection: a retry may succeed.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    #[error("database error: {0}")]
+    Db(String),
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// The one place database errors are translated into our vocabulary.
+pub fn interpret(e: tokio_postgres::Error) -> StoreError {
+    use tokio_postgres::error::SqlState;
+    if e.is_closed() {
+        return StoreError::Unavailable(e.to_string());
+    }
+    match e.code() {
+        // No SQLSTATE: an I/O or protocol failure talking to the server.
+        None => StoreError::Unavailable(e.to_string()),
+        Some(c)
+            if c.code().starts_with("08")
+                || *c == SqlState::ADMIN_SHUTDOWN
+                || *c == SqlState::CRASH_SHUTDOWN
+                || *c == SqlState::CANNOT_CONNECT_NOW
+                || *c == SqlState::TOO_MANY_CONNECTIONS =>
+        {
+            StoreError::Unavailable(e.to_string())
+        }
+        Some(_) => StoreError::Db(e.to_string()),
+    }
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        interpret(e)
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => interpret(e),
+            other => StoreError::Unavailable(other.to_string()),
+        }
+    }
+}
+
+/// Decodes a `to_jsonb(...)` column; NULL (an outer join that found nothing) is `None`.
+fn json_col<T: DeserializeOwned>(row: &Row, col: &str) -> Result<Option<T>> {
+    let v: Option<serde_json::Value> = row.try_get(col)?;
+    match v {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v).map(Some).map_err(|e| StoreError::Db(format!("decoding {col}: {e}"))),
+    }
+}
+
+fn json_req<T: DeserializeOwned>(row: &Row, col: &str) -> Result<T> {
+    json_col(row, col)?.ok_or_else(|| StoreError::Db(format!("{col} is unexpectedly NULL")))
+}
+
+// ---------------------------------------------------------------------------------------
+// Rows
+// ---------------------------------------------------------------------------------------
+
+/// A `pools` row.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PoolRow {
+    pub namespace: String,
+    pub name: String,
+    pub size: i32,
+    pub flintlock_hosts: Vec<String>,
+    pub strategy: Strategy,
+    pub min_size: Option<i32>,
+    pub microvm_template: MicroVmTemplate,
+    pub create_commands: Vec<String>,
+    pub pre_lease_commands: Vec<String>,
+    pub hook_failure_policy: HookFailurePolicy,
+    pub heartbeat_interval_seconds: i32,
+    pub heartbeat_expiry_seconds: i32,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl PoolRow {
+    pub fn pool_ref(&self) -> PoolRef {
+        PoolRef { namespace: self.namespace.clone(), name: self.name.clone() }
+    }
+
+    pub fn spec(&self) -> PoolSpec {
+        PoolSpec {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            size: self.size,
+            flintlock_hosts: self.flintlock_hosts.clone(),
+            replenishment: Replenishment { strategy: self.strategy, min_size: self.min_size },
+            microvm_template: self.microvm_template.clone(),
+            create_commands: self.create_commands.clone(),
+            pre_lease_commands: self.pre_lease_commands.clone(),
+            hook_failure_policy: self.hook_failure_policy,
+            heartbeat_interval_seconds: self.heartbeat_interval_seconds,
+            heartbeat_expiry_seconds: self.heartbeat_expiry_seconds,
+        }
+    }
+}
+
+/// Live VM counts of a pool, computed from `vms` and `leases`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+pub struct PoolStatus {
+    pub available: i64,
+    /// PRE_LEASE_HOOK_RUNNING, or LEASED without a committed lease row.
+    pub claiming: i64,
+    pub leased: i64,
+    pub provisioning: i64,
+    pub quarantined: i64,
+    pub deleting: i64,
+}
+
+/// A `hosts` row, secrets included; the API view drops them.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HostRow {
+    pub name: String,
+    pub address: String,
+    pub tls_insecure: bool,
+    pub ca_pem: Option<String>,
+    pub cert_pem: Option<String>,
+    pub key_pem: Option<String>,
+    pub basic_auth_token: Option<String>,
+    pub cordoned: bool,
+    pub cordoned_reason: Option<String>,
+    pub cordoned_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A `vms` row.
+#[derive(Debug, Clone, Deserialize)]
+pub struct VmRow {
+    pub id: String,
+    pub uid: Option<String>,
+    pub pool_namespace: String,
+    pub pool_name: String,
+    pub flintlock_host: String,
+    pub phase: Phase,
+    pub lease_id: Option<String>,
+    pub network_interfaces: serde_json::Value,
+    pub attempts: i32,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl VmRow {
+    pub fn pool_ref(&self) -> PoolRef {
+        PoolRef { namespace: self.pool_namespace.clone(), name: self.pool_name.clone() }
+    }
+}
+
+/// A `leases` row.
+#[derive(Debug, Clone, Deserialize)]
+pub struct LeaseRow {
+    pub lease_id: String,
+    pub vm_id: String,
+    pub pool_namespace: String,
+    pub pool_name: String,
+    pub claimed_at: DateTime<Utc>,
+    pub last_heartbeat_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub request_id: Option<String>,
+    pub principal: String,
+}
+
+impl LeaseRow {
+    pub fn pool_ref(&self) -> PoolRef {
+        PoolRef { namespace: self.pool_namespace.clone(), name: self.pool_name.clone() }
+    }
+}
+
+/// An `events` row.
+#[derive(Debug, Clone, Deserialize)]
+pub struct EventRow {
+    pub id: i64,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub pool_namespace: String,
+    pub pool_name: String,
+    pub vm_id: Option<String>,
+    pub lease_id: Option<String>,
+    pub payload: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A lease with the VM and host it points at (either may be gone).
+#[derive(Debug, Clone)]
+pub struct LeaseView {
+    pub lease: LeaseRow,
+    pub vm: Option<VmRow>,
+    pub host: Option<HostRow>,
+}
+
+fn lease_view(row: &Row) -> Result<LeaseView> {
+    Ok(LeaseView { lease: json_req(row, "lease")?, vm: json_col(row, "vm")?, host: json_col(row, "host")? })
+}
+
+// ---------------------------------------------------------------------------------------
+// Pools
+// ---------------------------------------------------------------------------------------
+
+/// Status counts of pool `p`, as a jsonb column named `status`.
+const POOL_STATUS: &str = "
+    (SELECT jsonb_build_object(
+        'available',    count(*) FILTER (WHERE v.phase = 'AVAILABLE'),
+        'claiming',     count(*) FILTER (WHERE v.phase = 'PRE_LEASE_HOOK_RUNNING'
+                                            OR (v.phase = 'LEASED' AND l.lease_id IS NULL)),
+        'leased',       count(*) FILTER (WHERE v.phase = 'LEASED' AND l.lease_id IS NOT NULL),
+        'provisioning', count(*) FILTER (WHERE v.phase IN ('PROVISIONING', 'CREATE_HOOK_RUNNING')),
+        'quarantined',  count(*) FILTER (WHERE v.phase = 'QUARANTINED'),
+        'deleting',     count(*) FILTER (WHERE v.phase = 'DELETING'))
+     FROM vms v LEFT JOIN leases l ON l.vm_id = v.id
+     WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name) AS status";
+
+fn pool_with_status(row: &Row) -> Result<(PoolRow, PoolStatus)> {
+    Ok((json_req(row, "pool")?, json_req(row, "status")?))
+}
+
+/// Registered hosts among `names` that are missing, locking the present ones against a
+/// concurrent RemoveHost until the caller's transaction ends.
+pub async fn host_missing_for_pool(c: &impl GenericClient, names: &[String]) -> Result<Vec<String>> {
+    let rows = c
+        .query_typed(
+            "WITH present AS (
+                 SELECT name FROM hosts WHERE name = ANY($1) FOR KEY SHARE
+             )
+             SELECT n FROM unnest($1::text[]) AS n WHERE n NOT IN (SELECT name FROM present)",
+            &[(&names, Type::TEXT_ARRAY)],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Inserts a pool; `None` if one with that key exists.
+pub async fn pool_insert(c: &impl GenericClient, spec: &PoolSpec) -> Result<Option<PoolRow>> {
+    let template = serde_json::to_value(&spec.microvm_template).map_err(|e| StoreError::Db(e.to_string()))?;
+    let row = c
+        .query_typed_opt(
+            "INSERT INTO pools AS p (namespace, name, size, flintlock_hosts, strategy, min_size,
+                 microvm_template, create_commands, pre_lease_commands, hook_failure_policy,
+                 heartbeat_interval_seconds, heartbeat_expiry_seconds)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+             ON CONFLICT (namespace, name) DO NOTHING
+             RETURNING to_jsonb(p) AS pool",
+            &[
+                (&spec.namespace, Type::TEXT),
+                (&spec.name, Type::TEXT),
+                (&spec.size, Type::INT4),
+                (&spec.flintlock_hosts, Type::TEXT_ARRAY),
+                (&spec.replenishment.strategy.as_str(), Type::TEXT),
+                (&spec.replenishment.min_size, Type::INT4),
+                (&template, Type::JSONB),
+                (&spec.create_commands, Type::TEXT_ARRAY),
+                (&spec.pre_lease_commands, Type::TEXT_ARRAY),
+                (&spec.hook_failure_policy.as_str(), Type::TEXT),
+                (&spec.heartbeat_interval_seconds, Type::INT4),
+                (&spec.heartbeat_expiry_seconds, Type::INT4),
+            ],
+        )
+        .await?;
+    row.map(|r| json_req(&r, "pool")).transpose()
+}
+
+/// Replaces a pool's spec; `false` if the pool does not exist.
+pub async fn pool_update(c: &impl GenericClient, spec: &PoolSpec) -> Result<bool> {
+    let template = serde_json::to_value(&spec.microvm_template).map_err(|e| StoreError::Db(e.to_string()))?;
+    let n = c
+        .execute_typed(
+            "UPDATE pools SET size = $3, flintlock_hosts = $4, strategy = $5, min_size = $6,
+                 microvm_template = $7, create_commands = $8, pre_lease_commands = $9,
+                 hook_failure_policy = $10, heartbeat_interval_seconds = $11,
+                 heartbeat_expiry_seconds = $12, updated_at = now()
+             WHERE namespace = $1 AND name = $2",
+            &[
+                (&spec.namespace, Type::TEXT),
+                (&spec.name, Type::TEXT),
+                (&spec.size, Type::INT4),
+                (&spec.flintlock_hosts, Type::TEXT_ARRAY),
+                (&spec.replenishment.strategy.as_str(), Type::TEXT),
+                (&spec.replenishment.min_size, Type::INT4),
+                (&template, Type::JSONB),
+                (&spec.create_commands, Type::TEXT_ARRAY),
+                (&spec.pre_lease_commands, Type::TEXT_ARRAY),
+                (&spec.hook_failure_policy.as_str(), Type::TEXT),
+                (&spec.heartbeat_interval_seconds, Type::INT4),
+                (&spec.heartbeat_expiry_seconds, Type::INT4),
+            ],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+pub async fn pool_get(c: &impl GenericClient, pool: &PoolRef) -> Result<Option<(PoolRow, PoolStatus)>> {
+    let sql = format!("SELECT to_jsonb(p) AS pool, {POOL_STATUS} FROM pools p WHERE p.namespace = $1 AND p.name = $2");
+    let row = c.query_typed_opt(&sql, &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)]).await?;
+    row.as_ref().map(pool_with_status).transpose()
+}
+
+pub async fn pool_list(c: &impl GenericClient, namespace: Option<&str>) -> Result<Vec<(PoolRow, PoolStatus)>> {
+    let sql = format!(
+        "SELECT to_jsonb(p) AS pool, {POOL_STATUS} FROM pools p
+         WHERE $1::text IS NULL OR p.namespace = $1
+         ORDER BY p.namespace, p.name"
+    );
+    let rows = c.query_typed(&sql, &[(&namespace, Type::TEXT)]).await?;
+    rows.iter().map(pool_with_status).collect()
+}
+
+pub enum PoolDelete {
+    NotFound,
+    /// Refused without `force`: this many VMs are leased or being claimed.
+    HasLeasedVms(i64),
+    /// Every VM of the pool, now DELETING, and the leases that were removed.
+    Deleted {
+        vms: Vec<VmRow>,
+        leases: Vec<LeaseRow>,
+    },
+}
+
+/// Deletes a pool and marks its VMs DELETING. Must run inside a transaction: the pool row and
+/// every VM row are locked first, so a claim cannot slip a lease in between the leased-VM
+/// check and the marking.
+pub async fn pool_delete_and_mark_vms(c: &impl GenericClient, pool: &PoolRef, force: bool) -> Result<PoolDelete> {
+    let p: &[(&(dyn ToSql + Sync), Type)] = &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)];
+    let deleted = c.execute_typed("DELETE FROM pools WHERE namespace = $1 AND name = $2", p).await?;
+    if deleted == 0 {
+        return Ok(PoolDelete::NotFound);
+    }
+    // FOR UPDATE waits for in-flight claims on these rows (they hold FOR NO KEY UPDATE), so
+    // the count below sees every lease that committed.
+    let leased: i64 = c
+        .query_typed_one(
+            "WITH locked AS (
+                 SELECT id, phase FROM vms WHERE pool_namespace = $1 AND pool_name = $2 FOR UPDATE
+             )
+             SELECT count(*) FROM locked WHERE phase IN ('LEASED', 'PRE_LEASE_HOOK_RUNNING')",
+            p,
+        )
+        .await?
+        .get(0);
+    if leased > 0 && !force {
+        return Ok(PoolDelete::HasLeasedVms(leased));
+    }
+    let row = c
+        .query_typed_one(
+            "WITH marked AS (
+                 UPDATE vms SET phase = 'DELETING', lease_id = NULL, updated_at = now()
+                 WHERE pool_namespace = $1 AND pool_name = $2
+                 RETURNING *
+             ), removed AS (
+                 DELETE FROM leases WHERE pool_namespace = $1 AND pool_name = $2 RETURNING *
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
+                 SELECT 'VM_DELETED_ON_POOL_DELETE', m.pool_namespace, m.pool_name, m.id, r.lease_id
+                 FROM marked m LEFT JOIN removed r ON r.vm_id = m.id
+             )
+             SELECT (SELECT coalesce(jsonb_agg(to_jsonb(m) ORDER BY m.id), '[]') FROM marked m) AS vms,
+                    (SELECT coalesce(jsonb_agg(to_jsonb(r)), '[]') FROM removed r) AS leases",
+            p,
+        )
+        .await?;
+    Ok(PoolDelete::Deleted { vms: json_req(&row, "vms")?, leases: json_req(&row, "leases")? })
+}
+
+// ---------------------------------------------------------------------------------------
+// Hosts
+// ---------------------------------------------------------------------------------------
+
+/// The writable fields of a host.
+pub struct HostWrite<'a> {
+    pub name: &'a str,
+    pub address: &'a str,
+    pub tls_insecure: bool,
+    pub ca_pem: Option<&'a str>,
+    pub cert_pem: Option<&'a str>,
+    pub key_pem: Option<&'a str>,
+    pub basic_auth_token: Option<&'a str>,
+}
+
+const HOST_VM_COUNT: &str = "(SELECT count(*) FROM vms v WHERE v.flintlock_host = h.name) AS vm_count";
+
+fn host_with_count(row: &Row) -> Result<(HostRow, i64)> {
+    Ok((json_req(row, "host")?, row.try_get("vm_count")?))
+}
+
+/// Inserts a host, uncordoned; `None` if the name is taken.
+pub async fn host_insert(c: &impl GenericClient, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
+    let row = c
+        .query_typed_opt(
+            "INSERT INTO hosts AS h (name, address, tls_insecure, ca_pem, cert_pem, key_pem, basic_auth_token)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (name) DO NOTHING
+             RETURNING to_jsonb(h) AS host, 0::bigint AS vm_count",
+            &[
+                (&h.name, Type::TEXT),
+                (&h.address, Type::TEXT),
+                (&h.tls_insecure, Type::BOOL),
+                (&h.ca_pem, Type::TEXT),
+                (&h.cert_pem, Type::TEXT),
+                (&h.key_pem, Type::TEXT),
+                (&h.basic_auth_token, Type::TEXT),
+            ],
+        )
+        .await?;
+    row.as_ref().map(host_with_count).transpose()
+}
+
+/// Replaces address, TLS and token; keeps the cordon state. `None` if unknown.
+pub async fn host_update(c: &impl GenericClient, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
+    let sql = format!(
+        "UPDATE hosts AS h SET address = $2, tls_insecure = $3, ca_pem = $4, cert_pem = $5,
+             key_pem = $6, basic_auth_token = $7, updated_at = now()
+         WHERE name = $1
+         RETURNING to_jsonb(h) AS host, {HOST_VM_COUNT}"
+    );
+    let row = c
+        .query_typed_opt(
+            &sql,
+            &[
+                (&h.name, Type::TEXT),
+                (&h.address, Type::TEXT),
+                (&h.tls_insecure, Type::BOOL),
+                (&h.ca_pem, Type::TEXT),
+                (&h.cert_pem, Type::TEXT),
+                (&h.key_pem, Type::TEXT),
+                (&h.basic_auth_token, Type::TEXT),
+            ],
+        )
+        .await?;
+    row.as_ref().map(host_with_count).transpose()
+}
+
+pub async fn host_get(c: &impl GenericClient, name: &str) -> Result<Option<(HostRow, i64)>> {
+    let sql = format!("SELECT to_jsonb(h) AS host, {HOST_VM_COUNT} FROM hosts h WHERE h.name = $1");
+    let row = c.query_typed_opt(&sql, &[(&name, Type::TEXT)]).await?;
+    row.as_ref().map(host_with_count).transpose()
+}
+
+pub async fn host_list(c: &impl GenericClient) -> Result<Vec<(HostRow, i64)>> {
+    let sql = format!("SELECT to_jsonb(h) AS host, {HOST_VM_COUNT} FROM hosts h ORDER BY h.name");
+    let rows = c.query_typed(&sql, &[]).await?;
+    rows.iter().map(host_with_count).collect()
+}
+
+/// Sets or clears the cordon; `cordoned_at` moves to now on every cordon. `None` if unknown.
+pub async fn host_set_cordon(
+    c: &impl GenericClient,
+    name: &str,
+    cordon: Option<&str>,
+) -> Result<Option<(HostRow, i64)>> {
+    let sql = format!(
+        "UPDATE hosts AS h SET cordoned = $2, cordoned_reason = $3,
+             cordoned_at = CASE WHEN $2 THEN now() END, updated_at = now()
+         WHERE name = $1
+         RETURNING to_jsonb(h) AS host, {HOST_VM_COUNT}"
+    );
+    let cordoned = cordon.is_some();
+    let row = c.query_typed_opt(&sql, &[(&name, Type::TEXT), (&cordoned, Type::BOOL), (&cordon, Type::TEXT)]).await?;
+    row.as_ref().map(host_with_count).transpose()
+}
+
+pub enum HostDelete {
+    NotFound,
+    InUse { pools: Vec<String>, vm_count: i64 },
+    Deleted,
+}
+
+/// Removes a host unless a pool names it or a VM row is on it. Must run inside a
+/// transaction: the host row is locked first, which conflicts with the KEY SHARE lock a
+/// concurrent pool create/update takes on the hosts it names.
+pub async fn host_delete(c: &impl GenericClient, name: &str) -> Result<HostDelete> {
+    let p: &[(&(dyn ToSql + Sync), Type)] = &[(&name, Type::TEXT)];
+    let row = c
+        .query_typed_opt(
+            "SELECT (SELECT coalesce(array_agg(namespace || '/' || name ORDER BY namespace, name), '{}')
+                     FROM pools WHERE $1 = ANY(flintlock_hosts)) AS pools,
+                    (SELECT count(*) FROM vms WHERE flintlock_host = $1) AS vm_count
+             FROM hosts WHERE name = $1 FOR UPDATE",
+            p,
+        )
+        .await?;
+    let Some(row) = row else { return Ok(HostDelete::NotFound) };
+    let pools: Vec<String> = row.try_get("pools")?;
+    let vm_count: i64 = row.try_get("vm_count")?;
+    if !pools.is_empty() || vm_count > 0 {
+        return Ok(HostDelete::InUse { pools, vm_count });
+    }
+    c.execute_typed("DELETE FROM hosts WHERE name = $1", p).await?;
+    Ok(HostDelete::Deleted)
+}
+
+// ---------------------------------------------------------------------------------------
+// VMs
+// ---------------------------------------------------------------------------------------
+
+pub async fn vm_get(c: &impl GenericClient, id: &str) -> Result<Option<VmRow>> {
+    let row = c.query_typed_opt("SELECT to_jsonb(v) AS vm FROM vms v WHERE v.id = $1", &[(&id, Type::TEXT)]).await?;
+    row.as_ref().map(|r| json_req(r, "vm")).transpose()
+}
+
+pub async fn vm_list(
+    c: &impl GenericClient,
+    namespace: Option<&str>,
+    pool: Option<&str>,
+    phase: Option<Phase>,
+) -> Result<Vec<VmRow>> {
+    let phase = phase.map(Phase::as_str);
+    let rows = c
+        .query_typed(
+            "SELECT to_jsonb(v) AS vm FROM vms v
+             WHERE ($1::text IS NULL OR v.pool_namespace = $1)
+               AND ($2::text IS NULL OR v.pool_name = $2)
+               AND ($3::text IS NULL OR v.phase = $3)
+             ORDER BY v.pool_namespace, v.pool_name, v.id",
+            &[(&namespace, Type::TEXT), (&pool, Type::TEXT), (&phase, Type::TEXT)],
+        )
+        .await?;
+    rows.iter().map(|r| json_req(r, "vm")).collect()
+}
+
+/// The fields of a new VM row.
+pub struct VmInsert<'a> {
+    pub id: &'a str,
+    pub uid: Option<&'a str>,
+    pub pool: &'a PoolRef,
+    pub flintlock_host: &'a str,
+    pub phase: Phase,
+    pub network_interfaces: &'a serde_json::Value,
+}
+
+pub async fn vm_insert(c: &impl GenericClient, vm: &VmInsert<'_>) -> Result<VmRow> {
+    let phase = vm.phase.as_str();
+    let row = c
+        .query_typed_one(
+            "INSERT INTO vms AS v (id, uid, pool_namespace, pool_name, flintlock_host, phase, network_interfaces)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             RETURNING to_jsonb(v) AS vm",
+            &[
+                (&vm.id, Type::TEXT),
+                (&vm.uid, Type::TEXT),
+                (&vm.pool.namespace, Type::TEXT),
+                (&vm.pool.name, Type::TEXT),
+                (&vm.flintlock_host, Type::TEXT),
+                (&phase, Type::TEXT),
+                (vm.network_interfaces, Type::JSONB),
+            ],
+        )
+        .await?;
+    json_req(&row, "vm")
+}
+
+pub enum VmFinish {
+    /// The row was already gone (another deleter finished first).
+    Gone,
+    /// The row is removed, with the lease it still had (a release being finished).
+    Removed { vm: Box<VmRow>, lease: Option<Box<LeaseRow>> },
+}
+
+/// Removes a DELETING VM's row, and its lease if one is left, once flintlock confirmed the
+/// delete. A lease still present means a release is being finished: VM_DELETED_ON_RELEASE is
+/// written in the same transaction. Expiry and pool delete wrote their events when they
+/// marked the VM.
+pub async fn vm_finish_delete(c: &impl GenericClient, vm_id: &str) -> Result<VmFinish> {
+    let row = c
+        .query_typed_one(
+            "WITH v AS (
+                 DELETE FROM vms WHERE id = $1 AND phase = 'DELETING' RETURNING *
+             ), l AS (
+                 DELETE FROM leases WHERE vm_id = (SELECT id FROM v) RETURNING *
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
+                 SELECT 'VM_DELETED_ON_RELEASE', l.pool_namespace, l.pool_name, l.vm_id, l.lease_id FROM l
+             )
+             SELECT (SELECT to_jsonb(v) FROM v) AS vm, (SELECT to_jsonb(l) FROM l) AS lease",
+            &[(&vm_id, Type::TEXT)],
+        )
+        .await?;
+    Ok(match json_col::<VmRow>(&row, "vm")? {
+        None => VmFinish::Gone,
+        Some(vm) => VmFinish::Removed { vm: Box::new(vm), lease: json_col::<LeaseRow>(&row, "lease")?.map(Box::new) },
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Leases and the claim
+// ---------------------------------------------------------------------------------------
+
+/// What a claim with a `request_id` finds before claiming.
+pub struct ClaimLookup {
+    pub pool_found: bool,
+    /// The live lease this principal created with this request_id, on any pool.
+    pub existing: Option<LeaseView>,
+}
+
+/// Looks up the pool and, in the same round trip, the lease a `request_id` already created.
+pub async fn lease_lookup_for_claim(
+    c: &impl GenericClient,
+    pool: &PoolRef,
+    principal: &str,
+    request_id: &str,
+) -> Result<ClaimLookup> {
+    let row = c
+        .query_typed_one(
+            "SELECT EXISTS (SELECT 1 FROM pools WHERE namespace = $1 AND name = $2) AS pool_found,
+                    to_jsonb(l) AS lease, to_jsonb(v) AS vm, to_jsonb(h) AS host
+             FROM (SELECT 1) AS one
+             LEFT JOIN leases l ON l.principal = $3 AND l.request_id = $4
+             LEFT JOIN vms v ON v.id = l.vm_id
+             LEFT JOIN hosts h ON h.name = v.flintlock_host",
+            &[
+                (&pool.namespace, Type::TEXT),
+                (&pool.name, Type::TEXT),
+                (&principal, Type::TEXT),
+                (&request_id, Type::TEXT),
+            ],
+        )
+        .await?;
+    let pool_found: bool = row.try_get("pool_found")?;
+    let existing = match json_col::<LeaseRow>(&row, "lease")? {
+        None => None,
+        Some(lease) => Some(LeaseView { lease, vm: json_col(&row, "vm")?, host: json_col(&row, "host")? }),
+    };
+    Ok(ClaimLookup { pool_found, existing })
+}
+
+pub enum ClaimOutcome {
+    PoolNotFound,
+    NoVmAvailable,
+    /// A concurrent claim with the same (principal, request_id) committed its lease first.
+    /// Nothing was changed: the VM this claim picked is still AVAILABLE.
+    DuplicateRequestId,
+    Claimed(Box<LeaseView>),
+}
+
+/// The claim: pick one AVAILABLE VM, write its lease and VM_CLAIMED, mark it LEASED — one
+/// statement, so one round trip and one implicit transaction.
+///
+/// The lease INSERT runs before the VM UPDATE and the UPDATE reads the INSERT's RETURNING:
+/// when the request_id index rejects the lease (a concurrent duplicate won), the UPDATE and
+/// the event see no row and the statement changes nothing — the rollback is built in.
+pub async fn lease_claim(
+    c: &impl GenericClient,
+    pool: &PoolRef,
+    lease_id: &str,
+    request_id: Option<&str>,
+    principal: &str,
+) -> Result<ClaimOutcome> {
+    let row = c
+        .query_typed_one(
+            "WITH pool AS (
+                 SELECT namespace, name, heartbeat_expiry_seconds FROM pools
+                 WHERE namespace = $1 AND name = $2
+             ), picked AS (
+                 SELECT v.id FROM vms v
+                 WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'
+                 ORDER BY v.created_at
+                 LIMIT 1
+                 -- SKIP LOCKED: concurrent claimers each take a different row instead of
+                 -- queueing on the first. NO KEY UPDATE: we never change the key, so the
+                 -- lock is no stronger than needed.
+                 FOR NO KEY UPDATE SKIP LOCKED
+             ), ins AS (
+                 INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at,
+                                     last_heartbeat_at, expires_at, request_id, principal)
+                 SELECT $3, picked.id, pool.namespace, pool.name, now(), now(),
+                        now() + make_interval(secs => pool.heartbeat_expiry_seconds), $4, $5
+                 FROM picked, pool
+                 -- The conflict target repeats the partial index's predicate so PostgreSQL
+                 -- infers leases_principal_request_id as the arbiter. A concurrent insert of
+                 -- the same key makes this wait for that transaction, then do nothing.
+                 ON CONFLICT (principal, request_id) WHERE request_id IS NOT NULL DO NOTHING
+                 RETURNING *
+             ), upd AS (
+                 UPDATE vms v SET phase = 'LEASED', lease_id = ins.lease_id, updated_at = now()
+                 FROM ins WHERE v.id = ins.vm_id
+                 RETURNING v.*
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
+                 SELECT 'VM_CLAIMED', ins.pool_namespace, ins.pool_name, ins.vm_id, ins.lease_id FROM ins
+             )
+             SELECT EXISTS (SELECT 1 FROM pool) AS pool_found, picked.id AS picked,
+                    to_jsonb(ins) AS lease, to_jsonb(upd) AS vm, to_jsonb(h) AS host
+             FROM (SELECT 1) AS one
+             LEFT JOIN picked ON true
+             LEFT JOIN ins ON true
+             LEFT JOIN upd ON true
+             LEFT JOIN hosts h ON h.name = upd.flintlock_host",
+            &[
+                (&pool.namespace, Type::TEXT),
+                (&pool.name, Type::TEXT),
+                (&lease_id, Type::TEXT),
+                (&request_id, Type::TEXT),
+                (&principal, Type::TEXT),
+            ],
+        )
+        .await?;
+    if !row.try_get::<_, bool>("pool_found")? {
+        return Ok(ClaimOutcome::PoolNotFound);
+    }
+    if row.try_get::<_, Option<String>>("picked")?.is_none() {
+        return Ok(ClaimOutcome::NoVmAvailable);
+    }
+    if json_col::<LeaseRow>(&row, "lease")?.is_none() {
+        return Ok(ClaimOutcome::DuplicateRequestId);
+    }
+    Ok(ClaimOutcome::Claimed(Box::new(lease_view(&row)?)))
+}
+
+const LEASE_VIEW_SELECT: &str = "SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm, to_jsonb(h) AS host
+     FROM leases l
+     LEFT JOIN vms v ON v.id = l.vm_id
+     LEFT JOIN hosts h ON h.name = v.flintlock_host";
+
+pub async fn lease_get(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseView>> {
+    let sql = format!("{LEASE_VIEW_SELECT} WHERE l.lease_id = $1");
+    let row = c.query_typed_opt(&sql, &[(&lease_id, Type::TEXT)]).await?;
+    row.as_ref().map(lease_view).transpose()
+}
+
+/// Extends a lease by its pool's *current* expiry. `None` if the lease or its pool is gone,
+/// or the lease already expired (an expired lease is not revived: the reconciler is about to
+/// delete its VM).
+pub async fn lease_heartbeat(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseView>> {
+    let row = c
+        .query_typed_opt(
+            "WITH l AS (
+                 UPDATE leases l
+                 SET expires_at = now() + make_interval(secs => p.heartbeat_expiry_seconds),
+                     last_heartbeat_at = now()
+                 FROM pools p
+                 WHERE l.lease_id = $1 AND l.expires_at > now()
+                   AND p.namespace = l.pool_namespace AND p.name = l.pool_name
+                 RETURNING l.*
+             )
+             SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm, to_jsonb(h) AS host
+             FROM l
+             LEFT JOIN vms v ON v.id = l.vm_id
+             LEFT JOIN hosts h ON h.name = v.flintlock_host",
+            &[(&lease_id, Type::TEXT)],
+        )
+        .await?;
+    row.as_ref().map(lease_view).transpose()
+}
+
+/// Leases ordered by id, after `after`, at most `limit`; optionally one pool's, optionally
+/// one principal's.
+pub async fn lease_list(
+    c: &impl GenericClient,
+    pool: Option<&PoolRef>,
+    principal: Option<&str>,
+    after: &str,
+    limit: i64,
+) -> Result<Vec<LeaseView>> {
+    let ns = pool.map(|p| p.namespace.as_str());
+    let name = pool.map(|p| p.name.as_str());
+    let sql = format!(
+        "{LEASE_VIEW_SELECT}
+         WHERE ($1::text IS NULL OR (l.pool_namespace = $1 AND l.pool_name = $2))
+           AND ($3::text IS NULL OR l.principal = $3)
+           AND l.lease_id > $4
+         ORDER BY l.lease_id
+         LIMIT $5"
+    );
+    let rows = c
+        .query_typed(
+            &sql,
+            &[
+                (&ns, Type::TEXT),
+                (&name, Type::TEXT),
+                (&principal, Type::TEXT),
+                (&after, Type::TEXT),
+                (&limit, Type::INT8),
+            ],
+        )
+        .await?;
+    rows.iter().map(lease_view).collect()
+}
+
+/// First step of a release: marks the lease's VM DELETING (terminal), keeping the lease row
+/// until flintlock confirms the delete. `None` for an unknown lease.
+pub async fn lease_begin_release(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseView>> {
+    let row = c
+        .query_typed_opt(
+            "WITH l AS (
+                 SELECT * FROM leases WHERE lease_id = $1
+             ), v AS (
+                 UPDATE vms v SET phase = 'DELETING', updated_at = now()
+                 FROM l WHERE v.id = l.vm_id
+                 RETURNING v.*
+             )
+             SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm, to_jsonb(h) AS host
+             FROM l
+             LEFT JOIN v ON true
+             LEFT JOIN hosts h ON h.name = v.flintlock_host",
+            &[(&lease_id, Type::TEXT)],
+        )
+        .await?;
+    row.as_ref().map(lease_view).transpose()
+}
+
+/// Removes a lease whose VM row is already gone.
+pub async fn lease_delete(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseRow>> {
+    let row = c
+        .query_typed_opt(
+            "DELETE FROM leases l WHERE lease_id = $1 RETURNING to_jsonb(l) AS lease",
+            &[(&lease_id, Type::TEXT)],
+        )
+        .await?;
+    row.as_ref().map(|r| json_req(r, "lease")).transpose()
+}
+
+// ---------------------------------------------------------------------------------------
+// Events
+// ---------------------------------------------------------------------------------------
+
+pub async fn event_insert(
+    c: &impl GenericClient,
+    kind: EventType,
+    pool: &PoolRef,
+    vm_id: Option<&str>,
+    lease_id: Option<&str>,
+    payload: &serde_json::Value,
+) -> Result<i64> {
+    let kind = kind.as_str();
+    let row = c
+        .query_typed_one(
+            "INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id, payload)
+             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+            &[
+                (&kind, Type::TEXT),
+                (&pool.namespace, Type::TEXT),
+                (&pool.name, Type::TEXT),
+                (&vm_id, Type::TEXT),
+                (&lease_id, Type::TEXT),
+                (payload, Type::JSONB),
+            ],
+        )
+        .await?;
+    Ok(row.try_get(0)?)
+}
+
+pub async fn event_list(
+    c: &impl GenericClient,
+    after: i64,
+    namespace: Option<&str>,
+    pool: Option<&str>,
+    limit: i64,
+) -> Result<Vec<EventRow>> {
+    let rows = c
+        .query_typed(
+            "SELECT to_jsonb(e) AS event FROM events e
+             WHERE e.id > $1
+               AND ($2::text IS NULL OR e.pool_namespace = $2)
+               AND ($3::text IS NULL OR e.pool_name = $3)
+             ORDER BY e.id
+             LIMIT $4",
+            &[(&after, Type::INT8), (&namespace, Type::TEXT), (&pool, Type::TEXT), (&limit, Type::INT8)],
+        )
+        .await?;
+    rows.iter().map(|r| json_req(r, "event")).collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Metrics and health
+// ---------------------------------------------------------------------------------------
+
+/// Every pool with its size and status, for the scrape-time gauges.
+pub async fn pool_gauges(c: &impl GenericClient) -> Result<Vec<(PoolRow, PoolStatus)>> {
+    pool_list(c, None).await
+}
+
+pub async fn ping(c: &impl GenericClient) -> Result<()> {
+    c.query_typed("SELECT 1", &[]).await?;
+    Ok(())
+}

@@ -1,0 +1,370 @@
+//! A pool's `microvm_template`: flintlock's MicroVMSpec as JSON with proto field names.
+//!
+//! Parsed strictly (unknown fields are refused with their name) and validated against the
+//! rules flintlock itself applies, so a bad template fails at pool create instead of on every
+//! provisioning attempt. Fields poolmgr owns (`id`, `uid`, `namespace`) are not accepted;
+//! `allow_guest_agent` is always forced on.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use flintlock_proto::types as pb;
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+static DEVICE_ID_RE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[a-z][a-z0-9_]*$").expect("static regex"));
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MicroVmTemplate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpu: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_in_mb: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<Kernel>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<Initrd>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_volume: Option<Volume>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub additional_volumes: Vec<Volume>,
+    #[serde(default)]
+    pub interfaces: Vec<NetworkInterface>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    /// Accepted for compatibility; flintlock drops labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Always forced to true: hooks need the guest agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_guest_agent: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Kernel {
+    #[serde(default)]
+    pub image: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cmdline: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filename: Option<String>,
+    #[serde(default)]
+    pub add_network_config: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Initrd {
+    #[serde(default)]
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filename: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Volume {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub is_read_only: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_point: Option<String>,
+    #[serde(default)]
+    pub source: VolumeSource,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_in_mb: Option<i32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeSource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtiofs_source: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IfaceType {
+    #[serde(rename = "MACVTAP")]
+    Macvtap,
+    /// Our default (flintlock's is MACVTAP, which its default provider rejects).
+    #[default]
+    #[serde(rename = "TAP")]
+    Tap,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkInterface {
+    pub device_id: String,
+    #[serde(default, rename = "type")]
+    pub kind: IfaceType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_mac: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<StaticAddress>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overrides: Option<NetworkOverrides>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticAddress {
+    pub address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nameservers: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkOverrides {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge_name: Option<String>,
+}
+
+fn is_cidr(s: &str) -> bool {
+    match s.split_once('/') {
+        Some((ip, bits)) => match (ip.parse::<std::net::IpAddr>(), bits.parse::<u8>()) {
+            (Ok(std::net::IpAddr::V4(_)), Ok(b)) => b <= 32,
+            (Ok(std::net::IpAddr::V6(_)), Ok(b)) => b <= 128,
+            _ => false,
+        },
+        None => false,
+    }
+}
+
+fn is_mac(s: &str) -> bool {
+    let parts: Vec<&str> = s.split(':').collect();
+    parts.len() == 6 && parts.iter().all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+impl MicroVmTemplate {
+    fn provider(&self) -> &str {
+        self.provider.as_deref().unwrap_or("firecracker")
+    }
+
+    pub fn has_static_network(&self) -> bool {
+        self.interfaces.iter().any(|i| i.guest_mac.as_deref().is_some_and(|m| !m.is_empty()) || i.address.is_some())
+    }
+
+    /// The rules flintlock applies at CreateMicroVM, with the field named in the message.
+    pub fn validate(&self) -> Result<(), String> {
+        let vcpu = self.vcpu.unwrap_or(2);
+        if !(1..=64).contains(&vcpu) {
+            return Err(format!("microvm_template.vcpu must be between 1 and 64, got {vcpu}"));
+        }
+        let mem = self.memory_in_mb.unwrap_or(1024);
+        if !(1024..=32768).contains(&mem) {
+            return Err(format!("microvm_template.memory_in_mb must be between 1024 and 32768, got {mem}"));
+        }
+        let provider = self.provider();
+        if provider != "firecracker" && provider != "cloudhypervisor" {
+            return Err(format!(
+                "microvm_template.provider {provider:?} is unknown: use firecracker or cloudhypervisor"
+            ));
+        }
+        if let Some(k) = &self.kernel {
+            if k.image.trim().is_empty() {
+                return Err("microvm_template.kernel.image is required".into());
+            }
+            if k.filename.as_deref().unwrap_or("").is_empty() {
+                return Err("microvm_template.kernel.filename is required (e.g. \"boot/vmlinux\")".into());
+            }
+        }
+        if let Some(i) = &self.initrd
+            && i.image.trim().is_empty()
+        {
+            return Err("microvm_template.initrd.image is required when initrd is set".into());
+        }
+        match &self.root_volume {
+            None if self.initrd.is_none() => {
+                return Err("microvm_template needs a root_volume or an initrd".into());
+            }
+            Some(v) if v.source.virtiofs_source.is_some() => {
+                return Err("microvm_template.root_volume cannot use virtiofs_source".into());
+            }
+            _ => {}
+        }
+        let mut virtiofs = 0;
+        for (i, v) in self.additional_volumes.iter().enumerate() {
+            if v.source.container_source.is_some() && v.source.virtiofs_source.is_some() {
+                return Err(format!(
+                    "microvm_template.additional_volumes[{i}] sets both container_source and virtiofs_source"
+                ));
+            }
+            if v.source.virtiofs_source.is_some() {
+                virtiofs += 1;
+            }
+        }
+        if virtiofs > 1 {
+            return Err("microvm_template.additional_volumes may use virtiofs at most once".into());
+        }
+        if virtiofs > 0 && provider == "firecracker" {
+            return Err("microvm_template: virtiofs volumes need provider cloudhypervisor".into());
+        }
+        if self.interfaces.is_empty() {
+            return Err("microvm_template.interfaces needs at least one interface".into());
+        }
+        let mut ids = std::collections::HashSet::new();
+        for (i, nic) in self.interfaces.iter().enumerate() {
+            let at = format!("microvm_template.interfaces[{i}]");
+            if !DEVICE_ID_RE.is_match(&nic.device_id) {
+                return Err(format!("{at}.device_id {:?} must match ^[a-z][a-z0-9_]*$", nic.device_id));
+            }
+            if !ids.insert(&nic.device_id) {
+                return Err(format!("{at}.device_id {:?} is used twice", nic.device_id));
+            }
+            if nic.kind == IfaceType::Macvtap && provider == "firecracker" {
+                return Err(format!("{at}.type MACVTAP is not supported by firecracker: use TAP"));
+            }
+            if let Some(mac) = nic.guest_mac.as_deref()
+                && !mac.is_empty()
+                && !is_mac(mac)
+            {
+                return Err(format!("{at}.guest_mac {mac:?} is not a MAC address"));
+            }
+            if let Some(a) = &nic.address {
+                if !is_cidr(&a.address) {
+                    return Err(format!("{at}.address.address {:?} must be in CIDR form", a.address));
+                }
+                if let Some(g) = &a.gateway
+                    && !is_cidr(g)
+                {
+                    return Err(format!("{at}.address.gateway {g:?} must be in CIDR form"));
+                }
+                for ns in &a.nameservers {
+                    if ns.parse::<std::net::IpAddr>().is_err() {
+                        return Err(format!("{at}.address.nameservers entry {ns:?} is not an IP address"));
+                    }
+                }
+            }
+            // flintlock dereferences bridge_name without checking: never send overrides without it.
+            if let Some(o) = &nic.overrides
+                && o.bridge_name.as_deref().unwrap_or("").is_empty()
+            {
+                return Err(format!("{at}.overrides needs bridge_name"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The CreateMicroVM spec for one VM: our id, the managed namespace, guest agent on.
+    pub fn to_spec(&self, id: &str, namespace: &str) -> pb::MicroVmSpec {
+        fn volume(v: &Volume) -> pb::Volume {
+            pb::Volume {
+                id: v.id.clone(),
+                is_read_only: v.is_read_only,
+                mount_point: v.mount_point.clone(),
+                source: Some(pb::VolumeSource {
+                    container_source: v.source.container_source.clone(),
+                    virtiofs_source: v.source.virtiofs_source.clone(),
+                }),
+                partition_id: v.partition_id.clone(),
+                size_in_mb: v.size_in_mb,
+            }
+        }
+        pb::MicroVmSpec {
+            id: id.to_owned(),
+            namespace: namespace.to_owned(),
+            labels: Default::default(),
+            vcpu: self.vcpu.unwrap_or(2),
+            memory_in_mb: self.memory_in_mb.unwrap_or(1024),
+            kernel: self.kernel.as_ref().map(|k| pb::Kernel {
+                image: k.image.clone(),
+                cmdline: k.cmdline.clone().into_iter().collect(),
+                filename: k.filename.clone(),
+                add_network_config: k.add_network_config,
+            }),
+            initrd: self.initrd.as_ref().map(|i| pb::Initrd { image: i.image.clone(), filename: i.filename.clone() }),
+            root_volume: self.root_volume.as_ref().map(volume),
+            additional_volumes: self.additional_volumes.iter().map(volume).collect(),
+            interfaces: self
+                .interfaces
+                .iter()
+                .map(|n| pb::NetworkInterface {
+                    device_id: n.device_id.clone(),
+                    r#type: match n.kind {
+                        IfaceType::Macvtap => pb::network_interface::IfaceType::Macvtap as i32,
+                        IfaceType::Tap => pb::network_interface::IfaceType::Tap as i32,
+                    },
+                    guest_mac: n.guest_mac.clone(),
+                    address: n.address.as_ref().map(|a| pb::StaticAddress {
+                        address: a.address.clone(),
+                        gateway: a.gateway.clone(),
+                        nameservers: a.nameservers.clone(),
+                    }),
+                    overrides: n
+                        .overrides
+                        .as_ref()
+                        .map(|o| pb::NetworkOverrides { bridge_name: o.bridge_name.clone() }),
+                })
+                .collect(),
+            metadata: self.metadata.clone().into_iter().collect(),
+            created_at: None,
+            updated_at: None,
+            deleted_at: None,
+            uid: None,
+            provider: self.provider.clone(),
+            allow_guest_agent: true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok_template() -> MicroVmTemplate {
+        serde_json::from_value(serde_json::json!({
+            "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/x/root:1"}},
+            "kernel": {"image": "ghcr.io/x/kernel:1", "filename": "boot/vmlinux"},
+            "interfaces": [{"device_id": "eth1", "type": "TAP"}]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn valid_template_passes_and_forces_guest_agent() {
+        let t = ok_template();
+        t.validate().unwrap();
+        let spec = t.to_spec("ci-1", "poolmgr-default");
+        assert!(spec.allow_guest_agent);
+        assert_eq!(spec.id, "ci-1");
+        assert_eq!(spec.vcpu, 2);
+    }
+
+    #[test]
+    fn template_rules() {
+        let mut t = ok_template();
+        t.interfaces.clear();
+        assert!(t.validate().unwrap_err().contains("interfaces"));
+        let mut t = ok_template();
+        t.vcpu = Some(65);
+        assert!(t.validate().unwrap_err().contains("vcpu"));
+        let mut t = ok_template();
+        t.interfaces[0].kind = IfaceType::Macvtap;
+        assert!(t.validate().unwrap_err().contains("MACVTAP"));
+        let mut t = ok_template();
+        t.root_volume = None;
+        assert!(t.validate().unwrap_err().contains("root_volume"));
+        let mut t = ok_template();
+        t.interfaces[0].overrides = Some(NetworkOverrides { bridge_name: None });
+        assert!(t.validate().unwrap_err().contains("bridge_name"));
+    }
+
+    #[test]
+    fn unknown_template_field_is_named() {
+        let err = serde_json::from_value::<MicroVmTemplate>(serde_json::json!({"vcpus": 2})).unwrap_err().to_string();
+        assert!(err.contains("vcpus"), "{err}");
+    }
+}

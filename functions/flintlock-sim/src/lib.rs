@@ -1,0 +1,436 @@
+//! A faithful fake flintlock (`flintlockd`) gRPC server.
+//!
+//! It serves `microvm.services.api.v1alpha1.MicroVM` over plaintext HTTP/2 and
+//! mimics the behaviour described in `shared/flintlock-api.md` §2–§3:
+//! flintlock-shaped UNKNOWN errors, server-minted ULID uids, duplicate
+//! (namespace, id) pairs, dropped labels, the firecracker `eth0` injection,
+//! `meta-data` injection, a background PENDING → CREATED transition, Delete →
+//! DELETING → gone, shuffled List order, and optional basic-token auth.
+//!
+//! Tests run it in-process with [`Sim::serve`] on `127.0.0.1:0` and steer it
+//! through the failure-injection and inspection methods on [`Sim`]; the
+//! `flintlock-sim` binary serves it for the local dev stack.
+//!
+//! Records created through [`Sim::insert_vm`] keep the state they were given
+//! (no background boot), which also makes them usable as "stuck" VMs; only a
+//! Delete RPC moves them (to DELETING, then gone after the delete delay).
+
+mod create;
+mod service;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use flintlock_proto::types::micro_vm_status::MicroVmState;
+use flintlock_proto::types::mount::MountType;
+use flintlock_proto::types::network_interface::IfaceType;
+use flintlock_proto::types::{
+    Kernel, MicroVm, MicroVmSpec, Mount, NetworkInterface, NetworkInterfaceStatus, Volume, VolumeSource, VolumeStatus,
+};
+use flintlock_proto::v1alpha1::micro_vm_server::MicroVmServer;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub use service::SimService;
+
+/// The RPC method names as counted by [`Sim::calls`].
+pub const METHOD_CREATE: &str = "CreateMicroVM";
+/// See [`METHOD_CREATE`].
+pub const METHOD_DELETE: &str = "DeleteMicroVM";
+/// See [`METHOD_CREATE`].
+pub const METHOD_GET: &str = "GetMicroVM";
+/// See [`METHOD_CREATE`].
+pub const METHOD_LIST: &str = "ListMicroVMs";
+/// See [`METHOD_CREATE`].
+pub const METHOD_LIST_STREAM: &str = "ListMicroVMsStream";
+
+/// `status.retry` of a VM that ended FAILED (flintlock gives up after retry > 10).
+pub const FAILED_RETRY: i32 = 11;
+
+/// Static configuration of a [`Sim`]; the delays can be changed later.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Time from Create (PENDING) to CREATED (or FAILED).
+    pub boot_delay: Duration,
+    /// Time from Delete (DELETING) to the record vanishing.
+    pub delete_delay: Duration,
+    /// When set, every RPC needs metadata `authorization: Basic <base64(token)>`.
+    pub basic_auth_token: Option<String>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            boot_delay: Duration::from_millis(100),
+            delete_delay: Duration::from_millis(50),
+            basic_auth_token: None,
+        }
+    }
+}
+
+/// Counter semantics: 0 = off, `u32::MAX` = until reset, otherwise the next n calls.
+#[derive(Debug, Default)]
+struct Faults {
+    fail_creates: u32,
+    lose_create_replies: u32,
+    fail_deletes: u32,
+    vms_end_failed: bool,
+    unavailable: bool,
+}
+
+/// Consumes one shot of a fault counter; returns whether the fault fires.
+fn take_fault(counter: &mut u32) -> bool {
+    match *counter {
+        0 => false,
+        u32::MAX => true,
+        _ => {
+            *counter -= 1;
+            true
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    boot_delay: Duration,
+    delete_delay: Duration,
+    basic_auth_token: Option<String>,
+    vms: HashMap<String, MicroVm>,
+    faults: Faults,
+    calls: HashMap<&'static str, usize>,
+    next_ifindex: i32,
+    next_snapshot: u64,
+}
+
+/// The fake server's shared state. Cheap to clone; all clones share state.
+#[derive(Debug, Clone)]
+pub struct Sim {
+    inner: Arc<Mutex<Inner>>,
+}
+
+/// A running server started by [`Sim::serve`]. Dropping it aborts the serving
+/// task (open connections are then shut down gracefully).
+#[derive(Debug)]
+pub struct SimServer {
+    /// The bound address (with the real port when 0 was requested).
+    pub addr: SocketAddr,
+    handle: Option<JoinHandle<()>>,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+impl SimServer {
+    /// Stops accepting connections, shuts open ones down gracefully and waits
+    /// (at most 5 s, then aborts) for the serving task to end.
+    pub async fn shutdown(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(mut handle) = self.handle.take()
+            && tokio::time::timeout(Duration::from_secs(5), &mut handle).await.is_err()
+        {
+            handle.abort();
+        }
+    }
+}
+
+impl Drop for SimServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(handle) = self.handle.take() {
+            handle.abort();
+        }
+    }
+}
+
+impl Sim {
+    pub fn new(config: SimConfig) -> Sim {
+        Sim {
+            inner: Arc::new(Mutex::new(Inner {
+                boot_delay: config.boot_delay,
+                delete_delay: config.delete_delay,
+                basic_auth_token: config.basic_auth_token,
+                vms: HashMap::new(),
+                faults: Faults::default(),
+                calls: HashMap::new(),
+                next_ifindex: 2,
+                next_snapshot: 1,
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The tonic service, for mounting into a caller-built server.
+    pub fn service(&self) -> MicroVmServer<SimService> {
+        MicroVmServer::new(SimService::new(self.clone()))
+    }
+
+    /// Serve on `addr` (use `127.0.0.1:0` for a free port); returns the bound
+    /// address and keeps serving in a spawned task until the handle is dropped
+    /// or [`SimServer::shutdown`] is called.
+    pub async fn serve(&self, addr: SocketAddr) -> std::io::Result<SimServer> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let (tx, rx) = oneshot::channel::<()>();
+        let svc = self.service();
+        let handle = tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = rx.await;
+                })
+                .await;
+            if let Err(err) = result {
+                tracing::error!(error = %err, "flintlock-sim server failed");
+            }
+        });
+        tracing::debug!(%addr, "flintlock-sim serving");
+        Ok(SimServer { addr, handle: Some(handle), shutdown: Some(tx) })
+    }
+
+    // ---- failure injection -------------------------------------------------
+
+    /// The next `n` CreateMicroVM calls that pass validation fail with UNKNOWN
+    /// `creating microvm: saving microvm spec: injected failure` and create
+    /// nothing. `u32::MAX` = until [`Sim::reset_faults`].
+    pub fn fail_creates(&self, n: u32) {
+        self.lock().faults.fail_creates = n;
+    }
+
+    /// The next `n` CreateMicroVM calls that pass validation do create the VM,
+    /// but the client receives UNAVAILABLE `injected: reply lost`.
+    pub fn lose_create_replies(&self, n: u32) {
+        self.lock().faults.lose_create_replies = n;
+    }
+
+    /// The next `n` DeleteMicroVM calls with a non-empty uid fail with UNKNOWN
+    /// `deleting microvm: injected failure` (`u32::MAX` = until reset).
+    pub fn fail_deletes(&self, n: u32) {
+        self.lock().faults.fail_deletes = n;
+    }
+
+    /// VMs created while on go PENDING → FAILED (retry [`FAILED_RETRY`])
+    /// instead of CREATED.
+    pub fn set_vms_end_failed(&self, on: bool) {
+        self.lock().faults.vms_end_failed = on;
+    }
+
+    /// While on, every RPC answers UNAVAILABLE `injected: server unavailable`.
+    pub fn set_unavailable(&self, on: bool) {
+        self.lock().faults.unavailable = on;
+    }
+
+    /// Boot delay for VMs created from now on.
+    pub fn set_boot_delay(&self, d: Duration) {
+        self.lock().boot_delay = d;
+    }
+
+    /// Delete delay for deletes issued from now on.
+    pub fn set_delete_delay(&self, d: Duration) {
+        self.lock().delete_delay = d;
+    }
+
+    /// Clears every injected fault (delays and auth are kept).
+    pub fn reset_faults(&self) {
+        self.lock().faults = Faults::default();
+    }
+
+    // ---- inspection --------------------------------------------------------
+
+    /// Snapshot of every stored record, any state (unspecified order).
+    pub fn vms(&self) -> Vec<MicroVm> {
+        self.lock().vms.values().cloned().collect()
+    }
+
+    /// The stored record for `uid`, if any.
+    pub fn vm(&self, uid: &str) -> Option<MicroVm> {
+        self.lock().vms.get(uid).cloned()
+    }
+
+    /// Pre-seeds a record (e.g. in a foreign namespace, or a duplicate name)
+    /// in the given state and returns its uid. The record has a minimal valid
+    /// firecracker spec and does not transition by itself.
+    pub fn insert_vm(&self, namespace: &str, id: &str, state: MicroVmState) -> String {
+        let spec = MicroVmSpec {
+            id: "seed".to_string(),
+            namespace: namespace.to_string(),
+            vcpu: 2,
+            memory_in_mb: 1024,
+            kernel: Some(Kernel {
+                image: "ghcr.io/liquidmetal-dev/flintlock-kernel:5.10.77".to_string(),
+                filename: Some("boot/vmlinux".to_string()),
+                add_network_config: true,
+                ..Default::default()
+            }),
+            root_volume: Some(Volume {
+                id: "root".to_string(),
+                source: Some(VolumeSource {
+                    container_source: Some("ghcr.io/liquidmetal-dev/capmvm-k8s-os:1.23.5".to_string()),
+                    virtiofs_source: None,
+                }),
+                ..Default::default()
+            }),
+            interfaces: vec![NetworkInterface {
+                device_id: "eth1".to_string(),
+                r#type: IfaceType::Tap as i32,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut vm = create::build_microvm(Some(spec), || ulid::Ulid::new().to_string()).expect("seed spec is valid");
+        let uid = vm_uid(&vm).to_string();
+        if let Some(spec) = vm.spec.as_mut() {
+            spec.id = id.to_string();
+            spec.namespace = namespace.to_string();
+        }
+        let mut inner = self.lock();
+        match state {
+            MicroVmState::Pending => {}
+            MicroVmState::Created => inner.mark_booted(&mut vm),
+            MicroVmState::Failed => mark_failed(&mut vm),
+            MicroVmState::Deleting => set_state(&mut vm, MicroVmState::Deleting, 0),
+        }
+        inner.vms.insert(uid.clone(), vm);
+        uid
+    }
+
+    /// Number of RPCs received for `method` (e.g. `"CreateMicroVM"`),
+    /// including failed and fault-injected ones.
+    pub fn calls(&self, method: &str) -> usize {
+        self.lock().calls.get(method).copied().unwrap_or(0)
+    }
+
+    // ---- background transitions -------------------------------------------
+
+    fn schedule_boot(&self, uid: String, delay: Duration, ends_failed: bool) {
+        let sim = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let mut inner = sim.lock();
+            let Inner { vms, next_ifindex, next_snapshot, .. } = &mut *inner;
+            let Some(vm) = vms.get_mut(&uid) else {
+                return;
+            };
+            if vm_state(vm) != MicroVmState::Pending {
+                return;
+            }
+            if ends_failed {
+                mark_failed(vm);
+                tracing::info!(%uid, "microvm FAILED");
+            } else {
+                booted(vm, next_ifindex, next_snapshot);
+                tracing::info!(%uid, "microvm CREATED");
+            }
+        });
+    }
+
+    fn schedule_removal(&self, uid: String, delay: Duration) {
+        let sim = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let mut inner = sim.lock();
+            if inner.vms.get(&uid).is_some_and(|vm| vm_state(vm) == MicroVmState::Deleting) {
+                inner.vms.remove(&uid);
+                tracing::info!(%uid, "microvm removed");
+            }
+        });
+    }
+}
+
+impl Inner {
+    fn mark_booted(&mut self, vm: &mut MicroVm) {
+        booted(vm, &mut self.next_ifindex, &mut self.next_snapshot);
+    }
+}
+
+fn vm_uid(vm: &MicroVm) -> &str {
+    vm.spec.as_ref().and_then(|s| s.uid.as_deref()).unwrap_or_default()
+}
+
+fn vm_state(vm: &MicroVm) -> MicroVmState {
+    vm.status.as_ref().and_then(|s| MicroVmState::try_from(s.state).ok()).unwrap_or(MicroVmState::Pending)
+}
+
+/// Sets state and retry and bumps the version (one persisted change).
+fn set_state(vm: &mut MicroVm, state: MicroVmState, retry: i32) {
+    let status = vm.status.get_or_insert_with(Default::default);
+    status.state = state as i32;
+    status.retry = retry;
+    vm.version += 1;
+}
+
+fn mark_failed(vm: &mut MicroVm) {
+    set_state(vm, MicroVmState::Failed, FAILED_RETRY);
+}
+
+fn random_hex7() -> String {
+    format!("{:07x}", rand::random::<u32>() & 0x0fff_ffff)
+}
+
+fn random_mac() -> String {
+    let mut b: [u8; 6] = rand::random();
+    // Locally administered, unicast.
+    b[0] = (b[0] | 0x02) & 0xfe;
+    b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>().join(":")
+}
+
+/// PENDING → CREATED: fills the status the way a successful reconcile does.
+fn booted(vm: &mut MicroVm, next_ifindex: &mut i32, next_snapshot: &mut u64) {
+    let spec = vm.spec.clone().unwrap_or_default();
+    let status = vm.status.get_or_insert_with(Default::default);
+    for iface in &spec.interfaces {
+        let prefix = if iface.r#type == IfaceType::Macvtap as i32 { "flvtap" } else { "fltap" };
+        status.network_interfaces.insert(
+            iface.device_id.clone(),
+            NetworkInterfaceStatus {
+                host_device_name: format!("{prefix}{}", random_hex7()),
+                index: *next_ifindex,
+                mac_address: random_mac(),
+            },
+        );
+        *next_ifindex += 1;
+    }
+    for vol in spec.root_volume.iter().chain(spec.additional_volumes.iter()) {
+        let n = *next_snapshot;
+        *next_snapshot += 1;
+        status.volumes.insert(
+            vol.id.clone(),
+            VolumeStatus {
+                mount: Some(Mount {
+                    r#type: MountType::Dev as i32,
+                    source: format!("/dev/mapper/flintlock-thinpool-snap-{n}"),
+                }),
+            },
+        );
+    }
+    let mut hostpath_mount = || {
+        let n = *next_snapshot;
+        *next_snapshot += 1;
+        Mount {
+            r#type: MountType::Hostpath as i32,
+            source: format!("/var/lib/containerd-dev/io.containerd.snapshotter.v1.native/snapshots/{n}"),
+        }
+    };
+    if spec.kernel.as_ref().is_some_and(|k| !k.image.is_empty()) {
+        status.kernel_mount = Some(hostpath_mount());
+    }
+    if spec.initrd.is_some() {
+        status.initrd_mount = Some(hostpath_mount());
+    }
+    if spec.allow_guest_agent {
+        status.vsock_path = format!(
+            "/var/lib/flintlock/vm/{}/{}/{}/guest-agent.vsock",
+            spec.namespace,
+            spec.id,
+            spec.uid.as_deref().unwrap_or_default()
+        );
+    }
+    set_state(vm, MicroVmState::Created, 0);
+}

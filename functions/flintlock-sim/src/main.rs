@@ -1,0 +1,170 @@
+//! `flintlock-sim`: serve the fake flintlock MicroVM gRPC API (plaintext) for
+//! the local dev stack. Prints `flintlock-sim listening on <addr>` on stdout
+//! once bound, logs to stderr, and stops on SIGINT/SIGTERM.
+
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use flintlock_sim::{Sim, SimConfig};
+use tracing_subscriber::EnvFilter;
+
+const USAGE: &str = "\
+Usage: flintlock-sim [OPTIONS]
+
+A fake flintlockd serving microvm.services.api.v1alpha1.MicroVM over plaintext gRPC.
+
+Options:
+  --listen ADDR              Address to listen on (default 127.0.0.1:9090; port 0 picks a free port)
+  --boot-delay-ms N          Milliseconds from PENDING to CREATED (default 100)
+  --delete-delay-ms N        Milliseconds from DELETING to removal (default 50)
+  --basic-auth-token TOKEN   Require metadata `authorization: Basic <base64(TOKEN)>`
+  -h, --help                 Print this help
+
+Logging goes to stderr; filter with RUST_LOG (default info).";
+
+#[derive(Debug)]
+struct Args {
+    listen: SocketAddr,
+    config: SimConfig,
+}
+
+enum Parsed {
+    Run(Args),
+    Help,
+}
+
+fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
+    let mut listen: SocketAddr = "127.0.0.1:9090".parse().expect("valid default");
+    let mut config = SimConfig::default();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        if flag == "-h" || flag == "--help" {
+            return Ok(Parsed::Help);
+        }
+        let mut value = || -> Result<String, String> {
+            inline.clone().or_else(|| args.next()).ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "--listen" => {
+                let v = value()?;
+                listen = v.parse().map_err(|e| format!("--listen: invalid address {v:?}: {e}"))?;
+            }
+            "--boot-delay-ms" => config.boot_delay = parse_ms(&flag, &value()?)?,
+            "--delete-delay-ms" => config.delete_delay = parse_ms(&flag, &value()?)?,
+            "--basic-auth-token" => {
+                let v = value()?;
+                config.basic_auth_token = (!v.is_empty()).then_some(v);
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(Parsed::Run(Args { listen, config }))
+}
+
+fn parse_ms(flag: &str, v: &str) -> Result<Duration, String> {
+    v.parse::<u64>().map(Duration::from_millis).map_err(|e| format!("{flag}: invalid number {v:?}: {e}"))
+}
+
+async fn wait_for_signal() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r,
+        _ = term.recv() => Ok(()),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(Parsed::Run(args)) => args,
+        Ok(Parsed::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(msg) => {
+            eprintln!("flintlock-sim: {msg}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+
+    let sim = Sim::new(args.config.clone());
+    let server = match sim.serve(args.listen).await {
+        Ok(server) => server,
+        Err(err) => {
+            tracing::error!(listen = %args.listen, error = %err, "cannot listen");
+            return ExitCode::FAILURE;
+        }
+    };
+    {
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "flintlock-sim listening on {}", server.addr);
+        let _ = stdout.flush();
+    }
+    tracing::info!(
+        addr = %server.addr,
+        boot_delay_ms = args.config.boot_delay.as_millis() as u64,
+        delete_delay_ms = args.config.delete_delay.as_millis() as u64,
+        basic_auth = args.config.basic_auth_token.is_some(),
+        "flintlock-sim started"
+    );
+
+    if let Err(err) = wait_for_signal().await {
+        tracing::error!(error = %err, "cannot wait for signals");
+    }
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: &[&str]) -> Result<Parsed, String> {
+        parse_args(v.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn parses_flags() {
+        let Ok(Parsed::Run(a)) = parse(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--boot-delay-ms=5",
+            "--delete-delay-ms",
+            "7",
+            "--basic-auth-token",
+            "tok",
+        ]) else {
+            panic!("parse failed");
+        };
+        assert_eq!(a.listen.port(), 0);
+        assert_eq!(a.config.boot_delay, Duration::from_millis(5));
+        assert_eq!(a.config.delete_delay, Duration::from_millis(7));
+        assert_eq!(a.config.basic_auth_token.as_deref(), Some("tok"));
+    }
+
+    #[test]
+    fn defaults_help_and_errors() {
+        let Ok(Parsed::Run(a)) = parse(&[]) else {
+            panic!("parse failed");
+        };
+        assert_eq!(a.listen.to_string(), "127.0.0.1:9090");
+        assert!(a.config.basic_auth_token.is_none());
+        assert!(matches!(parse(&["--help"]), Ok(Parsed::Help)));
+        assert!(parse(&["--bogus"]).is_err());
+        assert!(parse(&["--listen"]).is_err());
+        assert!(parse(&["--boot-delay-ms", "x"]).is_err());
+    }
+}

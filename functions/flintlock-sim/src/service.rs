@@ -1,0 +1,190 @@
+//! The `microvm.services.api.v1alpha1.MicroVM` gRPC service of the sim.
+
+use std::pin::Pin;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use flintlock_proto::types::micro_vm_status::MicroVmState;
+use flintlock_proto::v1alpha1::micro_vm_server::MicroVm;
+use flintlock_proto::v1alpha1::{
+    CreateMicroVmRequest, CreateMicroVmResponse, DeleteMicroVmRequest, GetMicroVmRequest, GetMicroVmResponse,
+    ListMessage, ListMicroVMsRequest, ListMicroVMsResponse,
+};
+use futures::Stream;
+use rand::seq::SliceRandom;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    METHOD_CREATE, METHOD_DELETE, METHOD_GET, METHOD_LIST, METHOD_LIST_STREAM, Sim, create, set_state, take_fault,
+    vm_uid,
+};
+
+/// The tonic service implementation; obtain it with [`Sim::service`].
+#[derive(Debug, Clone)]
+pub struct SimService {
+    sim: Sim,
+}
+
+impl SimService {
+    pub(crate) fn new(sim: Sim) -> Self {
+        SimService { sim }
+    }
+
+    /// Counts the call, then applies the "server unavailable" fault and the
+    /// basic-auth check (flintlock's auth interceptor runs before handlers).
+    fn precheck(&self, method: &'static str, metadata: &MetadataMap) -> Result<(), Status> {
+        let mut inner = self.sim.lock();
+        *inner.calls.entry(method).or_default() += 1;
+        tracing::debug!(method, "rpc received");
+        if inner.faults.unavailable {
+            return Err(Status::unavailable("injected: server unavailable"));
+        }
+        if let Some(token) = inner.basic_auth_token.as_deref() {
+            check_basic_auth(metadata, token)?;
+        }
+        Ok(())
+    }
+
+    /// Exact-match namespace / name filters over every stored record, shuffled.
+    fn list(&self, namespace: &str, name: Option<&str>) -> Vec<flintlock_proto::types::MicroVm> {
+        let mut vms: Vec<_> = self
+            .sim
+            .lock()
+            .vms
+            .values()
+            .filter(|vm| {
+                let spec = vm.spec.as_ref();
+                let ns = spec.map(|s| s.namespace.as_str()).unwrap_or_default();
+                let id = spec.map(|s| s.id.as_str()).unwrap_or_default();
+                (namespace.is_empty() || ns == namespace) && name.is_none_or(|n| id == n)
+            })
+            .cloned()
+            .collect();
+        vms.shuffle(&mut rand::rng());
+        vms
+    }
+}
+
+const AUTH_EXTRACT_PREFIX: &str =
+    "could not extract token from request header: rpc error: code = Unauthenticated desc = ";
+
+/// flintlockd's `--basic-auth-token` check (grpc-ecosystem `AuthFromMD(ctx, "basic")`).
+fn check_basic_auth(metadata: &MetadataMap, token: &str) -> Result<(), Status> {
+    let value = metadata.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+    if value.is_empty() {
+        return Err(Status::unauthenticated(format!("{AUTH_EXTRACT_PREFIX}Request unauthenticated with basic")));
+    }
+    let Some((scheme, supplied)) = value.split_once(' ') else {
+        return Err(Status::unauthenticated(format!("{AUTH_EXTRACT_PREFIX}Bad authorization string")));
+    };
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return Err(Status::unauthenticated(format!("{AUTH_EXTRACT_PREFIX}Request unauthenticated with basic")));
+    }
+    if supplied != BASE64.encode(token) {
+        return Err(Status::unauthenticated(
+            "invalid auth token: failed basic authentication. Check the token supplied",
+        ));
+    }
+    Ok(())
+}
+
+type ListStream = Pin<Box<dyn Stream<Item = Result<ListMessage, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl MicroVm for SimService {
+    async fn create_micro_vm(
+        &self,
+        request: Request<CreateMicroVmRequest>,
+    ) -> Result<Response<CreateMicroVmResponse>, Status> {
+        self.precheck(METHOD_CREATE, request.metadata())?;
+        let req = request.into_inner();
+        let vm = create::build_microvm(req.microvm, || ulid::Ulid::new().to_string())?;
+        let uid = vm_uid(&vm).to_string();
+
+        let (boot_delay, ends_failed, lose_reply) = {
+            let mut inner = self.sim.lock();
+            if take_fault(&mut inner.faults.fail_creates) {
+                tracing::info!(%uid, "injected create failure");
+                return Err(Status::unknown("creating microvm: saving microvm spec: injected failure"));
+            }
+            inner.vms.insert(uid.clone(), vm.clone());
+            let lose_reply = take_fault(&mut inner.faults.lose_create_replies);
+            (inner.boot_delay, inner.faults.vms_end_failed, lose_reply)
+        };
+        if let Some(spec) = vm.spec.as_ref() {
+            tracing::info!(%uid, namespace = %spec.namespace, id = %spec.id, "microvm created (PENDING)");
+        }
+        self.sim.schedule_boot(uid, boot_delay, ends_failed);
+
+        if lose_reply {
+            return Err(Status::unavailable("injected: reply lost"));
+        }
+        Ok(Response::new(CreateMicroVmResponse { microvm: Some(vm) }))
+    }
+
+    async fn delete_micro_vm(&self, request: Request<DeleteMicroVmRequest>) -> Result<Response<()>, Status> {
+        self.precheck(METHOD_DELETE, request.metadata())?;
+        let uid = request.into_inner().uid;
+        if uid.is_empty() {
+            return Err(Status::invalid_argument("invalid request"));
+        }
+        let delay = {
+            let mut inner = self.sim.lock();
+            if take_fault(&mut inner.faults.fail_deletes) {
+                return Err(Status::unknown("deleting microvm: injected failure"));
+            }
+            let Some(vm) = inner.vms.get_mut(&uid) else {
+                return Err(Status::unknown(format!(
+                    "deleting microvm: checking to see if spec exists: microvm spec //{uid} not found"
+                )));
+            };
+            set_state(vm, MicroVmState::Deleting, 0);
+            inner.delete_delay
+        };
+        tracing::info!(%uid, "microvm DELETING");
+        self.sim.schedule_removal(uid, delay);
+        Ok(Response::new(()))
+    }
+
+    async fn get_micro_vm(&self, request: Request<GetMicroVmRequest>) -> Result<Response<GetMicroVmResponse>, Status> {
+        self.precheck(METHOD_GET, request.metadata())?;
+        let uid = request.into_inner().uid;
+        if uid.is_empty() {
+            return Err(Status::invalid_argument("invalid request"));
+        }
+        match self.sim.vm(&uid) {
+            Some(vm) => Ok(Response::new(GetMicroVmResponse { microvm: Some(vm) })),
+            None => Err(Status::unknown(format!(
+                "getting microvm: error attempting to locate microvm with uid: {uid}: microvm spec //{uid} not found"
+            ))),
+        }
+    }
+
+    async fn list_micro_v_ms(
+        &self,
+        request: Request<ListMicroVMsRequest>,
+    ) -> Result<Response<ListMicroVMsResponse>, Status> {
+        self.precheck(METHOD_LIST, request.metadata())?;
+        let req = request.into_inner();
+        let name = req.name.as_deref().filter(|n| !n.is_empty());
+        let microvm = self.list(&req.namespace, name);
+        Ok(Response::new(ListMicroVMsResponse { microvm }))
+    }
+
+    type ListMicroVMsStreamStream = ListStream;
+
+    async fn list_micro_v_ms_stream(
+        &self,
+        request: Request<ListMicroVMsRequest>,
+    ) -> Result<Response<Self::ListMicroVMsStreamStream>, Status> {
+        self.precheck(METHOD_LIST_STREAM, request.metadata())?;
+        let req = request.into_inner();
+        if req.namespace.is_empty() {
+            return Err(Status::invalid_argument("invalid request"));
+        }
+        let messages = self.list(&req.namespace, None).into_iter().map(|vm| Ok(ListMessage { microvm: Some(vm) }));
+        let stream: ListStream = Box::pin(futures::stream::iter(messages));
+        Ok(Response::new(stream))
+    }
+}

@@ -1,0 +1,7 @@
+//! The `leases` HTTP function: `poolmgr_core::http::leases_router` on AWS Lambda.
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_http::Error> {
+    let state = poolmgr_core::app::boot_function().await?;
+    lambda_http::run(poolmgr_core::http::leases_router(state)).await
+}

@@ -1,0 +1,37 @@
+//! `poolmgr-local`: every HTTP function's Router on one address with `axum::serve`, for
+//! development and single-machine installs. Migrates the database at start.
+
+use anyhow::Context;
+use poolmgr_core::{AppState, Config, db, http, telemetry};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    telemetry::init();
+    let cfg = Config::from_env()?;
+    let addr = std::env::var("POOLMGR_HTTP_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
+    let applied = db::migrate_url(&cfg.database_url).await.context("migrating the database")?;
+    tracing::info!(?applied, version = db::latest_version(), "schema ready");
+    let pool = db::pool_from_config(&cfg)?;
+    let state = AppState::new(&cfg, pool);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}: set POOLMGR_HTTP_ADDR to a free address"))?;
+    let local = listener.local_addr()?;
+    tracing::info!(%local, "poolmgr-local listening");
+    println!("poolmgr-local listening on http://{local}");
+    axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown()).await.context("serving HTTP")?;
+    tracing::info!("poolmgr-local stopped");
+    Ok(())
+}
+
+async fn shutdown() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

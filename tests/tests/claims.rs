@@ -1,0 +1,334 @@
+//! ClaimVM (`POST /v1/claims`): every numbered semantic of the contract, and the races.
+
+use std::sync::Arc;
+
+use poolmgr_core::domain::Phase;
+use poolmgr_tests::*;
+use serde_json::json;
+use tokio::sync::Barrier;
+
+#[tokio::test]
+async fn claim_returns_lease_vm_and_host_from_stored_data() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    let calls_before = app.sim.calls(flintlock_sim::METHOD_GET) + app.sim.calls(flintlock_sim::METHOD_LIST);
+
+    let r = app.claim(CLIENT_A, "ci", Some("r-1")).await;
+    let b = r.assert_ok(200);
+    assert_eq!(b["replayed"], json!(false));
+    assert!(r.headers.get("idempotent-replayed").is_none());
+    assert_eq!(b["vm"]["id"], json!(vm.id));
+    assert_eq!(b["vm"]["uid"], json!(vm.uid.clone().unwrap()));
+    assert_eq!(b["vm"]["flintlock_host"]["name"], json!(SIM_HOST));
+    assert_eq!(b["vm"]["flintlock_host"]["address"], json!(app.sim_server.addr.to_string()));
+    assert_eq!(b["vm"]["network_interfaces"]["eth1"]["index"], json!(7));
+    assert_eq!(b["lease"]["request_id"], json!("r-1"));
+    assert_eq!(b["lease"]["pool"], json!({"namespace": "default", "name": "ci"}));
+    assert_eq!(b["lease"]["vm_uid"], json!(vm.uid.unwrap()));
+    let lease_id = b["lease"]["lease_id"].as_str().unwrap();
+    assert!(lease_id.len() >= 32, "lease ids must be unguessable: {lease_id}");
+
+    assert_eq!(app.phase_of(&vm.id).await.as_deref(), Some("LEASED"));
+    assert_eq!(app.count_events("VM_CLAIMED").await, 1);
+    assert_eq!(
+        app.metric("poolmgr_vm_claims_total{pool_name=\"ci\",pool_namespace=\"default\",replayed=\"false\"}"),
+        1.0
+    );
+    // No flintlock call on the claim path.
+    let calls_after = app.sim.calls(flintlock_sim::METHOD_GET) + app.sim.calls(flintlock_sim::METHOD_LIST);
+    assert_eq!(calls_before, calls_after);
+    // Expiry = claim time + the pool's heartbeat_expiry_seconds (120).
+    let claimed = chrono::DateTime::parse_from_rfc3339(b["lease"]["claimed_at"].as_str().unwrap()).unwrap();
+    let expires = chrono::DateTime::parse_from_rfc3339(b["lease"]["expires_at"].as_str().unwrap()).unwrap();
+    assert_eq!((expires - claimed).num_seconds(), 120);
+}
+
+#[tokio::test]
+async fn request_id_of_255_bytes_is_accepted() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let rid = "x".repeat(255);
+    let b = app.claim(CLIENT_A, "ci", Some(&rid)).await.assert_ok(200).clone();
+    assert_eq!(b["lease"]["request_id"], json!(rid));
+}
+
+#[tokio::test]
+async fn request_id_of_256_bytes_is_invalid_argument_and_claims_nothing() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    app.claim(CLIENT_A, "ci", Some(&"x".repeat(256))).await.assert_error(400, "INVALID_ARGUMENT");
+    // Multi-byte characters count in bytes: 128 × 'é' is 256 bytes.
+    app.claim(CLIENT_A, "ci", Some(&"é".repeat(128))).await.assert_error(400, "INVALID_ARGUMENT");
+    assert_eq!(app.phase_of(&vm.id).await.as_deref(), Some("AVAILABLE"));
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+}
+
+#[tokio::test]
+async fn over_long_request_id_is_checked_before_the_pool_lookup() {
+    let app = TestApp::spawn().await;
+    app.claim(CLIENT_A, "no-such-pool", Some(&"x".repeat(256))).await.assert_error(400, "INVALID_ARGUMENT");
+}
+
+#[tokio::test]
+async fn unknown_pool_is_not_found() {
+    let app = TestApp::spawn().await;
+    app.claim(CLIENT_A, "nope", None).await.assert_error(404, "NOT_FOUND");
+    app.claim(CLIENT_A, "nope", Some("r-1")).await.assert_error(404, "NOT_FOUND");
+}
+
+#[tokio::test]
+async fn empty_pool_is_resource_exhausted_with_retry_after() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    let r = app.claim(CLIENT_A, "ci", Some("r-1")).await;
+    r.assert_error(429, "RESOURCE_EXHAUSTED");
+    assert!(r.headers.get("retry-after").is_some(), "429 must carry Retry-After");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+}
+
+#[tokio::test]
+async fn replay_returns_the_identical_response_and_leaves_expiry_unchanged() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.seed_available("ci", 2).await;
+    let first = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200).clone();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+
+    let r = app.claim(CLIENT_A, "ci", Some("r-1")).await;
+    let second = r.assert_ok(200).clone();
+    assert_eq!(r.headers.get("idempotent-replayed").and_then(|v| v.to_str().ok()), Some("true"));
+    assert_eq!(second["replayed"], json!(true));
+    assert_eq!(second["lease"], first["lease"], "a replay is not a heartbeat: lease unchanged");
+    assert_eq!(second["vm"], first["vm"]);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'").await, 1);
+    assert_eq!(app.count_events("VM_CLAIMED").await, 1, "a replay writes no event");
+    assert_eq!(
+        app.metric("poolmgr_vm_claims_total{pool_name=\"ci\",pool_namespace=\"default\",replayed=\"true\"}"),
+        1.0
+    );
+    assert_eq!(
+        app.metric("poolmgr_vm_claims_total{pool_name=\"ci\",pool_namespace=\"default\",replayed=\"false\"}"),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn idempotency_key_header_is_an_alias_for_request_id() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.seed_available("ci", 2).await;
+    let body = json!({"pool": {"namespace": "default", "name": "ci"}});
+    let first = app
+        .request(
+            axum::http::Method::POST,
+            "/v1/claims",
+            Some(CLIENT_A),
+            Some(body.clone()),
+            &[("Idempotency-Key", "k-1")],
+        )
+        .await;
+    first.assert_ok(200);
+    assert_eq!(first.body["lease"]["request_id"], json!("k-1"));
+    // The body field and the header are the same key.
+    let second = app.claim(CLIENT_A, "ci", Some("k-1")).await;
+    assert_eq!(second.assert_ok(200)["replayed"], json!(true));
+    assert_eq!(second.body["lease"]["lease_id"], first.body["lease"]["lease_id"]);
+    // Both given and equal: fine. Both given and different: refused, nothing claimed.
+    let mut with_both = body.clone();
+    with_both["request_id"] = json!("k-1");
+    app.request(
+        axum::http::Method::POST,
+        "/v1/claims",
+        Some(CLIENT_A),
+        Some(with_both.clone()),
+        &[("Idempotency-Key", "k-1")],
+    )
+    .await
+    .assert_ok(200);
+    app.request(axum::http::Method::POST, "/v1/claims", Some(CLIENT_A), Some(with_both), &[("Idempotency-Key", "k-2")])
+        .await
+        .assert_error(400, "INVALID_ARGUMENT");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
+}
+
+#[tokio::test]
+async fn replay_on_another_pool_is_invalid_argument_and_that_pool_keeps_its_vm() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.create_pool("other", 1).await;
+    app.seed_available("ci", 1).await;
+    let other_vm = app.seed_vm("other", Phase::Available).await;
+    app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200);
+
+    let r = app.claim(CLIENT_A, "other", Some("r-1")).await;
+    r.assert_error(400, "INVALID_ARGUMENT");
+    let msg = r.body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("default/ci") && msg.contains("default/other"), "names both pools: {msg}");
+    assert_eq!(app.phase_of(&other_vm.id).await.as_deref(), Some("AVAILABLE"));
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
+}
+
+#[tokio::test]
+async fn request_ids_are_scoped_by_principal() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.seed_available("ci", 2).await;
+    let a = app.claim(CLIENT_A, "ci", Some("same")).await.assert_ok(200).clone();
+    let b = app.claim(CLIENT_B, "ci", Some("same")).await.assert_ok(200).clone();
+    assert_eq!(b["replayed"], json!(false));
+    assert_ne!(a["lease"]["lease_id"], b["lease"]["lease_id"]);
+    assert_ne!(a["vm"]["id"], b["vm"]["id"]);
+}
+
+#[tokio::test]
+async fn request_id_is_reusable_after_release() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.seed_available("ci", 2).await;
+    let first = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200).clone();
+    app.release(CLIENT_A, first["lease"]["lease_id"].as_str().unwrap()).await.assert_ok(204);
+
+    let again = app.claim(CLIENT_A, "ci", Some("r-1")).await;
+    let b = again.assert_ok(200);
+    assert_eq!(b["replayed"], json!(false), "a fresh claim after the lease ended");
+    assert_ne!(b["lease"]["lease_id"], first["lease"]["lease_id"]);
+    assert_ne!(b["vm"]["id"], first["vm"]["id"]);
+}
+
+#[tokio::test]
+async fn empty_request_id_claims_a_new_vm_each_time() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 3).await;
+    app.seed_available("ci", 3).await;
+    let mut vms = std::collections::HashSet::new();
+    for rid in [Some(""), Some(""), None] {
+        let b = app.claim(CLIENT_A, "ci", rid).await.assert_ok(200).clone();
+        assert_eq!(b["replayed"], json!(false));
+        assert_eq!(b["lease"]["request_id"], json!(null));
+        vms.insert(b["vm"]["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(vms.len(), 3);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases WHERE request_id IS NULL").await, 3);
+}
+
+#[tokio::test]
+async fn replay_with_the_vm_deleting_is_aborted() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.seed_available("ci", 2).await;
+    let first = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200).clone();
+    // A release whose flintlock delete failed leaves the VM DELETING and the lease in place.
+    app.sim.fail_deletes(1);
+    app.release(CLIENT_A, first["lease"]["lease_id"].as_str().unwrap()).await.assert_error(503, "UNAVAILABLE");
+    assert_eq!(app.phase_of(first["vm"]["id"].as_str().unwrap()).await.as_deref(), Some("DELETING"));
+
+    app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_error(409, "ABORTED");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'").await, 1, "nothing claimed");
+}
+
+#[tokio::test]
+async fn replay_with_the_vm_row_gone_is_aborted() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.seed_available("ci", 2).await;
+    let first = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200).clone();
+    let vm_id = first["vm"]["id"].as_str().unwrap();
+    app.conn().await.execute("DELETE FROM vms WHERE id = $1", &[&vm_id]).await.unwrap();
+
+    app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_error(409, "ABORTED");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'").await, 1, "nothing claimed");
+}
+
+#[tokio::test]
+async fn claim_needs_a_token_and_accepts_client_and_admin_roles() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.seed_available("ci", 2).await;
+    let body = json!({"pool": {"namespace": "default", "name": "ci"}});
+    app.request(axum::http::Method::POST, "/v1/claims", None, Some(body.clone()), &[])
+        .await
+        .assert_error(401, "UNAUTHENTICATED");
+    app.request(axum::http::Method::POST, "/v1/claims", Some("wrong"), Some(body), &[])
+        .await
+        .assert_error(401, "UNAUTHENTICATED");
+    app.claim(CLIENT_A, "ci", None).await.assert_ok(200);
+    app.claim(ADMIN, "ci", None).await.assert_ok(200);
+}
+
+/// 64 claimers released at once on 20 AVAILABLE VMs: exactly 20 leases on 20 distinct VMs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_never_hand_out_a_vm_twice() {
+    let app = Arc::new(TestApp::spawn().await);
+    app.create_pool("ci", 20).await;
+    app.seed_available("ci", 20).await;
+    let barrier = Arc::new(Barrier::new(64));
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (app, barrier) = (app.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let r = app.claim(CLIENT_A, "ci", None).await;
+                (r.status.as_u16(), r.body)
+            })
+        })
+        .collect();
+    let mut vms = std::collections::HashSet::new();
+    let (mut ok, mut exhausted) = (0, 0);
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        match status {
+            200 => {
+                ok += 1;
+                assert!(vms.insert(body["vm"]["id"].as_str().unwrap().to_owned()), "VM handed out twice");
+            }
+            429 => exhausted += 1,
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert_eq!((ok, exhausted), (20, 44));
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 20);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'LEASED'").await, 20);
+    assert_eq!(app.scalar_i64("SELECT count(DISTINCT vm_id) FROM leases").await, 20);
+}
+
+/// 32 claimers with one request_id released at once: one lease, every response carries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_with_one_request_id_create_one_lease() {
+    let app = Arc::new(TestApp::spawn().await);
+    app.create_pool("ci", 10).await;
+    app.seed_available("ci", 10).await;
+    let barrier = Arc::new(Barrier::new(32));
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (app, barrier) = (app.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let r = app.claim(CLIENT_A, "ci", Some("the-one")).await;
+                (r.status.as_u16(), r.body)
+            })
+        })
+        .collect();
+    let mut lease_ids = std::collections::HashSet::new();
+    let mut fresh = 0;
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        lease_ids.insert(body["lease"]["lease_id"].as_str().unwrap().to_owned());
+        if body["replayed"] == json!(false) {
+            fresh += 1;
+        }
+    }
+    assert_eq!(lease_ids.len(), 1, "every response carries the same lease");
+    assert_eq!(fresh, 1, "exactly one response is the fresh claim");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
+    assert_eq!(
+        app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'").await,
+        9,
+        "every other VM still AVAILABLE"
+    );
+    assert_eq!(app.count_events("VM_CLAIMED").await, 1);
+}
