@@ -33,6 +33,7 @@ cleanup() {
     local status=$?
     if [[ $STARTED_PG == 1 ]]; then
         pg_stop "$PG_TEST_DIR" || true
+        case "$PG_TEST_DIR" in *test-pg-[0-9]*) rm -rf "$PG_TEST_DIR" ;; esac
     fi
     exit "$status"
 }
@@ -46,7 +47,9 @@ if [[ -z "${POOLMGR_TEST_DATABASE_URL:-}" ]]; then
     # scripts/test.sh run is still using.
     exec 9>"$ROOT/.dev/test-pg.lock"
     if command -v flock >/dev/null 2>&1 && ! flock -n 9; then
-        die "another scripts/test.sh is running in this checkout; wait for it, or set POOLMGR_TEST_DATABASE_URL to use another server"
+        # Another run owns .dev/test-pg: use a private cluster of our own instead.
+        PG_TEST_DIR=$ROOT/.dev/test-pg-$$
+        log "another scripts/test.sh is running here; using $PG_TEST_DIR"
     fi
     # A crashed earlier run may have left its server running.
     if [[ -d "$PG_TEST_DIR/data" ]]; then
@@ -88,7 +91,7 @@ done
 cd "$ROOT"
 log "RUST_BACKTRACE=1 cargo test${workspace[*]:+ ${workspace[*]}} --all-targets${*:+ $*}"
 status=0
-RUST_BACKTRACE=1 cargo test "${workspace[@]}" --all-targets "$@" || status=$?
+RUST_BACKTRACE=1 cargo test "${workspace[@]}" --all-targets --no-fail-fast "$@" || status=$?
 if [[ $status -ne 0 ]]; then
     printf 'error: cargo test failed (exit %s); read the failures above and rerun e.g. scripts/test.sh -p CRATE TEST_NAME\n' "$status" >&2
 fi

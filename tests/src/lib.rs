@@ -142,7 +142,11 @@ impl TestApp {
 
     /// Spawns with extra configuration (`POOLMGR_*` keys) applied on top of the defaults.
     pub async fn spawn_with(extra: impl Fn(&mut Vec<(String, String)>)) -> TestApp {
-        let testdb = TestDb::create().await;
+        Self::spawn_on(TestDb::create().await, extra).await
+    }
+
+    /// Spawns on an existing database (migrating it to the latest version first).
+    pub async fn spawn_on(testdb: TestDb, extra: impl Fn(&mut Vec<(String, String)>)) -> TestApp {
         let mut client = testdb.client().await;
         db::migrate(&mut client, None).await.expect("migrate test database");
         let mut env: Vec<(String, String)> = vec![
@@ -151,6 +155,10 @@ impl TestApp {
             ("POOLMGR_CLIENT_TOKENS".into(), format!("client-a:{CLIENT_A},client-b:{CLIENT_B}")),
             ("POOLMGR_DB_POOL_SIZE".into(), "40".into()),
             ("POOLMGR_FLINTLOCK_TIMEOUT_SECONDS".into(), "3".into()),
+            // Fast retries and an orphan scan on every pass keep reconcile tests short.
+            ("POOLMGR_RECONCILE_BACKOFF_MS".into(), "10".into()),
+            ("POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS".into(), "1".into()),
+            ("POOLMGR_ORPHAN_SCAN_SECONDS".into(), "0".into()),
         ];
         extra(&mut env);
         let cfg = Config::from_lookup(|k| env.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone()))
@@ -251,6 +259,71 @@ impl TestApp {
         self.post(ADMIN, "/v1/pools", pool_spec(name, size)).await.assert_ok(201).clone()
     }
 
+    /// Runs one reconcile pass.
+    pub async fn pass(&self) -> poolmgr_core::reconcile::PassReport {
+        poolmgr_core::reconcile::run_pass(&self.state).await.expect("reconcile pass")
+    }
+
+    /// Runs reconcile passes until `done` holds (checked after each pass), at most `max`
+    /// passes, pausing briefly between them so simulated VMs can boot. Panics if it never holds.
+    pub async fn settle<F, Fut>(&self, max: usize, what: &str, done: F)
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        for _ in 0..max {
+            self.pass().await;
+            if done().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+        panic!("not settled after {max} passes: {what}");
+    }
+
+    /// Starts another simulator and registers it as host `name`.
+    pub async fn add_sim_host(&self, name: &str) -> (Sim, SimServer) {
+        let sim = Sim::new(SimConfig {
+            boot_delay: Duration::from_millis(50),
+            delete_delay: Duration::from_millis(20),
+            basic_auth_token: None,
+        });
+        let server = sim.serve("127.0.0.1:0".parse().unwrap()).await.expect("start flintlock-sim");
+        self.post(
+            ADMIN,
+            "/v1/hosts",
+            json!({"name": name, "address": server.addr.to_string(), "tls": {"insecure": true}}),
+        )
+        .await
+        .assert_ok(201);
+        (sim, server)
+    }
+
+    /// Number of VM rows of pool default/`pool` in `phase`.
+    pub async fn count_phase(&self, pool: &str, phase: &str) -> i64 {
+        self.conn()
+            .await
+            .query_one(
+                "SELECT count(*) FROM vms WHERE pool_namespace = 'default' AND pool_name = $1 AND phase = $2",
+                &[&pool, &phase],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// Live (not DELETING) simulator VMs in poolmgr's namespace for `default` pools.
+    pub fn sim_live(sim: &Sim) -> Vec<flintlock_proto::types::MicroVm> {
+        use flintlock_proto::types::micro_vm_status::MicroVmState;
+        sim.vms()
+            .into_iter()
+            .filter(|m| {
+                m.spec.as_ref().is_some_and(|s| s.namespace == "poolmgr-default")
+                    && m.status.as_ref().is_some_and(|s| s.state != MicroVmState::Deleting as i32)
+            })
+            .collect()
+    }
+
     /// A pooled connection for direct SQL.
     pub async fn conn(&self) -> deadpool_postgres::Object {
         self.state.db.get().await.expect("test connection")
@@ -265,8 +338,12 @@ impl TestApp {
             store::host_get(&**conn, SIM_HOST).await.unwrap().unwrap().0
         };
         let tpl: poolmgr_core::template::MicroVmTemplate = serde_json::from_value(template()).unwrap();
-        let created =
-            self.state.flintlock.create(&host, tpl.to_spec(&id, "poolmgr-default")).await.expect("sim create");
+        let created = self
+            .state
+            .flintlock
+            .create(&host, tpl.to_spec(&id, &self.state.flintlock_namespace("default")))
+            .await
+            .expect("sim create");
         let uid = created.spec.and_then(|s| s.uid).expect("uid");
         let nics =
             json!({"eth1": {"host_device_name": "fltap0000001", "index": 7, "mac_address": "aa:bb:cc:dd:ee:01"}});

@@ -18,6 +18,7 @@ pub struct AppState {
     pub auth: Arc<AuthConfig>,
     pub flintlock: Flintlock,
     pub metrics: Arc<Metrics>,
+    pub config: Arc<Config>,
 }
 
 impl AppState {
@@ -32,7 +33,13 @@ impl AppState {
             auth: Arc::new(cfg.auth.clone()),
             flintlock: Flintlock::new(cfg.flintlock_timeout),
             metrics: Arc::new(Metrics::new()),
+            config: Arc::new(cfg.clone()),
         }
+    }
+
+    /// The flintlock namespace that holds a pool namespace's VMs.
+    pub fn flintlock_namespace(&self, pool_namespace: &str) -> String {
+        format!("{}{pool_namespace}", self.config.flintlock_namespace_prefix)
     }
 
     /// A pooled connection; an unreachable database is UNAVAILABLE (503, retry).

@@ -24,6 +24,38 @@ pub struct Config {
     /// Timeout of every flintlock RPC (`POOLMGR_FLINTLOCK_TIMEOUT_SECONDS`).
     pub flintlock_timeout: Duration,
     pub auth: AuthConfig,
+    /// flintlock namespaces poolmgr owns are `<prefix><pool namespace>`
+    /// (`POOLMGR_FLINTLOCK_NAMESPACE_PREFIX`). VMs in other namespaces are never touched.
+    pub flintlock_namespace_prefix: String,
+    pub reconcile: ReconcileConfig,
+}
+
+/// Knobs of the reconcile pass.
+#[derive(Debug, Clone)]
+pub struct ReconcileConfig {
+    /// A pass stops starting work after this (`POOLMGR_RECONCILE_DEADLINE_SECONDS`, 50).
+    pub deadline: Duration,
+    /// Pools worked on at once by one pass (`POOLMGR_RECONCILE_CONCURRENCY`, 8).
+    pub concurrency: usize,
+    /// A VM still PENDING in flintlock this long after its row was created has failed
+    /// (`POOLMGR_PROVISION_TIMEOUT_SECONDS`, 300).
+    pub provision_timeout: Duration,
+    /// VM_EXPIRING_SOON is written this long before a lease expires
+    /// (`POOLMGR_EXPIRY_WARNING_SECONDS`, 30).
+    pub warning_window: Duration,
+    /// First retry delay of a failing VM step, doubled per attempt up to `backoff_cap`
+    /// (`POOLMGR_RECONCILE_BACKOFF_MS`, 1000; `POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS`, 60).
+    pub backoff_base: Duration,
+    pub backoff_cap: Duration,
+    /// Failed attempts after which a uid-less intent row on an unreachable host is dropped
+    /// (and replaced elsewhere) (`POOLMGR_PROVISION_MAX_ATTEMPTS`, 5).
+    pub max_create_attempts: i32,
+    /// New VMs one pass creates per pool at most (`POOLMGR_RECONCILE_MAX_CREATES`, 50).
+    pub max_creates_per_pool: usize,
+    /// Interval between orphan scans of a host (`POOLMGR_ORPHAN_SCAN_SECONDS`, 10).
+    pub orphan_scan_interval: Duration,
+    /// `poolmgr-local`'s ticker interval (`POOLMGR_RECONCILE_INTERVAL_SECONDS`, 2).
+    pub interval: Duration,
 }
 
 fn parse_num<T: std::str::FromStr>(
@@ -80,6 +112,25 @@ impl Config {
             db_connect_timeout: Duration::from_secs(parse_num(&lookup, "POOLMGR_DB_CONNECT_TIMEOUT_SECONDS", 5u64)?),
             flintlock_timeout: Duration::from_secs(parse_num(&lookup, "POOLMGR_FLINTLOCK_TIMEOUT_SECONDS", 10u64)?),
             auth: AuthConfig { disabled, tokens },
+            flintlock_namespace_prefix: lookup("POOLMGR_FLINTLOCK_NAMESPACE_PREFIX")
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "poolmgr-".into()),
+            reconcile: ReconcileConfig {
+                deadline: Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_DEADLINE_SECONDS", 50u64)?),
+                concurrency: parse_num(&lookup, "POOLMGR_RECONCILE_CONCURRENCY", 8usize)?.max(1),
+                provision_timeout: Duration::from_secs(parse_num(
+                    &lookup,
+                    "POOLMGR_PROVISION_TIMEOUT_SECONDS",
+                    300u64,
+                )?),
+                warning_window: Duration::from_secs(parse_num(&lookup, "POOLMGR_EXPIRY_WARNING_SECONDS", 30u64)?),
+                backoff_base: Duration::from_millis(parse_num(&lookup, "POOLMGR_RECONCILE_BACKOFF_MS", 1000u64)?),
+                backoff_cap: Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS", 60u64)?),
+                max_create_attempts: parse_num(&lookup, "POOLMGR_PROVISION_MAX_ATTEMPTS", 5i32)?,
+                max_creates_per_pool: parse_num(&lookup, "POOLMGR_RECONCILE_MAX_CREATES", 50usize)?,
+                orphan_scan_interval: Duration::from_secs(parse_num(&lookup, "POOLMGR_ORPHAN_SCAN_SECONDS", 10u64)?),
+                interval: Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_INTERVAL_SECONDS", 2u64)?.max(1)),
+            },
         })
     }
 }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -43,16 +43,45 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::InvalidArgument(format!("request body is larger than {MAX_BODY_BYTES} bytes"))
-            } else {
-                ApiError::InvalidArgument(format!("cannot read request body: {e}"))
-            }
-        })?;
-        serde_json::from_slice(&bytes)
+        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(body_error)?;
+        let value = serde_json::from_slice(&bytes)
             .map(ApiJson)
-            .map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))
+            .map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
+        reject_nul_in_json(&bytes)?;
+        Ok(value)
+    }
+}
+
+/// A body that could not be read, too large included, as a contract error (never axum's
+/// plain-text 413).
+fn body_error(e: BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::InvalidArgument(format!("request body is larger than {MAX_BODY_BYTES} bytes"))
+    } else {
+        ApiError::InvalidArgument(format!("cannot read request body: {e}"))
+    }
+}
+
+const NUL_MESSAGE: &str = "text must not contain the NUL character (\\u0000)";
+
+/// PostgreSQL text cannot hold NUL: refuse it at the edge as INVALID_ARGUMENT rather than let
+/// the database fail with an internal error. In JSON a NUL can only be written `\u0000`, so
+/// bodies without that escape are not walked.
+fn reject_nul_in_json(bytes: &[u8]) -> Result<(), ApiError> {
+    fn has_nul(v: &serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::String(s) => s.contains('\0'),
+            serde_json::Value::Array(a) => a.iter().any(has_nul),
+            serde_json::Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+            _ => false,
+        }
+    }
+    if !bytes.windows(6).any(|w| w == b"\\u0000") {
+        return Ok(());
+    }
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(v) if has_nul(&v) => Err(ApiError::InvalidArgument(format!("invalid JSON body: {NUL_MESSAGE}"))),
+        _ => Ok(()),
     }
 }
 
@@ -63,6 +92,10 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        // `%00` is the only way to put a NUL in a query string.
+        if parts.uri.query().is_some_and(|q| q.contains("%00")) {
+            return Err(ApiError::InvalidArgument(format!("invalid query string: {NUL_MESSAGE}")));
+        }
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(q)| ApiQuery(q))
@@ -77,6 +110,9 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        if parts.uri.path().contains("%00") {
+            return Err(ApiError::InvalidArgument(format!("invalid path: {NUL_MESSAGE}")));
+        }
         Path::<T>::from_request_parts(parts, state)
             .await
             .map(|Path(p)| ApiPath(p))
@@ -358,13 +394,17 @@ async fn cordon_host(
     State(state): State<AppState>,
     Admin(_): Admin,
     ApiPath(name): ApiPath<String>,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let body = body.map_err(body_error)?;
     // The body is optional: an empty one cordons without a reason.
     let body: CordonBody = if body.iter().all(u8::is_ascii_whitespace) {
         CordonBody::default()
     } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?
+        let b =
+            serde_json::from_slice(&body).map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
+        reject_nul_in_json(&body)?;
+        b
     };
     let reason = body.reason.unwrap_or_default();
     if reason.len() > 1024 {

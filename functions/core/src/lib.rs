@@ -27,6 +27,7 @@ pub mod error;
 pub mod flintlock;
 pub mod http;
 pub mod metrics;
+pub mod reconcile;
 pub mod service;
 pub mod store;
 pub mod telemetry;

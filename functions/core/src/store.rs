@@ -903,3 +903,272 @@ pub async fn ping(c: &impl GenericClient) -> Result<()> {
     c.query_typed("SELECT 1", &[]).await?;
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------
+// Reconcile
+// ---------------------------------------------------------------------------------------
+
+/// Takes the reconcile lease of one pool this pass has not handled yet (`reconcile_until`
+/// before the pass started), oldest first. SKIP LOCKED: overlapping passes take different
+/// pools; the row lease then keeps them apart until `lease_seconds` pass.
+pub async fn pool_take_reconcile_lease(
+    c: &impl GenericClient,
+    owner: &str,
+    pass_started: DateTime<Utc>,
+    lease_seconds: f64,
+) -> Result<Option<PoolRow>> {
+    let row = c
+        .query_typed_opt(
+            "UPDATE pools p SET reconcile_owner = $1, reconcile_until = now() + make_interval(secs => $3)
+             WHERE (p.namespace, p.name) = (
+                 SELECT namespace, name FROM pools
+                 WHERE reconcile_until < least(now(), $2)
+                 ORDER BY reconcile_until
+                 LIMIT 1
+                 FOR UPDATE SKIP LOCKED
+             )
+             RETURNING to_jsonb(p) AS pool",
+            &[(&owner, Type::TEXT), (&pass_started, Type::TIMESTAMPTZ), (&lease_seconds, Type::FLOAT8)],
+        )
+        .await?;
+    row.as_ref().map(|r| json_req(r, "pool")).transpose()
+}
+
+/// Gives a pool's reconcile lease back (only if this owner still holds it).
+pub async fn pool_release_reconcile_lease(c: &impl GenericClient, pool: &PoolRef, owner: &str) -> Result<()> {
+    c.execute_typed(
+        "UPDATE pools SET reconcile_owner = NULL, reconcile_until = now()
+         WHERE namespace = $1 AND name = $2 AND reconcile_owner = $3",
+        &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&owner, Type::TEXT)],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Every VM row of a pool with whether it has a committed lease.
+pub async fn vm_list_for_pool(c: &impl GenericClient, pool: &PoolRef) -> Result<Vec<(VmRow, bool)>> {
+    let rows = c
+        .query_typed(
+            "SELECT to_jsonb(v) AS vm, EXISTS (SELECT 1 FROM leases l WHERE l.vm_id = v.id) AS has_lease
+             FROM vms v WHERE v.pool_namespace = $1 AND v.pool_name = $2 ORDER BY v.created_at, v.id",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)],
+        )
+        .await?;
+    rows.iter().map(|r| Ok((json_req(r, "vm")?, r.try_get("has_lease")?))).collect()
+}
+
+/// Expires a pool's leases with `expires_at <= now()`: lease removed, VM → DELETING and
+/// VM_DELETED_DUE_TO_EXPIRY, in one statement. A concurrent heartbeat either commits first
+/// (and the lease is no longer expired when this re-checks it) or finds the lease gone.
+pub async fn lease_expire_for_pool(c: &impl GenericClient, pool: &PoolRef) -> Result<Vec<LeaseRow>> {
+    let rows = c
+        .query_typed(
+            "WITH exp AS (
+                 DELETE FROM leases WHERE pool_namespace = $1 AND pool_name = $2 AND expires_at <= now()
+                 RETURNING *
+             ), v AS (
+                 UPDATE vms SET phase = 'DELETING', updated_at = now(), attempts = 0, next_attempt_at = NULL
+                 FROM exp WHERE vms.id = exp.vm_id
+                 RETURNING vms.id
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
+                 SELECT 'VM_DELETED_DUE_TO_EXPIRY', exp.pool_namespace, exp.pool_name, exp.vm_id, exp.lease_id FROM exp
+             )
+             SELECT to_jsonb(exp) AS lease FROM exp",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)],
+        )
+        .await?;
+    rows.iter().map(|r| json_req(r, "lease")).collect()
+}
+
+/// Writes VM_EXPIRING_SOON once per expiry deadline for leases expiring within `window`.
+pub async fn lease_warn_expiring_for_pool(c: &impl GenericClient, pool: &PoolRef, window_seconds: f64) -> Result<u64> {
+    Ok(c.execute_typed(
+        "WITH w AS (
+                 UPDATE leases SET warned_expires_at = expires_at
+                 WHERE pool_namespace = $1 AND pool_name = $2
+                   AND expires_at > now() AND expires_at <= now() + make_interval(secs => $3)
+                   AND warned_expires_at IS DISTINCT FROM expires_at
+                 RETURNING *
+             )
+             INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id, payload)
+             SELECT 'VM_EXPIRING_SOON', w.pool_namespace, w.pool_name, w.vm_id, w.lease_id,
+                    jsonb_build_object('expires_at', w.expires_at)
+             FROM w",
+        &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&window_seconds, Type::FLOAT8)],
+    )
+    .await?)
+}
+
+/// Inserts a PROVISIONING intent row on the least-loaded eligible host of the pool, in one
+/// statement. Eligible: named by the pool, registered, not cordoned, not in `skip`. Load:
+/// this pool's VMs on the host, DELETING and FAILED not counted; ties go to the host listed
+/// first. The chosen host row is share-locked, so a cordon committing meanwhile waits for
+/// this insert (and the next placement sees it). `None`: no eligible host.
+pub async fn vm_place_and_insert(
+    c: &impl GenericClient,
+    pool: &PoolRef,
+    id: &str,
+    skip: &[String],
+) -> Result<Option<VmRow>> {
+    let row = c
+        .query_typed_opt(
+            "WITH p AS (
+                 SELECT flintlock_hosts FROM pools WHERE namespace = $1 AND name = $2
+             ), eligible AS (
+                 SELECT h.name, array_position(p.flintlock_hosts, h.name) AS ord
+                 FROM hosts h, p
+                 WHERE h.name = ANY (p.flintlock_hosts) AND NOT h.cordoned AND NOT (h.name = ANY ($4))
+                 FOR SHARE OF h
+             ), pick AS (
+                 SELECT e.name FROM eligible e
+                 ORDER BY (SELECT count(*) FROM vms v
+                           WHERE v.flintlock_host = e.name AND v.pool_namespace = $1 AND v.pool_name = $2
+                             AND v.phase NOT IN ('DELETING', 'FAILED')),
+                          e.ord
+                 LIMIT 1
+             )
+             INSERT INTO vms AS v (id, pool_namespace, pool_name, flintlock_host, phase)
+             SELECT $3, $1, $2, pick.name, 'PROVISIONING' FROM pick
+             RETURNING to_jsonb(v) AS vm",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&id, Type::TEXT), (&skip, Type::TEXT_ARRAY)],
+        )
+        .await?;
+    row.as_ref().map(|r| json_req(r, "vm")).transpose()
+}
+
+/// Records flintlock's uid on an intent row (after CreateMicroVM, or adoption).
+pub async fn vm_set_uid(c: &impl GenericClient, vm_id: &str, uid: &str, event: EventType) -> Result<bool> {
+    let kind = event.as_str();
+    let n = c
+        .execute_typed(
+            "WITH v AS (
+                 UPDATE vms SET uid = $2, attempts = 0, next_attempt_at = NULL, updated_at = now()
+                 WHERE id = $1 AND uid IS NULL AND phase = 'PROVISIONING'
+                 RETURNING *
+             )
+             INSERT INTO events (type, pool_namespace, pool_name, vm_id, payload)
+             SELECT $3, v.pool_namespace, v.pool_name, v.id, jsonb_build_object('uid', v.uid, 'host', v.flintlock_host)
+             FROM v",
+            &[(&vm_id, Type::TEXT), (&uid, Type::TEXT), (&kind, Type::TEXT)],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Moves a VM from one phase to another (never out of DELETING: the guard is the `from`
+/// phase), recording interfaces when given and writing `event` in the same statement.
+/// `false` if the VM was not in `from` any more.
+pub async fn vm_transition(
+    c: &impl GenericClient,
+    vm_id: &str,
+    from: Phase,
+    to: Phase,
+    network_interfaces: Option<&serde_json::Value>,
+    event: Option<(EventType, &serde_json::Value)>,
+) -> Result<bool> {
+    let (from, to) = (from.as_str(), to.as_str());
+    let (kind, payload) = match event {
+        Some((k, p)) => (Some(k.as_str()), Some(p)),
+        None => (None, None),
+    };
+    let row = c
+        .query_typed_one(
+            "WITH v AS (
+                 UPDATE vms SET phase = $3, network_interfaces = coalesce($4, network_interfaces),
+                     attempts = 0, next_attempt_at = NULL, updated_at = now()
+                 WHERE id = $1 AND phase = $2
+                 RETURNING *
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, payload)
+                 SELECT $5, v.pool_namespace, v.pool_name, v.id, coalesce($6, '{}'::jsonb) FROM v WHERE $5 IS NOT NULL
+             )
+             SELECT count(*) FROM v",
+            &[
+                (&vm_id, Type::TEXT),
+                (&from, Type::TEXT),
+                (&to, Type::TEXT),
+                (&network_interfaces, Type::JSONB),
+                (&kind, Type::TEXT),
+                (&payload, Type::JSONB),
+            ],
+        )
+        .await?;
+    Ok(row.try_get::<_, i64>(0)? == 1)
+}
+
+/// Backs a VM off after a failed step: attempts + 1, next try after an exponential delay
+/// (`base * 2^attempts`, at most `cap`).
+pub async fn vm_backoff(c: &impl GenericClient, vm_id: &str, base_seconds: f64, cap_seconds: f64) -> Result<()> {
+    c.execute_typed(
+        "UPDATE vms SET attempts = attempts + 1,
+             next_attempt_at = now() + make_interval(secs => least($3, $2 * power(2, least(attempts, 20))))
+         WHERE id = $1",
+        &[(&vm_id, Type::TEXT), (&base_seconds, Type::FLOAT8), (&cap_seconds, Type::FLOAT8)],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Removes an intent row that never got a uid (its host stayed unreachable). The orphan scan
+/// deletes the microVM should the create have reached flintlock after all.
+pub async fn vm_delete_intent(c: &impl GenericClient, vm_id: &str) -> Result<bool> {
+    let n = c
+        .execute_typed(
+            "DELETE FROM vms WHERE id = $1 AND uid IS NULL AND phase = 'PROVISIONING'",
+            &[(&vm_id, Type::TEXT)],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// DELETING VMs whose pool is gone (a deleted pool's stragglers), due for a retry. Each
+/// returned VM's next attempt is pushed back first, so an overlapping pass skips it.
+pub async fn vm_take_orphaned_deletions(c: &impl GenericClient, limit: i64) -> Result<Vec<VmRow>> {
+    let rows = c
+        .query_typed(
+            "UPDATE vms v SET next_attempt_at = now() + interval '30 seconds'
+             WHERE v.id IN (
+                 SELECT id FROM vms x
+                 WHERE x.phase = 'DELETING' AND (x.next_attempt_at IS NULL OR x.next_attempt_at <= now())
+                   AND NOT EXISTS (SELECT 1 FROM pools p WHERE p.namespace = x.pool_namespace AND p.name = x.pool_name)
+                 ORDER BY x.id
+                 LIMIT $1
+                 FOR UPDATE SKIP LOCKED
+             )
+             RETURNING to_jsonb(v) AS vm",
+            &[(&limit, Type::INT8)],
+        )
+        .await?;
+    rows.iter().map(|r| json_req(r, "vm")).collect()
+}
+
+/// Takes the orphan-scan lease of one host due for a scan; the next scan of that host is
+/// due `interval_seconds` later.
+pub async fn host_take_scan(
+    c: &impl GenericClient,
+    interval_seconds: f64,
+    pass_started: DateTime<Utc>,
+) -> Result<Option<HostRow>> {
+    // `scan_until` before the pass started: a pass scans each host at most once.
+    let row = c
+        .query_typed_opt(
+            "UPDATE hosts h SET scan_until = now() + make_interval(secs => $1)
+             WHERE h.name = (
+                 SELECT name FROM hosts WHERE scan_until < least(now(), $2)
+                 ORDER BY scan_until LIMIT 1 FOR UPDATE SKIP LOCKED
+             )
+             RETURNING to_jsonb(h) AS host",
+            &[(&interval_seconds, Type::FLOAT8), (&pass_started, Type::TIMESTAMPTZ)],
+        )
+        .await?;
+    row.as_ref().map(|r| json_req(r, "host")).transpose()
+}
+
+/// The rows of the given VM ids: (id, host, uid).
+pub async fn vm_identities(c: &impl GenericClient, ids: &[String]) -> Result<Vec<(String, String, Option<String>)>> {
+    let rows = c
+        .query_typed("SELECT id, flintlock_host, uid FROM vms WHERE id = ANY ($1)", &[(&ids, Type::TEXT_ARRAY)])
+        .await?;
+    rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))).collect()
+}

@@ -13,6 +13,7 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(?applied, version = db::latest_version(), "schema ready");
     let pool = db::pool_from_config(&cfg)?;
     let state = AppState::new(&cfg, pool);
+    tokio::spawn(reconcile_ticker(state.clone()));
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("cannot listen on {addr}: set POOLMGR_HTTP_ADDR to a free address"))?;
@@ -22,6 +23,19 @@ async fn main() -> anyhow::Result<()> {
     axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown()).await.context("serving HTTP")?;
     tracing::info!("poolmgr-local stopped");
     Ok(())
+}
+
+/// Runs a reconcile pass every `POOLMGR_RECONCILE_INTERVAL_SECONDS`, like the EventBridge
+/// schedule does on AWS.
+async fn reconcile_ticker(state: AppState) {
+    let mut tick = tokio::time::interval(state.config.reconcile.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = poolmgr_core::reconcile::run_pass(&state).await {
+            tracing::warn!(error = %e, "reconcile pass failed");
+        }
+    }
 }
 
 async fn shutdown() {

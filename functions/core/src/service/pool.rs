@@ -28,7 +28,13 @@ async fn check_hosts(tx: &tokio_postgres::Transaction<'_>, spec: &PoolSpec) -> R
 }
 
 fn validated(spec: &PoolSpec) -> Result<(), ApiError> {
-    spec.validate().map_err(ApiError::InvalidArgument)
+    spec.validate().map_err(ApiError::InvalidArgument)?;
+    if !spec.create_commands.is_empty() || !spec.pre_lease_commands.is_empty() {
+        return Err(ApiError::FailedPrecondition(
+            "create_commands and pre_lease_commands run through flintlock's guest agent (MicroVMExec), which this poolmgr release cannot drive yet: leave them empty".into(),
+        ));
+    }
+    Ok(())
 }
 
 pub async fn create(state: &AppState, spec: PoolSpec) -> Result<Pool, ApiError> {

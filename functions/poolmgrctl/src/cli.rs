@@ -1,0 +1,322 @@
+//! The command tree: clap derive definitions only, no behaviour.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+
+/// Operate poolmgr: warm pools of flintlock microVMs.
+///
+/// Exit codes: 0 success, 1 other errors, 2 usage or invalid argument, 3 not found,
+/// 4 conflict (already exists, aborted, failed precondition), 5 resource exhausted,
+/// 6 unavailable (server, database or flintlock unreachable, connection failures, time-outs).
+#[derive(Debug, Parser)]
+#[command(name = "poolmgrctl", version, propagate_version = true, max_term_width = 100)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct Global {
+    /// Base URL of the poolmgr HTTP API.
+    #[arg(long, global = true, env = "POOLMGR_ENDPOINT", default_value = "http://127.0.0.1:8080")]
+    pub endpoint: String,
+    /// API token, sent as `Authorization: Bearer <token>`.
+    #[arg(long, global = true, env = "POOLMGR_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Format::Table)]
+    pub output: Format,
+    /// Time-out of one HTTP request (e.g. 30s, 2m, 1500ms; a bare number is seconds).
+    #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Aligned columns for people.
+    Table,
+    /// The API's JSON objects, as the API returned them.
+    Json,
+    /// The API's objects as YAML.
+    Yaml,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Pools: desired state and live counts.
+    #[command(subcommand)]
+    Pool(PoolCmd),
+    /// Leases: claim a VM, heartbeat, release.
+    #[command(subcommand)]
+    Lease(LeaseCmd),
+    /// VMs poolmgr manages.
+    #[command(subcommand)]
+    Vm(VmCmd),
+    /// flintlock hosts.
+    #[command(subcommand)]
+    Host(HostCmd),
+    /// The event feed.
+    #[command(subcommand)]
+    Events(EventsCmd),
+    /// Print a shell completion script (e.g. `poolmgrctl completion bash > /etc/bash_completion.d/poolmgrctl`).
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PoolCmd {
+    /// Create a pool from a PoolSpec file (JSON or YAML), validated locally first.
+    Create(SpecFile),
+    /// Replace a pool's spec from a PoolSpec file; the pool is the one the file names.
+    Update(SpecFile),
+    /// Show one pool.
+    Get {
+        /// NAMESPACE/NAME, or NAME in namespace `default`.
+        pool: String,
+    },
+    /// List pools.
+    List {
+        /// Only pools of this namespace.
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+    },
+    /// Delete (drain) a pool.
+    Delete {
+        /// NAMESPACE/NAME, or NAME in namespace `default`.
+        pool: String,
+        /// Delete even while VMs are leased: their leases end.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Show a pool's live counts.
+    Status {
+        /// NAMESPACE/NAME, or NAME in namespace `default`.
+        pool: String,
+        /// Keep polling and redrawing until Ctrl-C.
+        #[arg(long, short = 'w')]
+        watch: bool,
+        /// Poll interval of --watch.
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+        interval: Duration,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct SpecFile {
+    /// PoolSpec file: .json or .yaml/.yml (`-` reads standard input).
+    #[arg(long, short = 'f', value_name = "FILE")]
+    pub file: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LeaseCmd {
+    /// Claim a VM from a pool.
+    ///
+    /// With --auto-request-id (or an explicit --request-id) the claim is idempotent: transient
+    /// failures (UNAVAILABLE, ABORTED, connection errors, time-outs) are retried with the same
+    /// id and exponential backoff for --wait or 30s, whichever is longer, and never claim a
+    /// second VM. RESOURCE_EXHAUSTED (no VM available) is retried while --wait lasts.
+    /// Progress goes to standard error.
+    #[command(group(ArgGroup::new("idempotency").args(["request_id", "auto_request_id"])))]
+    Claim {
+        /// NAMESPACE/NAME, or NAME in namespace `default`.
+        #[arg(long)]
+        pool: String,
+        /// Idempotency key: a retry with the same id returns the same lease.
+        #[arg(long, value_name = "ID")]
+        request_id: Option<String>,
+        /// Generate a UUID request id and retry transient failures with it.
+        #[arg(long)]
+        auto_request_id: bool,
+        /// How long to keep retrying while the pool has no available VM (e.g. 30s, 5m).
+        #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
+        wait: Duration,
+    },
+    /// Extend a lease: expires_at becomes now + the pool's heartbeat_expiry_seconds.
+    Heartbeat { lease_id: String },
+    /// Release a lease: its VM is deleted.
+    Release { lease_id: String },
+    /// Show one lease.
+    Get { lease_id: String },
+    /// List leases (a client token sees only its own).
+    List {
+        /// Only leases of this pool: NAMESPACE/NAME, or NAME in namespace `default`.
+        #[arg(long)]
+        pool: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VmCmd {
+    /// List VMs.
+    List {
+        /// Only VMs of this pool: NAMESPACE/NAME, or NAME in namespace `default`.
+        #[arg(long, conflicts_with = "namespace")]
+        pool: Option<String>,
+        /// Only VMs of pools in this namespace.
+        #[arg(long, short = 'n')]
+        namespace: Option<String>,
+        /// Only VMs in this phase (e.g. AVAILABLE, LEASED).
+        #[arg(long, value_parser = parse_phase)]
+        phase: Option<String>,
+    },
+    /// Show one VM.
+    Get { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HostCmd {
+    /// Register a flintlock host.
+    Add(HostArgs),
+    /// Replace a host's address, TLS settings and credentials.
+    Update(HostArgs),
+    /// Unregister a host (refused while a pool names it or it has VMs).
+    Remove { name: String },
+    /// Show one host.
+    Get { name: String },
+    /// List hosts.
+    List,
+    /// Stop placing new VMs on a host.
+    Cordon {
+        name: String,
+        /// Why, shown in `host get`.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Allow new placements on a host again.
+    Uncordon { name: String },
+}
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("transport").required(true).args(["insecure", "ca_file"])))]
+pub struct HostArgs {
+    /// Host name (a DNS label).
+    pub name: String,
+    /// flintlockd gRPC address, host:port.
+    #[arg(long)]
+    pub address: String,
+    /// Plaintext gRPC (a flintlockd started with --insecure).
+    #[arg(long)]
+    pub insecure: bool,
+    /// TLS: PEM file of the CA that signed flintlockd's certificate.
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// Mutual TLS: client certificate PEM file (with --key-file).
+    #[arg(long, value_name = "FILE", requires_all = ["ca_file", "key_file"])]
+    pub cert_file: Option<PathBuf>,
+    /// Mutual TLS: client key PEM file (with --cert-file).
+    #[arg(long, value_name = "FILE", requires_all = ["ca_file", "cert_file"])]
+    pub key_file: Option<PathBuf>,
+    /// flintlockd basic-auth token.
+    #[arg(long, value_name = "TOKEN")]
+    pub basic_auth_token: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EventsCmd {
+    /// Print events and follow the feed (long-polls) until Ctrl-C.
+    Tail {
+        /// Only events of this pool: NAMESPACE/NAME, or NAME in namespace `default`.
+        #[arg(long)]
+        pool: Option<String>,
+        /// Start after this event id (the feed's cursor); 0 is the beginning.
+        #[arg(long, value_name = "ID", default_value_t = 0)]
+        since: i64,
+        /// Print what is there and exit instead of following.
+        #[arg(long)]
+        no_follow: bool,
+        /// Events per request (1-1000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=1000))]
+        limit: i64,
+    },
+}
+
+/// `30s`, `2m`, `1h30m`, `1500ms`; a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return s.parse::<u64>().map(Duration::from_secs).map_err(|e| e.to_string());
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 30s, 2m, 1h30m, 1500ms)"))
+}
+
+fn parse_phase(s: &str) -> Result<String, String> {
+    use poolmgr_core::domain::Phase;
+    let up = s.to_ascii_uppercase();
+    match Phase::parse(&up) {
+        Some(p) => Ok(p.as_str().to_owned()),
+        None => {
+            let all: Vec<&str> = Phase::ALL.iter().map(|p| p.as_str()).collect();
+            Err(format!("unknown phase; use one of {}", all.join(", ")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_tree_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1500ms").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn phases_are_case_insensitive() {
+        assert_eq!(parse_phase("available").unwrap(), "AVAILABLE");
+        assert!(parse_phase("nope").is_err());
+    }
+
+    #[test]
+    fn request_id_and_auto_request_id_conflict() {
+        let r = Cli::try_parse_from([
+            "poolmgrctl",
+            "lease",
+            "claim",
+            "--pool",
+            "ci",
+            "--request-id",
+            "x",
+            "--auto-request-id",
+        ]);
+        assert_eq!(r.unwrap_err().kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn host_add_needs_a_transport() {
+        let r = Cli::try_parse_from(["poolmgrctl", "host", "add", "a", "--address", "x:1"]);
+        assert_eq!(r.unwrap_err().kind(), clap::error::ErrorKind::MissingRequiredArgument);
+        let r =
+            Cli::try_parse_from(["poolmgrctl", "host", "add", "a", "--address", "x:1", "--insecure", "--ca-file", "c"]);
+        assert_eq!(r.unwrap_err().kind(), clap::error::ErrorKind::ArgumentConflict);
+        let r = Cli::try_parse_from([
+            "poolmgrctl",
+            "host",
+            "add",
+            "a",
+            "--address",
+            "x:1",
+            "--ca-file",
+            "c",
+            "--cert-file",
+            "d",
+        ]);
+        assert_eq!(r.unwrap_err().kind(), clap::error::ErrorKind::MissingRequiredArgument);
+    }
+}

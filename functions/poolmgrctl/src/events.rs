@@ -1,0 +1,120 @@
+//! `poolmgrctl events tail`: follows the cursor feed with long-polls.
+
+use std::pin::pin;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use crate::cli::{EventsCmd, Format};
+use crate::client::Req;
+use crate::error::{CliError, EXIT_UNAVAILABLE};
+use crate::output::{Table, cell, compact_json, emit, pool_cell, yaml};
+use crate::{Ctx, parse_pool_ref};
+
+/// The server's longest long-poll (`wait_seconds` ≤ 20).
+const LONG_POLL_SECONDS: u64 = 20;
+const RETRY_DELAY: Duration = Duration::from_secs(2);
+const HEADERS: [&str; 6] = ["ID", "TIME", "TYPE", "POOL", "VM", "LEASE_ID"];
+
+#[derive(Deserialize)]
+struct Page {
+    events: Vec<Box<RawValue>>,
+    next_after: i64,
+}
+
+pub async fn run(ctx: &Ctx, cmd: EventsCmd) -> Result<(), CliError> {
+    let EventsCmd::Tail { pool, since, no_follow, limit } = cmd;
+    if since < 0 {
+        return Err(CliError::usage("--since must not be negative"));
+    }
+    let pool = pool.as_deref().map(parse_pool_ref).transpose()?;
+    let follow = !no_follow;
+    let mut after = since;
+    let mut ctrl_c = pin!(tokio::signal::ctrl_c());
+    let mut collected: Vec<Value> = Vec::new();
+    let mut header_done = false;
+    loop {
+        let mut req = Req::get(&["v1", "events"]).query("after", after).query("limit", limit);
+        if let Some(p) = &pool {
+            req = req.query("namespace", &p.namespace).query("pool", &p.name);
+        }
+        if follow {
+            req = req.query("wait_seconds", LONG_POLL_SECONDS);
+            req.extra_timeout = Duration::from_secs(LONG_POLL_SECONDS);
+        }
+        let r = tokio::select! {
+            r = ctx.client.send(req) => r,
+            _ = &mut ctrl_c => return stopped(after),
+        };
+        let r = match r {
+            Ok(r) => r,
+            Err(e) if follow && e.exit_code() == EXIT_UNAVAILABLE => {
+                eprintln!("{e}; retrying in {}s", RETRY_DELAY.as_secs());
+                tokio::select! {
+                    _ = tokio::time::sleep(RETRY_DELAY) => continue,
+                    _ = &mut ctrl_c => return stopped(after),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let page: Page = serde_json::from_slice(&r.raw)
+            .map_err(|e| CliError::new("unknown", format!("unexpected answer to GET /v1/events: {e}")))?;
+        let n = page.events.len();
+        let mut text = String::new();
+        for raw in &page.events {
+            match ctx.format {
+                Format::Json => text.push_str(&compact_json(raw.get().as_bytes())?),
+                Format::Yaml => text.push_str(&format!("---\n{}", yaml(raw.get().as_bytes())?)),
+                Format::Table => {
+                    let v: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+                    if follow {
+                        if !header_done {
+                            text.push_str(&stream_line(&HEADERS.map(String::from)));
+                            header_done = true;
+                        }
+                        text.push_str(&stream_line(&row(&v)));
+                    } else {
+                        collected.push(v);
+                    }
+                }
+            }
+        }
+        emit(&text)?;
+        after = after.max(page.next_after);
+        if !follow && (n as i64) < limit {
+            if ctx.format == Format::Table {
+                let mut t = Table::new(&HEADERS);
+                for v in &collected {
+                    t.row(row(v).to_vec());
+                }
+                emit(&t.render())?;
+            }
+            return Ok(());
+        }
+    }
+}
+
+fn stopped(after: i64) -> Result<(), CliError> {
+    eprintln!("stopped after event {after}: resume with --since {after}");
+    Ok(())
+}
+
+fn row(v: &Value) -> [String; 6] {
+    [
+        cell(&v["id"]),
+        cell(&v["created_at"]),
+        cell(&v["type"]),
+        pool_cell(&v["pool"]),
+        cell(&v["vm_id"]),
+        cell(&v["lease_id"]),
+    ]
+}
+
+/// A row of a table whose width is not known in advance (a followed feed): fixed columns wide
+/// enough for the usual values.
+fn stream_line(cells: &[String; 6]) -> String {
+    let [id, time, kind, pool, vm, lease] = cells;
+    format!("{id:<8}  {time:<27}  {kind:<25}  {pool:<24}  {vm:<36}  {lease}\n")
+}

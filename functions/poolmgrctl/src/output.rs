@@ -1,0 +1,158 @@
+//! Printing: aligned tables, and the API's JSON re-indented (key order kept) or as YAML.
+
+use std::io::Write;
+
+use serde_json::Value;
+
+use crate::cli::Format;
+use crate::error::CliError;
+
+/// Writes to standard output. A closed pipe (`| head`) ends the program quietly.
+pub fn emit(text: &str) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => Err(CliError::new("internal", format!("cannot write to standard output: {e}"))),
+    }
+}
+
+/// JSON text re-indented, keys in the order the server sent them.
+pub fn pretty_json(raw: &[u8]) -> Result<String, CliError> {
+    let mut out = Vec::with_capacity(raw.len() * 2);
+    let mut de = serde_json::Deserializer::from_slice(raw);
+    let mut ser = serde_json::Serializer::pretty(&mut out);
+    serde_transcode::transcode(&mut de, &mut ser).map_err(|e| bad_json(&e))?;
+    let mut s = String::from_utf8(out).map_err(|e| bad_json(&e))?;
+    s.push('\n');
+    Ok(s)
+}
+
+/// JSON text on one line, keys in the order the server sent them.
+pub fn compact_json(raw: &[u8]) -> Result<String, CliError> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut de = serde_json::Deserializer::from_slice(raw);
+    let mut ser = serde_json::Serializer::new(&mut out);
+    serde_transcode::transcode(&mut de, &mut ser).map_err(|e| bad_json(&e))?;
+    let mut s = String::from_utf8(out).map_err(|e| bad_json(&e))?;
+    s.push('\n');
+    Ok(s)
+}
+
+/// JSON text as a YAML document, keys in the order the server sent them.
+pub fn yaml(raw: &[u8]) -> Result<String, CliError> {
+    let mut out = Vec::with_capacity(raw.len() * 2);
+    let mut de = serde_json::Deserializer::from_slice(raw);
+    let mut ser = serde_yaml::Serializer::new(&mut out);
+    serde_transcode::transcode(&mut de, &mut ser).map_err(|e| bad_json(&e))?;
+    String::from_utf8(out).map_err(|e| bad_json(&e))
+}
+
+fn bad_json(e: &dyn std::fmt::Display) -> CliError {
+    CliError::new("unknown", format!("cannot re-encode the server's answer: {e}"))
+}
+
+/// Prints an API answer in `json` or `yaml`; `table` is the caller's business.
+pub fn emit_document(format: Format, raw: &[u8]) -> Result<(), CliError> {
+    match format {
+        Format::Json => emit(&pretty_json(raw)?),
+        Format::Yaml => emit(&yaml(raw)?),
+        Format::Table => unreachable!("tables are rendered by each command"),
+    }
+}
+
+/// Aligned columns, two spaces apart, the last one unpadded.
+pub struct Table {
+    headers: Vec<&'static str>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(headers: &[&'static str]) -> Table {
+        Table { headers: headers.to_vec(), rows: Vec::new() }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        debug_assert_eq!(cells.len(), self.headers.len());
+        self.rows.push(cells);
+    }
+
+    pub fn render(&self) -> String {
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for r in &self.rows {
+            for (w, c) in widths.iter_mut().zip(r) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        let mut out = String::new();
+        let line = |out: &mut String, cells: &mut dyn Iterator<Item = &str>| {
+            let cells: Vec<&str> = cells.collect();
+            let last = cells.len().saturating_sub(1);
+            let mut l = String::new();
+            for (i, c) in cells.iter().enumerate() {
+                l.push_str(c);
+                if i != last {
+                    l.extend(std::iter::repeat_n(' ', widths[i] - c.chars().count() + 2));
+                }
+            }
+            out.push_str(l.trim_end());
+            out.push('\n');
+        };
+        line(&mut out, &mut self.headers.iter().copied());
+        for r in &self.rows {
+            line(&mut out, &mut r.iter().map(String::as_str));
+        }
+        out
+    }
+}
+
+/// A cell: strings as they are, null and empty as `<none>`, anything else as JSON.
+pub fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "<none>".into(),
+        Value::String(s) if s.is_empty() => "<none>".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// `namespace/name` of a PoolRef object.
+pub fn pool_cell(v: &Value) -> String {
+    format!("{}/{}", v["namespace"].as_str().unwrap_or("?"), v["name"].as_str().unwrap_or("?"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tables_align() {
+        let mut t = Table::new(&["A", "LONGER", "C"]);
+        t.row(vec!["xxxx".into(), "y".into(), "z".into()]);
+        t.row(vec!["é".into(), "".into(), "<none>".into()]);
+        assert_eq!(t.render(), "A     LONGER  C\nxxxx  y       z\né             <none>\n");
+    }
+
+    #[test]
+    fn json_keeps_key_order() {
+        let raw = br#"{"z":1,"a":{"y":null,"b":[1,2]}}"#;
+        let p = pretty_json(raw).unwrap();
+        assert!(p.find("\"z\"").unwrap() < p.find("\"a\"").unwrap(), "{p}");
+        assert_eq!(serde_json::from_str::<Value>(&p).unwrap(), serde_json::from_slice::<Value>(raw).unwrap());
+        assert_eq!(compact_json(raw).unwrap(), format!("{}\n", std::str::from_utf8(raw).unwrap()));
+        let y = yaml(raw).unwrap();
+        assert!(y.starts_with("z: 1\n"), "{y}");
+        let back: Value = serde_yaml::from_str(&y).unwrap();
+        assert_eq!(back, json!({"z": 1, "a": {"y": null, "b": [1, 2]}}));
+    }
+
+    #[test]
+    fn cells() {
+        assert_eq!(cell(&json!(null)), "<none>");
+        assert_eq!(cell(&json!("")), "<none>");
+        assert_eq!(cell(&json!("x")), "x");
+        assert_eq!(cell(&json!(3)), "3");
+        assert_eq!(pool_cell(&json!({"namespace": "default", "name": "ci"})), "default/ci");
+    }
+}

@@ -1,0 +1,266 @@
+//! `poolmgrctl pool …`
+
+use std::io::{IsTerminal, Read};
+use std::path::Path;
+use std::pin::pin;
+use std::time::Duration;
+
+use poolmgr_core::domain::{PoolRef, PoolSpec};
+use reqwest::Method;
+use serde_json::Value;
+
+use crate::cli::{Format, PoolCmd};
+use crate::client::{Reply, Req};
+use crate::error::{CliError, EXIT_UNAVAILABLE};
+use crate::output::{Table, cell, compact_json, emit, emit_document, pool_cell, yaml};
+use crate::{Ctx, parse_pool_ref};
+
+pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
+    match cmd {
+        PoolCmd::Create(f) => {
+            let (body, _) = load_spec(&f.file)?;
+            let r = ctx.client.send(Req::new(Method::POST, &["v1", "pools"]).body(&body)).await?;
+            show_pools(ctx, &r, std::slice::from_ref(&r.json))
+        }
+        PoolCmd::Update(f) => {
+            let (body, p) = load_spec(&f.file)?;
+            let r = ctx.client.send(Req::new(Method::PUT, &["v1", "pools", &p.namespace, &p.name]).body(&body)).await?;
+            show_pools(ctx, &r, std::slice::from_ref(&r.json))
+        }
+        PoolCmd::Get { pool } => {
+            let p = parse_pool_ref(&pool)?;
+            let r = ctx.client.send(Req::get(&["v1", "pools", &p.namespace, &p.name])).await?;
+            show_pools(ctx, &r, std::slice::from_ref(&r.json))
+        }
+        PoolCmd::List { namespace } => {
+            let mut req = Req::get(&["v1", "pools"]);
+            if let Some(ns) = namespace {
+                poolmgr_core::domain::validate_name("namespace", &ns).map_err(CliError::usage)?;
+                req = req.query("namespace", ns);
+            }
+            let r = ctx.client.send(req).await?;
+            let pools = r.json["pools"].as_array().cloned().unwrap_or_default();
+            show_pools(ctx, &r, &pools)
+        }
+        PoolCmd::Delete { pool, force } => {
+            let p = parse_pool_ref(&pool)?;
+            let mut req = Req::new(Method::DELETE, &["v1", "pools", &p.namespace, &p.name]);
+            if force {
+                req = req.query("force", "true");
+            }
+            ctx.client.send(req).await?;
+            if ctx.format == Format::Table {
+                emit(&format!("pool {p} deleted\n"))?;
+            }
+            Ok(())
+        }
+        PoolCmd::Status { pool, watch, interval } => {
+            let p = parse_pool_ref(&pool)?;
+            if watch {
+                watch_status(ctx, &p, interval).await
+            } else {
+                let r = ctx.client.send(Req::get(&["v1", "pools", &p.namespace, &p.name])).await?;
+                match ctx.format {
+                    Format::Table => emit(&status_table(&r.json).render()),
+                    f => emit_document(f, &r.raw),
+                }
+            }
+        }
+    }
+}
+
+fn show_pools(ctx: &Ctx, r: &Reply, pools: &[Value]) -> Result<(), CliError> {
+    match ctx.format {
+        Format::Table => {
+            let mut t = Table::new(&[
+                "POOL",
+                "SIZE",
+                "AVAILABLE",
+                "CLAIMING",
+                "LEASED",
+                "PROVISIONING",
+                "QUARANTINED",
+                "DELETING",
+                "STRATEGY",
+                "HOSTS",
+            ]);
+            for p in pools {
+                let (spec, st) = (&p["spec"], &p["status"]);
+                let hosts: Vec<String> =
+                    spec["flintlock_hosts"].as_array().map(|a| a.iter().map(cell).collect()).unwrap_or_default();
+                t.row(vec![
+                    pool_cell(spec),
+                    cell(&spec["size"]),
+                    cell(&st["available"]),
+                    cell(&st["claiming"]),
+                    cell(&st["leased"]),
+                    cell(&st["provisioning"]),
+                    cell(&st["quarantined"]),
+                    cell(&st["deleting"]),
+                    cell(&spec["replenishment"]["strategy"]),
+                    if hosts.is_empty() { "<none>".into() } else { hosts.join(",") },
+                ]);
+            }
+            emit(&t.render())
+        }
+        f => emit_document(f, &r.raw),
+    }
+}
+
+fn status_table(pool: &Value) -> Table {
+    let (spec, st) = (&pool["spec"], &pool["status"]);
+    let mut t =
+        Table::new(&["POOL", "SIZE", "AVAILABLE", "CLAIMING", "LEASED", "PROVISIONING", "QUARANTINED", "DELETING"]);
+    t.row(vec![
+        pool_cell(spec),
+        cell(&spec["size"]),
+        cell(&st["available"]),
+        cell(&st["claiming"]),
+        cell(&st["leased"]),
+        cell(&st["provisioning"]),
+        cell(&st["quarantined"]),
+        cell(&st["deleting"]),
+    ]);
+    t
+}
+
+/// Polls every `interval` and redraws until Ctrl-C. On a terminal the screen is redrawn; into
+/// a pipe each poll adds a row (or a JSON line, or a YAML document). Unreachable servers are
+/// reported and retried; any other error ends the watch.
+async fn watch_status(ctx: &Ctx, p: &PoolRef, interval: Duration) -> Result<(), CliError> {
+    let tty = std::io::stdout().is_terminal();
+    let mut ctrl_c = pin!(tokio::signal::ctrl_c());
+    let mut first = true;
+    loop {
+        let fetch = ctx.client.send(Req::get(&["v1", "pools", &p.namespace, &p.name]));
+        let r = tokio::select! {
+            r = fetch => r,
+            _ = &mut ctrl_c => return Ok(()),
+        };
+        match r {
+            Ok(r) => {
+                let text = match ctx.format {
+                    Format::Table => {
+                        let table = status_table(&r.json).render();
+                        if tty {
+                            let now = chrono::Local::now().format("%H:%M:%S");
+                            format!(
+                                "\x1b[H\x1b[2JEvery {}: pool {p}  {now}  (Ctrl-C to stop)\n\n{table}",
+                                humantime::format_duration(interval)
+                            )
+                        } else if first {
+                            table
+                        } else {
+                            table.lines().skip(1).map(|l| format!("{l}\n")).collect()
+                        }
+                    }
+                    Format::Json => compact_json(&r.raw)?,
+                    Format::Yaml => format!("---\n{}", yaml(&r.raw)?),
+                };
+                emit(&text)?;
+                first = false;
+            }
+            Err(e) if e.exit_code() == EXIT_UNAVAILABLE => eprintln!("{e}; retrying"),
+            Err(e) => return Err(e),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = &mut ctrl_c => return Ok(()),
+        }
+    }
+}
+
+/// Reads a PoolSpec file (JSON or YAML) and validates it as the server would, so errors name
+/// the field before anything is sent. Returns the body to send — the file's own content as
+/// JSON — and the pool it names.
+pub fn load_spec(path: &Path) -> Result<(Value, PoolRef), CliError> {
+    let stdin = path.as_os_str() == "-";
+    let name = if stdin { "<stdin>".to_owned() } else { path.display().to_string() };
+    let text = if stdin {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).map_err(|e| CliError::usage(format!("cannot read {name}: {e}")))?;
+        s
+    } else {
+        std::fs::read_to_string(path).map_err(|e| CliError::usage(format!("cannot read {name}: {e}")))?
+    };
+    parse_spec(&name, path.extension().and_then(|e| e.to_str()), &text)
+}
+
+fn parse_spec(name: &str, ext: Option<&str>, text: &str) -> Result<(Value, PoolRef), CliError> {
+    let json = match ext.map(str::to_ascii_lowercase).as_deref() {
+        Some("json") => true,
+        Some("yaml" | "yml") => false,
+        _ => text.trim_start().starts_with('{'),
+    };
+    let value: Value = if json {
+        serde_json::from_str(text).map_err(|e| CliError::usage(format!("{name}: invalid JSON: {e}")))?
+    } else {
+        serde_yaml::from_str(text).map_err(|e| CliError::usage(format!("{name}: invalid YAML: {e}")))?
+    };
+    if !value.is_object() {
+        return Err(CliError::usage(format!("{name}: a PoolSpec must be an object (a mapping)")));
+    }
+    let spec: PoolSpec = serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+        let at = e.path().to_string();
+        let at = if at == "." { String::new() } else { format!("{at}: ") };
+        CliError::usage(format!("{name}: {at}{}", e.inner()))
+    })?;
+    spec.validate().map_err(|e| CliError::usage(format!("{name}: {e}")))?;
+    Ok((value, spec.pool_ref()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const YAML: &str = r#"
+name: ci
+size: 2
+flintlock_hosts: [sim]
+replenishment:
+  strategy: MIN_SIZE_THRESHOLD
+  min_size: 1
+microvm_template:
+  root_volume: {id: root, source: {container_source: "ghcr.io/liquidmetal-dev/ubuntu:22.04"}}
+  kernel: {image: "ghcr.io/liquidmetal-dev/kernel:6.1", filename: boot/vmlinux, add_network_config: true}
+  interfaces: [{device_id: eth1, type: TAP}]
+"#;
+
+    #[test]
+    fn yaml_spec_is_sent_as_written() {
+        let (v, p) = parse_spec("spec.yaml", Some("yaml"), YAML).unwrap();
+        assert_eq!(p.to_string(), "default/ci");
+        assert_eq!(v["size"], 2);
+        assert!(v.get("namespace").is_none(), "defaults are the server's business: {v}");
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let bad = YAML.replace("min_size: 1", "min_size: 5");
+        let e = parse_spec("spec.yaml", Some("yaml"), &bad).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.message.contains("replenishment.min_size"), "{e}");
+
+        let bad = YAML.replace("strategy: MIN_SIZE_THRESHOLD", "strategy: SOMETIMES");
+        let e = parse_spec("spec.yaml", Some("yaml"), &bad).unwrap_err();
+        assert!(e.message.contains("replenishment.strategy"), "{e}");
+
+        let bad = YAML.replace("size: 2", "sise: 2");
+        let e = parse_spec("spec.yaml", None, &bad).unwrap_err();
+        assert!(e.message.contains("sise"), "{e}");
+
+        let bad = YAML.replace("type: TAP", "type: TAP, colour: red");
+        let e = parse_spec("spec.yaml", None, &bad).unwrap_err();
+        assert!(e.message.contains("microvm_template.interfaces[0]") && e.message.contains("colour"), "{e}");
+
+        let e = parse_spec("spec.json", Some("json"), "{\"name\": ").unwrap_err();
+        assert!(e.message.starts_with("spec.json: invalid JSON"), "{e}");
+    }
+
+    #[test]
+    fn json_is_detected_without_an_extension() {
+        let v: Value = serde_yaml::from_str(YAML).unwrap();
+        let (_, p) = parse_spec("<stdin>", None, &v.to_string()).unwrap();
+        assert_eq!(p.name, "ci");
+    }
+}

@@ -1,0 +1,315 @@
+//! The events feed (`GET /v1/events`), the metrics scrape (`GET /metrics`) and `/healthz`.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use poolmgr_core::domain::{Phase, PoolRef};
+use poolmgr_core::store::{self, VmInsert};
+use poolmgr_tests::*;
+use serde_json::{Value, json};
+
+/// A VM row in any pool (any namespace), without a flintlock VM: enough to be claimed.
+async fn seed_row(app: &TestApp, namespace: &str, pool: &str, phase: Phase) -> String {
+    let id = format!("{pool}-{}", ulid::Ulid::new().to_string().to_lowercase());
+    let pool = PoolRef { namespace: namespace.into(), name: pool.into() };
+    let conn = app.conn().await;
+    store::vm_insert(
+        &**conn,
+        &VmInsert {
+            id: &id,
+            uid: Some("01JTESTUID0000000000000000"),
+            pool: &pool,
+            flintlock_host: SIM_HOST,
+            phase,
+            network_interfaces: &json!({}),
+        },
+    )
+    .await
+    .expect("insert vm row");
+    id
+}
+
+async fn create_pool_in(app: &TestApp, namespace: &str, name: &str) {
+    let mut spec = pool_spec(name, 5);
+    spec["namespace"] = json!(namespace);
+    app.post(ADMIN, "/v1/pools", spec).await.assert_ok(201);
+}
+
+async fn claim_in(app: &TestApp, namespace: &str, pool: &str) -> Value {
+    app.post(CLIENT_A, "/v1/claims", json!({"pool": {"namespace": namespace, "name": pool}}))
+        .await
+        .assert_ok(200)
+        .clone()
+}
+
+fn events(b: &Value) -> &Vec<Value> {
+    b["events"].as_array().unwrap_or_else(|| panic!("no events array: {b}"))
+}
+
+fn types(b: &Value) -> Vec<&str> {
+    events(b).iter().map(|e| e["type"].as_str().unwrap()).collect()
+}
+
+fn ids(b: &Value) -> Vec<i64> {
+    events(b).iter().map(|e| e["id"].as_i64().unwrap()).collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// GET /v1/events
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn events_come_in_id_order_with_the_contract_shape() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.seed_available("ci", 2).await;
+    let first = app.claim(CLIENT_A, "ci", None).await.assert_ok(200).clone();
+    let second = app.claim(CLIENT_A, "ci", None).await.assert_ok(200).clone();
+    app.release(CLIENT_A, first["lease"]["lease_id"].as_str().unwrap()).await.assert_ok(204);
+
+    let b = app.get(ADMIN, "/v1/events").await.assert_ok(200).clone();
+    let keys: HashSet<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, HashSet::from(["events", "next_after"]));
+    assert_eq!(types(&b), vec!["VM_CLAIMED", "VM_CLAIMED", "VM_DELETED_ON_RELEASE"]);
+    let ids = ids(&b);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "strictly increasing ids: {ids:?}");
+    assert_eq!(b["next_after"], json!(ids[2]), "next_after is the last id");
+
+    for e in events(&b) {
+        let keys: HashSet<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            HashSet::from(["id", "type", "pool", "vm_id", "lease_id", "created_at", "payload"]),
+            "the contract's Event: {e}"
+        );
+        assert_eq!(e["pool"], json!({"namespace": "default", "name": "ci"}));
+        assert!(e["payload"].is_object(), "{e}");
+        chrono::DateTime::parse_from_rfc3339(e["created_at"].as_str().unwrap()).expect("RFC 3339 created_at");
+    }
+    let ev = events(&b);
+    for (e, claim) in [(&ev[0], &first), (&ev[1], &second), (&ev[2], &first)] {
+        assert_eq!(e["vm_id"], claim["vm"]["id"], "{e}");
+        assert_eq!(e["lease_id"], claim["lease"]["lease_id"], "{e}");
+    }
+}
+
+#[tokio::test]
+async fn an_empty_feed_has_no_events_and_keeps_the_cursor() {
+    let app = TestApp::spawn().await;
+    assert_eq!(app.get(ADMIN, "/v1/events").await.assert_ok(200), &json!({"events": [], "next_after": 0}));
+    assert_eq!(app.get(ADMIN, "/v1/events?after=17").await.assert_ok(200), &json!({"events": [], "next_after": 17}));
+}
+
+#[tokio::test]
+async fn the_after_cursor_and_limit_page_through_the_feed() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 5).await;
+    app.seed_available("ci", 5).await;
+    let mut leases = Vec::new();
+    for _ in 0..5 {
+        leases.push(app.claim(CLIENT_A, "ci", None).await.assert_ok(200)["lease"]["lease_id"].clone());
+    }
+    let all = ids(app.get(ADMIN, "/v1/events").await.assert_ok(200));
+    assert_eq!(all.len(), 5);
+
+    let mut seen = Vec::new();
+    let mut seen_leases = Vec::new();
+    let mut after = 0;
+    let mut pages = Vec::new();
+    loop {
+        let b = app.get(ADMIN, &format!("/v1/events?after={after}&limit=2")).await.assert_ok(200).clone();
+        let page = ids(&b);
+        pages.push(page.len());
+        seen_leases.extend(events(&b).iter().map(|e| e["lease_id"].clone()));
+        let next = b["next_after"].as_i64().unwrap();
+        if page.is_empty() {
+            assert_eq!(next, after, "an empty page keeps the cursor");
+            break;
+        }
+        assert_eq!(next, *page.last().unwrap());
+        assert!(page.iter().all(|id| *id > after), "only events after the cursor");
+        seen.extend(page);
+        after = next;
+    }
+    assert_eq!(pages, vec![2, 2, 1, 0]);
+    assert_eq!(seen, all, "every event exactly once, in order");
+    assert_eq!(seen_leases, leases);
+
+    // after = an id in the middle.
+    let b = app.get(ADMIN, &format!("/v1/events?after={}", all[2])).await.assert_ok(200).clone();
+    assert_eq!(ids(&b), all[3..]);
+}
+
+#[tokio::test]
+async fn namespace_and_pool_filter_the_feed() {
+    let app = TestApp::spawn().await;
+    create_pool_in(&app, "default", "ci").await;
+    create_pool_in(&app, "default", "other").await;
+    create_pool_in(&app, "team-a", "ci").await;
+    for (ns, pool) in [("default", "ci"), ("default", "other"), ("team-a", "ci")] {
+        seed_row(&app, ns, pool, Phase::Available).await;
+    }
+    let ci = claim_in(&app, "default", "ci").await;
+    let other = claim_in(&app, "default", "other").await;
+    let team = claim_in(&app, "team-a", "ci").await;
+    let lease = |c: &Value| c["lease"]["lease_id"].clone();
+    let leases = |b: &Value| events(b).iter().map(|e| e["lease_id"].clone()).collect::<Vec<_>>();
+
+    let b = app.get(ADMIN, "/v1/events?namespace=default&pool=ci").await.assert_ok(200).clone();
+    assert_eq!(leases(&b), vec![lease(&ci)]);
+    assert_eq!(events(&b)[0]["pool"], json!({"namespace": "default", "name": "ci"}));
+
+    let b = app.get(ADMIN, "/v1/events?namespace=team-a&pool=ci").await.assert_ok(200).clone();
+    assert_eq!(leases(&b), vec![lease(&team)]);
+    assert_eq!(events(&b)[0]["pool"], json!({"namespace": "team-a", "name": "ci"}));
+
+    let b = app.get(ADMIN, "/v1/events?namespace=default").await.assert_ok(200).clone();
+    assert_eq!(leases(&b), vec![lease(&ci), lease(&other)]);
+
+    let b = app.get(ADMIN, "/v1/events?namespace=team-a").await.assert_ok(200).clone();
+    assert_eq!(leases(&b), vec![lease(&team)]);
+    // next_after is the last returned event's id, even when others were filtered out.
+    assert_eq!(b["next_after"], events(&b)[0]["id"]);
+
+    let b = app.get(ADMIN, "/v1/events?namespace=nobody&pool=ci").await.assert_ok(200).clone();
+    assert_eq!(b, json!({"events": [], "next_after": 0}));
+
+    assert_eq!(events(app.get(ADMIN, "/v1/events").await.assert_ok(200)).len(), 3);
+}
+
+#[tokio::test]
+async fn limit_and_wait_seconds_are_bounded() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.seed_available("ci", 2).await;
+    app.claim(CLIENT_A, "ci", None).await.assert_ok(200);
+    app.claim(CLIENT_A, "ci", None).await.assert_ok(200);
+    for q in ["limit=0", "limit=1001", "limit=-1", "limit=ten", "wait_seconds=21", "wait_seconds=-1", "after=x"] {
+        let r = app.get(ADMIN, &format!("/v1/events?{q}")).await;
+        assert_eq!(r.status.as_u16(), 400, "{q}: {}", r.body);
+        r.assert_error(400, "INVALID_ARGUMENT");
+    }
+    assert_eq!(events(app.get(ADMIN, "/v1/events?limit=1").await.assert_ok(200)).len(), 1);
+    assert_eq!(events(app.get(ADMIN, "/v1/events?limit=1000").await.assert_ok(200)).len(), 2);
+    // wait_seconds=20 is allowed; with events already there it answers at once.
+    assert_eq!(events(app.get(ADMIN, "/v1/events?wait_seconds=20").await.assert_ok(200)).len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_poll_returns_the_event_of_a_claim_made_while_it_waits() {
+    let app = Arc::new(TestApp::spawn().await);
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let cursor = app.get(ADMIN, "/v1/events").await.assert_ok(200)["next_after"].as_i64().unwrap();
+
+    let poll = {
+        let app = app.clone();
+        tokio::spawn(async move { app.get(ADMIN, &format!("/v1/events?after={cursor}&wait_seconds=5")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let claim = app.claim(CLIENT_A, "ci", None).await.assert_ok(200).clone();
+
+    let r = poll.await.unwrap();
+    let b = r.assert_ok(200);
+    assert_eq!(types(b), vec!["VM_CLAIMED"], "{b}");
+    let e = &events(b)[0];
+    assert_eq!(e["lease_id"], claim["lease"]["lease_id"]);
+    assert_eq!(e["vm_id"], claim["vm"]["id"]);
+    assert_eq!(b["next_after"], e["id"]);
+    assert!(e["id"].as_i64().unwrap() > cursor);
+}
+
+#[tokio::test]
+async fn a_long_poll_without_new_events_ends_empty_with_the_same_cursor() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    app.claim(CLIENT_A, "ci", None).await.assert_ok(200);
+    let cursor = app.get(ADMIN, "/v1/events").await.assert_ok(200)["next_after"].as_i64().unwrap();
+    let b = app.get(ADMIN, &format!("/v1/events?after={cursor}&wait_seconds=1")).await.assert_ok(200).clone();
+    assert_eq!(b, json!({"events": [], "next_after": cursor}));
+}
+
+#[tokio::test]
+async fn events_need_an_admin_token() {
+    let app = TestApp::spawn().await;
+    app.get(CLIENT_A, "/v1/events").await.assert_error(403, "PERMISSION_DENIED");
+    app.get(CLIENT_B, "/v1/events?wait_seconds=5").await.assert_error(403, "PERMISSION_DENIED");
+    app.request(axum::http::Method::GET, "/v1/events", None, None, &[]).await.assert_error(401, "UNAUTHENTICATED");
+    app.get("wrong", "/v1/events").await.assert_error(401, "UNAUTHENTICATED");
+}
+
+// ---------------------------------------------------------------------------------------
+// GET /metrics and /healthz
+// ---------------------------------------------------------------------------------------
+
+async fn scrape(app: &TestApp) -> String {
+    let r = app.get(ADMIN, "/metrics").await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.body);
+    let ct = r.headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+    assert!(ct.starts_with("text/plain"), "Prometheus text, got content-type {ct:?}");
+    r.body.as_str().unwrap_or_else(|| panic!("metrics body is text: {}", r.body)).to_owned()
+}
+
+#[track_caller]
+fn assert_line(text: &str, line: &str) {
+    assert!(text.lines().any(|l| l == line), "missing line {line:?} in:\n{text}");
+}
+
+#[tokio::test]
+async fn metrics_expose_pool_gauges_from_the_database_and_claim_counters() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 3).await;
+    app.seed_available("ci", 2).await;
+    app.seed_vm("ci", Phase::Provisioning).await;
+    app.seed_vm("ci", Phase::Quarantined).await;
+
+    let text = scrape(&app).await;
+    assert_line(&text, "poolmgr_pool_size{pool_namespace=\"default\",pool_name=\"ci\"} 3");
+    assert_line(&text, "poolmgr_pool_available{pool_namespace=\"default\",pool_name=\"ci\"} 2");
+    assert_line(&text, "poolmgr_pool_leased{pool_namespace=\"default\",pool_name=\"ci\"} 0");
+    assert_line(&text, "poolmgr_pool_provisioning{pool_namespace=\"default\",pool_name=\"ci\"} 1");
+    assert_line(&text, "poolmgr_pool_quarantined{pool_namespace=\"default\",pool_name=\"ci\"} 1");
+    assert!(!text.lines().any(|l| l.starts_with("poolmgr_vm_claims_total{")), "no claim counted yet:\n{text}");
+
+    app.claim(CLIENT_A, "ci", None).await.assert_ok(200);
+    let text = scrape(&app).await;
+    assert_line(&text, "poolmgr_pool_available{pool_namespace=\"default\",pool_name=\"ci\"} 1");
+    assert_line(&text, "poolmgr_pool_leased{pool_namespace=\"default\",pool_name=\"ci\"} 1");
+    assert_line(&text, "poolmgr_vm_claims_total{pool_name=\"ci\",pool_namespace=\"default\",replayed=\"false\"} 1");
+
+    // The gauges follow the database, not the process: a VM changed behind the API's back shows.
+    app.conn().await.execute("UPDATE vms SET phase = 'AVAILABLE' WHERE phase = 'PROVISIONING'", &[]).await.unwrap();
+    let text = scrape(&app).await;
+    assert_line(&text, "poolmgr_pool_available{pool_namespace=\"default\",pool_name=\"ci\"} 2");
+    assert_line(&text, "poolmgr_pool_provisioning{pool_namespace=\"default\",pool_name=\"ci\"} 0");
+
+    // A resized pool shows its new size; a deleted pool's gauges disappear.
+    app.put(ADMIN, "/v1/pools/default/ci", pool_spec("ci", 7)).await.assert_ok(200);
+    assert_line(&scrape(&app).await, "poolmgr_pool_size{pool_namespace=\"default\",pool_name=\"ci\"} 7");
+    app.create_pool("empty", 0).await;
+    let text = scrape(&app).await;
+    assert_line(&text, "poolmgr_pool_size{pool_namespace=\"default\",pool_name=\"empty\"} 0");
+    app.delete(ADMIN, "/v1/pools/default/empty").await.assert_ok(204);
+    let text = scrape(&app).await;
+    assert!(!text.contains("pool_name=\"empty\""), "deleted pool still scraped:\n{text}");
+}
+
+#[tokio::test]
+async fn metrics_need_an_admin_token() {
+    let app = TestApp::spawn().await;
+    app.get(CLIENT_A, "/metrics").await.assert_error(403, "PERMISSION_DENIED");
+    app.request(axum::http::Method::GET, "/metrics", None, None, &[]).await.assert_error(401, "UNAUTHENTICATED");
+    app.get("wrong", "/metrics").await.assert_error(401, "UNAUTHENTICATED");
+}
+
+#[tokio::test]
+async fn healthz_needs_no_token() {
+    let app = TestApp::spawn().await;
+    let r = app.request(axum::http::Method::GET, "/healthz", None, None, &[]).await;
+    assert_eq!(r.status.as_u16(), 200, "{}", r.body);
+    // A token, even an unknown one, does not change that.
+    assert_eq!(app.get(CLIENT_A, "/healthz").await.status.as_u16(), 200);
+    assert_eq!(app.get("wrong", "/healthz").await.status.as_u16(), 200);
+}

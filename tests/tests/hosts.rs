@@ -1,0 +1,691 @@
+//! Hosts (`/v1/hosts…`) and VMs (`/v1/vms…`): the admin surface over flintlock hosts and VM
+//! rows. Secrets are write-only, removal is refused while anything still uses the host, and a
+//! pool create racing a host removal never leaves a pool naming a missing host.
+
+use std::sync::Arc;
+
+use axum::http::Method;
+use poolmgr_core::domain::Phase;
+use poolmgr_tests::*;
+use serde_json::{Value, json};
+use tokio::sync::Barrier;
+
+const CA_PEM: &str = "-----BEGIN CERTIFICATE-----\nMIIBcaCERT\n-----END CERTIFICATE-----\n";
+const CERT_PEM: &str = "-----BEGIN CERTIFICATE-----\nMIIBclientCERT\n-----END CERTIFICATE-----\n";
+/// The private key carries a marker that must never come back out of the API.
+const KEY_PEM: &str = "-----BEGIN PRIVATE KEY-----\nKEYMATERIALxyzzy\n-----END PRIVATE KEY-----\n";
+const KEY_MARKER: &str = "KEYMATERIALxyzzy";
+const TOKEN: &str = "s3cret";
+
+fn plain_host(name: &str, address: &str) -> Value {
+    json!({"name": name, "address": address, "tls": {"insecure": true}})
+}
+
+fn tls_host(name: &str, address: &str) -> Value {
+    json!({
+        "name": name,
+        "address": address,
+        "tls": {"insecure": false, "ca_pem": CA_PEM, "cert_pem": CERT_PEM, "key_pem": KEY_PEM},
+        "basic_auth_token": TOKEN
+    })
+}
+
+/// A pool spec on `hosts`.
+fn spec_on(name: &str, hosts: &[&str]) -> Value {
+    let mut s = pool_spec(name, 1);
+    s["flintlock_hosts"] = json!(hosts);
+    s
+}
+
+/// Row counts of every table, to prove a refused request changed nothing.
+async fn counts(app: &TestApp) -> [i64; 5] {
+    let mut out = [0; 5];
+    for (i, t) in ["pools", "hosts", "leases", "vms", "events"].iter().enumerate() {
+        out[i] = app.scalar_i64(&format!("SELECT count(*) FROM {t}")).await;
+    }
+    out
+}
+
+/// The full stored row of a host, secrets included, as JSON text.
+async fn host_row(app: &TestApp, name: &str) -> Option<Value> {
+    app.conn()
+        .await
+        .query_opt("SELECT to_jsonb(h) FROM hosts h WHERE name = $1", &[&name])
+        .await
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+#[track_caller]
+fn assert_no_secrets(body: &Value) {
+    let text = body.to_string();
+    assert!(!text.contains(TOKEN), "basic_auth_token leaked: {text}");
+    assert!(!text.contains(KEY_MARKER), "key_pem leaked: {text}");
+}
+
+fn rfc3339(v: &Value) -> chrono::DateTime<chrono::FixedOffset> {
+    chrono::DateTime::parse_from_rfc3339(v.as_str().unwrap_or_else(|| panic!("not a timestamp: {v}")))
+        .unwrap_or_else(|e| panic!("{v}: {e}"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Create, get, list
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn create_returns_201_with_the_full_host_shape() {
+    let app = TestApp::spawn().await;
+    let b = app.post(ADMIN, "/v1/hosts", plain_host("host-a", "10.0.0.5:9090")).await.assert_ok(201).clone();
+    assert_eq!(
+        b,
+        json!({
+            "name": "host-a",
+            "address": "10.0.0.5:9090",
+            "tls": {"insecure": true, "ca_pem": null, "cert_pem": null, "key_pem": null},
+            "basic_auth_token": null,
+            "cordoned": false,
+            "cordoned_reason": null,
+            "cordoned_at": null,
+            "vm_count": 0
+        })
+    );
+    assert_eq!(app.get(ADMIN, "/v1/hosts/host-a").await.assert_ok(200), &b);
+}
+
+#[tokio::test]
+async fn create_without_tls_means_a_plaintext_host() {
+    let app = TestApp::spawn().await;
+    let b = app.post(ADMIN, "/v1/hosts", json!({"name": "host-a", "address": "flint.example:9090"})).await;
+    assert_eq!(b.assert_ok(201)["tls"], json!({"insecure": true, "ca_pem": null, "cert_pem": null, "key_pem": null}));
+}
+
+#[tokio::test]
+async fn secrets_are_stored_but_never_returned_by_any_route() {
+    let app = TestApp::spawn().await;
+    let created = app.post(ADMIN, "/v1/hosts", tls_host("host-a", "10.0.0.5:9090")).await;
+    let b = created.assert_ok(201).clone();
+    assert_no_secrets(&b);
+    assert_eq!(b["basic_auth_token"], Value::Null);
+    assert_eq!(b["tls"]["insecure"], json!(false));
+    assert_eq!(b["tls"]["key_pem"], Value::Null);
+    // The public parts stay visible.
+    assert_eq!(b["tls"]["ca_pem"], json!(CA_PEM));
+    assert_eq!(b["tls"]["cert_pem"], json!(CERT_PEM));
+
+    // Stored, so flintlock calls can use them.
+    let row = host_row(&app, "host-a").await.unwrap();
+    assert_eq!(row["basic_auth_token"], json!(TOKEN));
+    assert_eq!(row["key_pem"], json!(KEY_PEM));
+
+    assert_no_secrets(app.get(ADMIN, "/v1/hosts/host-a").await.assert_ok(200));
+    let list = app.get(ADMIN, "/v1/hosts").await;
+    assert_no_secrets(list.assert_ok(200));
+    assert_eq!(list.body["hosts"].as_array().unwrap().len(), 2);
+    let updated = app.put(ADMIN, "/v1/hosts/host-a", tls_host("host-a", "10.0.0.6:9090")).await;
+    assert_no_secrets(updated.assert_ok(200));
+    assert_eq!(updated.body["basic_auth_token"], Value::Null);
+    assert_eq!(updated.body["tls"]["key_pem"], Value::Null);
+    let cordoned = app.post(ADMIN, "/v1/hosts/host-a/cordon", json!({"reason": "r"})).await;
+    assert_no_secrets(cordoned.assert_ok(200));
+    assert_no_secrets(app.post(ADMIN, "/v1/hosts/host-a/uncordon", json!({})).await.assert_ok(200));
+    // A refused duplicate does not echo them either.
+    let dup = app.post(ADMIN, "/v1/hosts", tls_host("host-a", "10.0.0.5:9090")).await;
+    dup.assert_error(409, "ALREADY_EXISTS");
+    assert_no_secrets(&dup.body);
+}
+
+#[tokio::test]
+async fn create_of_an_existing_host_is_already_exists_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    app.post(ADMIN, "/v1/hosts", plain_host("host-a", "10.0.0.5:9090")).await.assert_ok(201);
+    let before = host_row(&app, "host-a").await;
+    app.post(ADMIN, "/v1/hosts", plain_host("host-a", "10.9.9.9:1")).await.assert_error(409, "ALREADY_EXISTS");
+    assert_eq!(host_row(&app, "host-a").await, before);
+    // The harness's own host too.
+    let sim_before = host_row(&app, SIM_HOST).await;
+    app.post(ADMIN, "/v1/hosts", plain_host(SIM_HOST, "10.9.9.9:1")).await.assert_error(409, "ALREADY_EXISTS");
+    assert_eq!(host_row(&app, SIM_HOST).await, sim_before);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM hosts").await, 2);
+}
+
+#[tokio::test]
+async fn invalid_host_specs_are_invalid_argument_and_register_nothing() {
+    let app = TestApp::spawn().await;
+    let before = counts(&app).await;
+    let tls_ok = json!({"insecure": false, "ca_pem": CA_PEM});
+    let cases: Vec<(&str, Value)> = vec![
+        ("uppercase name", json!({"name": "Host-A", "address": "h:1"})),
+        ("underscore in name", json!({"name": "a_b", "address": "h:1"})),
+        ("name starting with '-'", json!({"name": "-a", "address": "h:1"})),
+        ("name ending with '-'", json!({"name": "a-", "address": "h:1"})),
+        ("empty name", json!({"name": "", "address": "h:1"})),
+        ("64-character name", json!({"name": "a".repeat(64), "address": "h:1"})),
+        ("missing name", json!({"address": "h:1"})),
+        ("missing address", json!({"name": "host-a"})),
+        ("null address", json!({"name": "host-a", "address": null})),
+        ("address without port", json!({"name": "host-a", "address": "10.0.0.5"})),
+        ("address with scheme", json!({"name": "host-a", "address": "http://x:1"})),
+        ("address with path", json!({"name": "host-a", "address": "x:1/api"})),
+        ("port 0", json!({"name": "host-a", "address": "x:0"})),
+        ("port 65536", json!({"name": "host-a", "address": "x:65536"})),
+        ("non-numeric port", json!({"name": "host-a", "address": "x:http"})),
+        ("empty host part", json!({"name": "host-a", "address": ":9090"})),
+        ("empty address", json!({"name": "host-a", "address": ""})),
+        (
+            "cert_pem without key_pem",
+            json!({"name": "host-a", "address": "x:1", "tls": {"insecure": false, "ca_pem": CA_PEM, "cert_pem": CERT_PEM}}),
+        ),
+        (
+            "key_pem without cert_pem",
+            json!({"name": "host-a", "address": "x:1", "tls": {"insecure": false, "ca_pem": CA_PEM, "key_pem": KEY_PEM}}),
+        ),
+        ("insecure=false without ca_pem", json!({"name": "host-a", "address": "x:1", "tls": {"insecure": false}})),
+        (
+            "PEM fields with insecure=true",
+            json!({"name": "host-a", "address": "x:1", "tls": {"insecure": true, "ca_pem": CA_PEM}}),
+        ),
+        (
+            "ca_pem that is not PEM",
+            json!({"name": "host-a", "address": "x:1", "tls": {"insecure": false, "ca_pem": "/etc/ca.pem"}}),
+        ),
+        ("unknown top-level field", json!({"name": "host-a", "address": "x:1", "skip_validation": true})),
+        ("unknown tls field", json!({"name": "host-a", "address": "x:1", "tls": {"insecure": false, "ca_file": "/x"}})),
+        ("unknown tls field next to a valid tls", {
+            let mut t = tls_ok.clone();
+            t["cert_file"] = json!("/x");
+            json!({"name": "host-a", "address": "x:1", "tls": t})
+        }),
+        ("empty basic_auth_token", json!({"name": "host-a", "address": "x:1", "basic_auth_token": ""})),
+        ("wrong type for address", json!({"name": "host-a", "address": 9090})),
+        ("wrong type for tls", json!({"name": "host-a", "address": "x:1", "tls": "insecure"})),
+        ("cordoned is not writable", json!({"name": "host-a", "address": "x:1", "cordoned": true})),
+    ];
+    for (what, body) in cases {
+        let r = app.post(ADMIN, "/v1/hosts", body.clone()).await;
+        assert_eq!(r.status.as_u16(), 400, "{what}: {body} → {}", r.body);
+        r.assert_error(400, "INVALID_ARGUMENT");
+        assert_no_secrets(&r.body);
+    }
+    assert_eq!(counts(&app).await, before);
+    // The valid variant of the TLS body is accepted: the cases above fail for their reason.
+    app.post(ADMIN, "/v1/hosts", json!({"name": "host-a", "address": "x:1", "tls": tls_ok})).await.assert_ok(201);
+}
+
+#[tokio::test]
+async fn get_unknown_host_is_not_found() {
+    let app = TestApp::spawn().await;
+    app.get(ADMIN, "/v1/hosts/nope").await.assert_error(404, "NOT_FOUND");
+}
+
+#[tokio::test]
+async fn list_is_ordered_by_name() {
+    let app = TestApp::spawn().await;
+    for name in ["zeta", "alpha", "mid", "alpha-2"] {
+        app.post(ADMIN, "/v1/hosts", plain_host(name, "10.0.0.5:9090")).await.assert_ok(201);
+    }
+    let b = app.get(ADMIN, "/v1/hosts").await.assert_ok(200).clone();
+    let names: Vec<&str> = b["hosts"].as_array().unwrap().iter().map(|h| h["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["alpha", "alpha-2", "mid", SIM_HOST, "zeta"]);
+    assert_eq!(b["hosts"][0], app.get(ADMIN, "/v1/hosts/alpha").await.body, "list items are Host objects");
+}
+
+// ---------------------------------------------------------------------------------------
+// Update
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn put_replaces_address_and_tls_and_keeps_the_cordon() {
+    let app = TestApp::spawn().await;
+    app.post(ADMIN, "/v1/hosts", tls_host("host-a", "10.0.0.5:9090")).await.assert_ok(201);
+    let cordoned = app.post(ADMIN, "/v1/hosts/host-a/cordon", json!({"reason": "disk swap"})).await;
+    let cordoned_at = cordoned.assert_ok(200)["cordoned_at"].clone();
+
+    // Name omitted from the body: the path names the host.
+    let b = app.put(ADMIN, "/v1/hosts/host-a", json!({"address": "10.0.0.6:9091"})).await.assert_ok(200).clone();
+    assert_eq!(b["name"], json!("host-a"));
+    assert_eq!(b["address"], json!("10.0.0.6:9091"));
+    assert_eq!(b["tls"], json!({"insecure": true, "ca_pem": null, "cert_pem": null, "key_pem": null}));
+    assert_eq!(b["cordoned"], json!(true));
+    assert_eq!(b["cordoned_reason"], json!("disk swap"));
+    assert_eq!(b["cordoned_at"], cordoned_at);
+    assert_eq!(b["vm_count"], json!(0));
+    assert_eq!(app.get(ADMIN, "/v1/hosts/host-a").await.assert_ok(200), &b);
+
+    // Name in the body and matching: fine.
+    let b = app.put(ADMIN, "/v1/hosts/host-a", plain_host("host-a", "10.0.0.7:9092")).await.assert_ok(200).clone();
+    assert_eq!(b["address"], json!("10.0.0.7:9092"));
+    assert_eq!(b["cordoned"], json!(true));
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM hosts").await, 2);
+}
+
+#[tokio::test]
+async fn put_with_a_different_name_in_the_body_is_invalid_argument() {
+    let app = TestApp::spawn().await;
+    app.post(ADMIN, "/v1/hosts", plain_host("host-a", "10.0.0.5:9090")).await.assert_ok(201);
+    let before = host_row(&app, "host-a").await;
+    let before_counts = counts(&app).await;
+    app.put(ADMIN, "/v1/hosts/host-a", plain_host("host-b", "10.0.0.6:9090"))
+        .await
+        .assert_error(400, "INVALID_ARGUMENT");
+    assert_eq!(host_row(&app, "host-a").await, before);
+    assert!(host_row(&app, "host-b").await.is_none(), "hosts are never renamed or created by PUT");
+    assert_eq!(counts(&app).await, before_counts);
+}
+
+#[tokio::test]
+async fn put_with_an_invalid_spec_is_invalid_argument_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    app.post(ADMIN, "/v1/hosts", plain_host("host-a", "10.0.0.5:9090")).await.assert_ok(201);
+    let before = host_row(&app, "host-a").await;
+    for body in [
+        json!({"address": "10.0.0.6"}),
+        json!({"address": "http://x:1"}),
+        json!({"address": "x:0"}),
+        json!({}),
+        json!({"address": "x:1", "tls": {"insecure": false}}),
+        json!({"address": "x:1", "unknown": 1}),
+    ] {
+        app.put(ADMIN, "/v1/hosts/host-a", body).await.assert_error(400, "INVALID_ARGUMENT");
+    }
+    assert_eq!(host_row(&app, "host-a").await, before);
+}
+
+#[tokio::test]
+async fn put_of_an_unknown_host_is_not_found_and_creates_nothing() {
+    let app = TestApp::spawn().await;
+    app.put(ADMIN, "/v1/hosts/nope", plain_host("nope", "10.0.0.5:9090")).await.assert_error(404, "NOT_FOUND");
+    app.put(ADMIN, "/v1/hosts/nope", json!({"address": "10.0.0.5:9090"})).await.assert_error(404, "NOT_FOUND");
+    assert!(host_row(&app, "nope").await.is_none());
+}
+
+// ---------------------------------------------------------------------------------------
+// Cordon
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn cordon_sets_reason_and_time_and_is_idempotent() {
+    let app = TestApp::spawn().await;
+    let t0 = chrono::Utc::now() - chrono::Duration::seconds(1);
+    let b = app.post(ADMIN, "/v1/hosts/sim/cordon", json!({"reason": "kernel upgrade"})).await.assert_ok(200).clone();
+    assert_eq!(b["name"], json!(SIM_HOST));
+    assert_eq!(b["cordoned"], json!(true));
+    assert_eq!(b["cordoned_reason"], json!("kernel upgrade"));
+    let first_at = rfc3339(&b["cordoned_at"]);
+    assert!(first_at >= t0, "cordoned_at is now: {first_at}");
+    assert_eq!(app.get(ADMIN, "/v1/hosts/sim").await.assert_ok(200), &b);
+
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    // Again, with a new reason: still cordoned, the reason is replaced.
+    let again = app.post(ADMIN, "/v1/hosts/sim/cordon", json!({"reason": "disk swap"})).await.assert_ok(200).clone();
+    assert_eq!(again["cordoned"], json!(true));
+    assert_eq!(again["cordoned_reason"], json!("disk swap"));
+    assert!(rfc3339(&again["cordoned_at"]) >= first_at);
+    // Everything else is untouched.
+    assert_eq!(again["address"], b["address"]);
+    assert_eq!(again["tls"], b["tls"]);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM hosts WHERE cordoned").await, 1);
+}
+
+#[tokio::test]
+async fn cordon_with_an_empty_body_cordons_without_a_reason() {
+    let app = TestApp::spawn().await;
+    let r = app.request(Method::POST, "/v1/hosts/sim/cordon", Some(ADMIN), None, &[]).await;
+    let b = r.assert_ok(200).clone();
+    assert_eq!(b["cordoned"], json!(true));
+    // No reason given: none recorded (the contract does not say null or "", both mean none).
+    assert!(b["cordoned_reason"].is_null() || b["cordoned_reason"] == json!(""), "{b}");
+    rfc3339(&b["cordoned_at"]);
+    // `{}` is the same thing.
+    let b = app.post(ADMIN, "/v1/hosts/sim/cordon", json!({})).await.assert_ok(200).clone();
+    assert_eq!(b["cordoned"], json!(true));
+    assert!(b["cordoned_reason"].is_null() || b["cordoned_reason"] == json!(""), "{b}");
+}
+
+#[tokio::test]
+async fn cordon_with_a_bad_body_is_invalid_argument_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    let before = host_row(&app, SIM_HOST).await;
+    app.post(ADMIN, "/v1/hosts/sim/cordon", json!({"why": "x"})).await.assert_error(400, "INVALID_ARGUMENT");
+    app.post(ADMIN, "/v1/hosts/sim/cordon", json!({"reason": 5})).await.assert_error(400, "INVALID_ARGUMENT");
+    app.post(ADMIN, "/v1/hosts/sim/cordon", json!("maintenance")).await.assert_error(400, "INVALID_ARGUMENT");
+    assert_eq!(host_row(&app, SIM_HOST).await, before);
+}
+
+#[tokio::test]
+async fn uncordon_clears_reason_and_time() {
+    let app = TestApp::spawn().await;
+    app.post(ADMIN, "/v1/hosts/sim/cordon", json!({"reason": "kernel upgrade"})).await.assert_ok(200);
+    let b = app.request(Method::POST, "/v1/hosts/sim/uncordon", Some(ADMIN), None, &[]).await.assert_ok(200).clone();
+    assert_eq!(b["cordoned"], json!(false));
+    assert_eq!(b["cordoned_reason"], Value::Null);
+    assert_eq!(b["cordoned_at"], Value::Null);
+    assert_eq!(app.get(ADMIN, "/v1/hosts/sim").await.assert_ok(200), &b);
+    // Idempotent.
+    let again = app.request(Method::POST, "/v1/hosts/sim/uncordon", Some(ADMIN), None, &[]).await;
+    assert_eq!(again.assert_ok(200), &b);
+    let row = host_row(&app, SIM_HOST).await.unwrap();
+    assert_eq!((row["cordoned"].clone(), row["cordoned_reason"].clone()), (json!(false), Value::Null));
+}
+
+#[tokio::test]
+async fn cordon_and_uncordon_of_an_unknown_host_are_not_found() {
+    let app = TestApp::spawn().await;
+    app.post(ADMIN, "/v1/hosts/nope/cordon", json!({"reason": "x"})).await.assert_error(404, "NOT_FOUND");
+    app.request(Method::POST, "/v1/hosts/nope/uncordon", Some(ADMIN), None, &[]).await.assert_error(404, "NOT_FOUND");
+    assert!(host_row(&app, "nope").await.is_none());
+}
+
+// ---------------------------------------------------------------------------------------
+// Delete
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn delete_of_an_unused_host_is_204_and_it_is_gone() {
+    let app = TestApp::spawn().await;
+    app.post(ADMIN, "/v1/hosts", tls_host("host-a", "10.0.0.5:9090")).await.assert_ok(201);
+    let r = app.delete(ADMIN, "/v1/hosts/host-a").await;
+    assert_eq!(r.status.as_u16(), 204, "{}", r.body);
+    assert_eq!(r.body, Value::Null, "204 has no body");
+    app.get(ADMIN, "/v1/hosts/host-a").await.assert_error(404, "NOT_FOUND");
+    app.delete(ADMIN, "/v1/hosts/host-a").await.assert_error(404, "NOT_FOUND");
+    // The name is free again.
+    app.post(ADMIN, "/v1/hosts", plain_host("host-a", "10.0.0.5:9090")).await.assert_ok(201);
+}
+
+#[tokio::test]
+async fn delete_of_an_unknown_host_is_not_found() {
+    let app = TestApp::spawn().await;
+    let before = counts(&app).await;
+    app.delete(ADMIN, "/v1/hosts/nope").await.assert_error(404, "NOT_FOUND");
+    assert_eq!(counts(&app).await, before);
+}
+
+#[tokio::test]
+async fn delete_is_refused_while_a_pool_names_the_host() {
+    let app = TestApp::spawn().await;
+    app.post(ADMIN, "/v1/hosts", plain_host("host-a", "10.0.0.5:9090")).await.assert_ok(201);
+    app.post(ADMIN, "/v1/pools", spec_on("web", &[SIM_HOST, "host-a"])).await.assert_ok(201);
+    let host_before = host_row(&app, "host-a").await;
+    let before = counts(&app).await;
+
+    let r = app.delete(ADMIN, "/v1/hosts/host-a").await;
+    r.assert_error(400, "FAILED_PRECONDITION");
+    let msg = r.body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("web"), "the message names the pool: {msg}");
+    assert_eq!(host_row(&app, "host-a").await, host_before);
+    assert_eq!(counts(&app).await, before);
+    // Cordoning does not make it removable: only dropping it from the pool does.
+    app.post(ADMIN, "/v1/hosts/host-a/cordon", json!({"reason": "retire"})).await.assert_ok(200);
+    app.delete(ADMIN, "/v1/hosts/host-a").await.assert_error(400, "FAILED_PRECONDITION");
+    app.put(ADMIN, "/v1/pools/default/web", spec_on("web", &[SIM_HOST])).await.assert_ok(200);
+    assert_eq!(app.delete(ADMIN, "/v1/hosts/host-a").await.status.as_u16(), 204);
+    assert!(host_row(&app, "host-a").await.is_none());
+}
+
+#[tokio::test]
+async fn delete_is_refused_while_vm_rows_are_on_the_host() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    // Drop the host from the pool: only the VM row still uses it.
+    app.put(ADMIN, "/v1/pools/default/ci", spec_on("ci", &[])).await.assert_ok(200);
+    let host_before = host_row(&app, SIM_HOST).await;
+    let before = counts(&app).await;
+
+    let r = app.delete(ADMIN, "/v1/hosts/sim").await;
+    r.assert_error(400, "FAILED_PRECONDITION");
+    let msg = r.body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("1 VM"), "the message gives the VM count: {msg}");
+    assert_eq!(host_row(&app, SIM_HOST).await, host_before);
+    assert_eq!(counts(&app).await, before);
+    assert_eq!(app.phase_of(&vm.id).await.as_deref(), Some("AVAILABLE"));
+
+    // Once the row is gone the host can go.
+    app.conn().await.execute("DELETE FROM vms WHERE id = $1", &[&vm.id]).await.unwrap();
+    assert_eq!(app.delete(ADMIN, "/v1/hosts/sim").await.status.as_u16(), 204);
+}
+
+#[tokio::test]
+async fn delete_counts_vms_in_every_phase() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.put(ADMIN, "/v1/pools/default/ci", spec_on("ci", &[])).await.assert_ok(200);
+    for phase in [Phase::Deleting, Phase::Failed] {
+        let vm = app.seed_vm("ci", phase).await;
+        app.delete(ADMIN, "/v1/hosts/sim").await.assert_error(400, "FAILED_PRECONDITION");
+        app.conn().await.execute("DELETE FROM vms WHERE id = $1", &[&vm.id]).await.unwrap();
+    }
+    assert!(host_row(&app, SIM_HOST).await.is_some());
+}
+
+#[tokio::test]
+async fn vm_count_reflects_the_vm_rows_on_the_host() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 3).await;
+    app.create_pool("web", 3).await;
+    assert_eq!(app.get(ADMIN, "/v1/hosts/sim").await.assert_ok(200)["vm_count"], json!(0));
+    app.seed_vm("ci", Phase::Available).await;
+    app.seed_vm("ci", Phase::Deleting).await;
+    app.seed_vm("web", Phase::Quarantined).await;
+    app.post(ADMIN, "/v1/hosts", plain_host("host-a", "10.0.0.5:9090")).await.assert_ok(201);
+
+    assert_eq!(app.get(ADMIN, "/v1/hosts/sim").await.assert_ok(200)["vm_count"], json!(3));
+    let list = app.get(ADMIN, "/v1/hosts").await.assert_ok(200).clone();
+    let counts: Vec<(String, i64)> = list["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| (h["name"].as_str().unwrap().to_owned(), h["vm_count"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(counts, [("host-a".to_owned(), 0), (SIM_HOST.to_owned(), 3)]);
+    let cordoned = app.post(ADMIN, "/v1/hosts/sim/cordon", json!({"reason": "x"})).await;
+    assert_eq!(cordoned.assert_ok(200)["vm_count"], json!(3));
+    let updated = app.put(ADMIN, "/v1/hosts/sim", json!({"address": app.sim_server.addr.to_string()})).await;
+    assert_eq!(updated.assert_ok(200)["vm_count"], json!(3));
+}
+
+/// A pool create naming host X and a removal of X, released together, never both succeed:
+/// either the pool exists and names a live host, or the host is gone and the create failed.
+#[tokio::test]
+async fn pool_create_racing_host_delete_never_both_succeed() {
+    let app = Arc::new(TestApp::spawn().await);
+    let (mut pool_won, mut delete_won) = (0, 0);
+    for round in 0..10 {
+        let host = format!("race-{round}");
+        app.post(ADMIN, "/v1/hosts", plain_host(&host, "10.0.0.5:9090")).await.assert_ok(201);
+        let barrier = Arc::new(Barrier::new(2));
+        let create = {
+            let (app, barrier, host) = (app.clone(), barrier.clone(), host.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                app.post(ADMIN, "/v1/pools", spec_on(&host, &[&host])).await
+            })
+        };
+        let delete = {
+            let (app, barrier, host) = (app.clone(), barrier.clone(), host.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                app.delete(ADMIN, &format!("/v1/hosts/{host}")).await
+            })
+        };
+        let (c, d) = (create.await.unwrap(), delete.await.unwrap());
+        let pool_exists = app.scalar_i64(&format!("SELECT count(*) FROM pools WHERE name = '{host}'")).await == 1;
+        let host_exists = host_row(&app, &host).await.is_some();
+        match (c.status.as_u16(), d.status.as_u16()) {
+            (201, 400) => {
+                d.assert_error(400, "FAILED_PRECONDITION");
+                assert!(pool_exists && host_exists, "round {round}: pool created, so the host must remain");
+                pool_won += 1;
+            }
+            (400, 204) => {
+                c.assert_error(400, "FAILED_PRECONDITION");
+                assert!(!pool_exists && !host_exists, "round {round}: host removed, so no pool may name it");
+                delete_won += 1;
+            }
+            (cs, ds) => panic!(
+                "round {round}: pool create {cs} {} / host delete {ds} {} (pool exists: {pool_exists}, host exists: {host_exists})",
+                c.body, d.body
+            ),
+        }
+    }
+    assert_eq!(pool_won + delete_won, 10);
+    // No pool anywhere names a missing host.
+    assert_eq!(
+        app.scalar_i64(
+            "SELECT count(*) FROM pools p, unnest(p.flintlock_hosts) AS h WHERE h NOT IN (SELECT name FROM hosts)"
+        )
+        .await,
+        0
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Roles
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn client_tokens_are_refused_on_every_host_and_vm_route() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    let host_before = host_row(&app, SIM_HOST).await;
+    let before = counts(&app).await;
+    let routes: Vec<(Method, String, Option<Value>)> = vec![
+        (Method::POST, "/v1/hosts".into(), Some(plain_host("host-a", "10.0.0.5:9090"))),
+        (Method::GET, "/v1/hosts".into(), None),
+        (Method::GET, "/v1/hosts/sim".into(), None),
+        (Method::PUT, "/v1/hosts/sim".into(), Some(json!({"address": "10.0.0.5:9090"}))),
+        (Method::DELETE, "/v1/hosts/sim".into(), None),
+        (Method::POST, "/v1/hosts/sim/cordon".into(), Some(json!({"reason": "x"}))),
+        (Method::POST, "/v1/hosts/sim/uncordon".into(), None),
+        (Method::GET, "/v1/vms".into(), None),
+        (Method::GET, format!("/v1/vms/{}", vm.id), None),
+    ];
+    for token in [CLIENT_A, CLIENT_B] {
+        for (method, path, body) in &routes {
+            let r = app.request(method.clone(), path, Some(token), body.clone(), &[]).await;
+            assert_eq!(r.status.as_u16(), 403, "{method} {path}: {}", r.body);
+            r.assert_error(403, "PERMISSION_DENIED");
+        }
+    }
+    assert_eq!(host_row(&app, SIM_HOST).await, host_before);
+    assert_eq!(counts(&app).await, before);
+}
+
+// ---------------------------------------------------------------------------------------
+// VMs
+// ---------------------------------------------------------------------------------------
+
+fn vm_ids(body: &Value) -> Vec<String> {
+    let mut ids: Vec<String> =
+        body["vms"].as_array().unwrap().iter().map(|v| v["id"].as_str().unwrap().to_owned()).collect();
+    ids.sort();
+    ids
+}
+
+fn sorted(mut ids: Vec<String>) -> Vec<String> {
+    ids.sort();
+    ids
+}
+
+#[tokio::test]
+async fn vm_list_returns_vm_records() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    let b = app.get(ADMIN, "/v1/vms").await.assert_ok(200).clone();
+    assert_eq!(b, json!({"vms": []}));
+
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    let b = app.get(ADMIN, "/v1/vms").await.assert_ok(200).clone();
+    let list = b["vms"].as_array().unwrap();
+    assert_eq!(list.len(), 1);
+    let rec = &list[0];
+    let mut keys: Vec<&str> = rec.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        ["created_at", "flintlock_host", "id", "lease_id", "network_interfaces", "phase", "pool", "uid", "updated_at"]
+    );
+    assert_eq!(rec["id"], json!(vm.id));
+    assert_eq!(rec["uid"], json!(vm.uid.clone().unwrap()));
+    assert_eq!(rec["pool"], json!({"namespace": "default", "name": "ci"}));
+    assert_eq!(rec["flintlock_host"], json!(SIM_HOST));
+    assert_eq!(rec["phase"], json!("AVAILABLE"));
+    assert_eq!(rec["lease_id"], Value::Null);
+    assert_eq!(rec["network_interfaces"]["eth1"]["index"], json!(7));
+    rfc3339(&rec["created_at"]);
+    rfc3339(&rec["updated_at"]);
+
+    // A claimed VM carries its lease id.
+    let claim = app.claim(CLIENT_A, "ci", None).await.assert_ok(200).clone();
+    let rec = app.get(ADMIN, &format!("/v1/vms/{}", vm.id)).await.assert_ok(200).clone();
+    assert_eq!(rec["phase"], json!("LEASED"));
+    assert_eq!(rec["lease_id"], claim["lease"]["lease_id"]);
+}
+
+#[tokio::test]
+async fn vm_list_filters_by_namespace_pool_and_phase() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 3).await;
+    app.create_pool("web", 3).await;
+    let mut other_ns = pool_spec("ci", 1);
+    other_ns["namespace"] = json!("team-b");
+    app.post(ADMIN, "/v1/pools", other_ns).await.assert_ok(201);
+
+    let ci_a = app.seed_vm("ci", Phase::Available).await;
+    let ci_q = app.seed_vm("ci", Phase::Quarantined).await;
+    let web_a = app.seed_vm("web", Phase::Available).await;
+    // A VM of team-b/ci: seed_vm writes default/, so move the row.
+    let tb = app.seed_vm("ci", Phase::Available).await;
+    app.conn().await.execute("UPDATE vms SET pool_namespace = 'team-b' WHERE id = $1", &[&tb.id]).await.unwrap();
+
+    let all = sorted(vec![ci_a.id.clone(), ci_q.id.clone(), web_a.id.clone(), tb.id.clone()]);
+    assert_eq!(vm_ids(app.get(ADMIN, "/v1/vms").await.assert_ok(200)), all);
+    assert_eq!(
+        vm_ids(app.get(ADMIN, "/v1/vms?namespace=default").await.assert_ok(200)),
+        sorted(vec![ci_a.id.clone(), ci_q.id.clone(), web_a.id.clone()])
+    );
+    assert_eq!(vm_ids(app.get(ADMIN, "/v1/vms?namespace=team-b").await.assert_ok(200)), vec![tb.id.clone()]);
+    assert_eq!(
+        vm_ids(app.get(ADMIN, "/v1/vms?namespace=default&pool=ci").await.assert_ok(200)),
+        sorted(vec![ci_a.id.clone(), ci_q.id.clone()])
+    );
+    assert_eq!(
+        vm_ids(app.get(ADMIN, "/v1/vms?namespace=default&pool=ci&phase=QUARANTINED").await.assert_ok(200)),
+        vec![ci_q.id.clone()]
+    );
+    assert_eq!(
+        vm_ids(app.get(ADMIN, "/v1/vms?phase=AVAILABLE").await.assert_ok(200)),
+        sorted(vec![ci_a.id.clone(), web_a.id.clone(), tb.id.clone()])
+    );
+    assert_eq!(vm_ids(app.get(ADMIN, "/v1/vms?phase=LEASED").await.assert_ok(200)), Vec::<String>::new());
+    assert_eq!(vm_ids(app.get(ADMIN, "/v1/vms?namespace=nope").await.assert_ok(200)), Vec::<String>::new());
+    // Empty values mean "no filter".
+    assert_eq!(vm_ids(app.get(ADMIN, "/v1/vms?namespace=&pool=&phase=").await.assert_ok(200)), all);
+}
+
+#[tokio::test]
+async fn vm_list_with_an_unknown_phase_or_parameter_is_invalid_argument() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_vm("ci", Phase::Available).await;
+    for q in ["phase=RUNNING", "phase=available", "phase=1", "status=AVAILABLE"] {
+        let r = app.get(ADMIN, &format!("/v1/vms?{q}")).await;
+        assert_eq!(r.status.as_u16(), 400, "{q}: {}", r.body);
+        r.assert_error(400, "INVALID_ARGUMENT");
+    }
+}
+
+#[tokio::test]
+async fn vm_get_returns_the_record_or_not_found() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    let vm = app.seed_vm("ci", Phase::Provisioning).await;
+    let rec = app.get(ADMIN, &format!("/v1/vms/{}", vm.id)).await.assert_ok(200).clone();
+    assert_eq!(rec["id"], json!(vm.id));
+    assert_eq!(rec["phase"], json!("PROVISIONING"));
+    assert_eq!(rec["pool"], json!({"namespace": "default", "name": "ci"}));
+    let listed = app.get(ADMIN, "/v1/vms").await.assert_ok(200).clone();
+    assert_eq!(listed["vms"][0], rec, "GET one and the list give the same record");
+    app.get(ADMIN, "/v1/vms/ci-nope").await.assert_error(404, "NOT_FOUND");
+}

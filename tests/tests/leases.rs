@@ -1,0 +1,648 @@
+//! Leases: GetLease, Heartbeat, ReleaseVM and ListLeases (`/v1/leases…`), and their races.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, FixedOffset};
+use flintlock_proto::types::micro_vm_status::MicroVmState;
+use poolmgr_core::domain::Phase;
+use poolmgr_core::store;
+use poolmgr_tests::*;
+use serde_json::{Value, json};
+use tokio::sync::Barrier;
+
+const RELEASES_API: &str = "poolmgr_vm_releases_total{pool_name=\"ci\",pool_namespace=\"default\",reason=\"api\"}";
+
+fn ts(v: &Value) -> DateTime<FixedOffset> {
+    DateTime::parse_from_rfc3339(v.as_str().unwrap_or_else(|| panic!("not a timestamp: {v}")))
+        .unwrap_or_else(|e| panic!("{v} is not RFC 3339: {e}"))
+}
+
+/// Claims one VM of default/`pool` and returns the whole ClaimVM response.
+async fn claimed(app: &TestApp, token: &str, pool: &str, request_id: Option<&str>) -> Value {
+    app.claim(token, pool, request_id).await.assert_ok(200).clone()
+}
+
+fn lease_id_of(claim: &Value) -> String {
+    claim["lease"]["lease_id"].as_str().unwrap().to_owned()
+}
+
+fn vm_id_of(claim: &Value) -> String {
+    claim["vm"]["id"].as_str().unwrap().to_owned()
+}
+
+fn uid_of(claim: &Value) -> String {
+    claim["vm"]["uid"].as_str().unwrap().to_owned()
+}
+
+async fn lease_rows(app: &TestApp, lease_id: &str) -> i64 {
+    app.conn().await.query_one("SELECT count(*) FROM leases WHERE lease_id = $1", &[&lease_id]).await.unwrap().get(0)
+}
+
+async fn expires_at_in_db(app: &TestApp, lease_id: &str) -> DateTime<chrono::Utc> {
+    app.conn().await.query_one("SELECT expires_at FROM leases WHERE lease_id = $1", &[&lease_id]).await.unwrap().get(0)
+}
+
+/// The flintlock record is gone, or on its way out.
+#[track_caller]
+fn assert_deleted_in_sim(app: &TestApp, uid: &str) {
+    if let Some(vm) = app.sim.vm(uid) {
+        let state = vm.status.as_ref().map(|s| s.state).unwrap_or_default();
+        assert_eq!(state, MicroVmState::Deleting as i32, "flintlock VM {uid} still exists and is not DELETING");
+    }
+}
+
+#[track_caller]
+fn assert_alive_in_sim(app: &TestApp, uid: &str) {
+    let vm = app.sim.vm(uid).unwrap_or_else(|| panic!("flintlock VM {uid} is gone"));
+    let state = vm.status.as_ref().map(|s| s.state).unwrap_or_default();
+    assert_ne!(state, MicroVmState::Deleting as i32, "flintlock VM {uid} is DELETING");
+}
+
+fn lease_ids(body: &Value) -> Vec<String> {
+    body["leases"].as_array().unwrap().iter().map(|l| l["lease_id"].as_str().unwrap().to_owned()).collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// GET /v1/leases/{id}
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn get_lease_returns_the_lease_record_of_the_claim() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    let claim = claimed(&app, CLIENT_A, "ci", Some("r-1")).await;
+    let lease_id = lease_id_of(&claim);
+
+    let b = app.get(CLIENT_A, &format!("/v1/leases/{lease_id}")).await.assert_ok(200).clone();
+    let keys: HashSet<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        HashSet::from(["lease_id", "vm_uid", "pool", "claimed_at", "last_heartbeat_at", "expires_at", "request_id"]),
+        "exactly the LeaseRecord fields: {b}"
+    );
+    assert_eq!(b["lease_id"], json!(lease_id));
+    assert_eq!(b["vm_uid"], json!(vm.uid.unwrap()));
+    assert_eq!(b["pool"], json!({"namespace": "default", "name": "ci"}));
+    assert_eq!(b["request_id"], json!("r-1"));
+    assert_eq!(b, claim["lease"], "the stored lease is what the claim returned");
+    assert_eq!(ts(&b["claimed_at"]), ts(&b["last_heartbeat_at"]));
+    assert_eq!((ts(&b["expires_at"]) - ts(&b["claimed_at"])).num_seconds(), 120);
+    // Any token may read a lease by id (the id is the capability), admin included.
+    assert_eq!(app.get(ADMIN, &format!("/v1/leases/{lease_id}")).await.assert_ok(200), &b);
+}
+
+#[tokio::test]
+async fn get_lease_of_a_claim_without_request_id_has_null_request_id() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let lease_id = lease_id_of(&claimed(&app, CLIENT_A, "ci", None).await);
+    let b = app.get(CLIENT_A, &format!("/v1/leases/{lease_id}")).await.assert_ok(200).clone();
+    assert!(b.as_object().unwrap().contains_key("request_id"));
+    assert_eq!(b["request_id"], Value::Null);
+}
+
+#[tokio::test]
+async fn unknown_and_malformed_lease_ids_are_not_found_on_every_lease_route() {
+    let app = TestApp::spawn().await;
+    let unknown = "0b7c3c4e-8a3f-4a55-9d36-5f2f6c1e9a10".to_owned();
+    let too_long = "a".repeat(65);
+    for id in [unknown.as_str(), "not_a_lease", "bad.id", too_long.as_str(), "%20"] {
+        app.get(CLIENT_A, &format!("/v1/leases/{id}")).await.assert_error(404, "NOT_FOUND");
+        app.heartbeat(CLIENT_A, id).await.assert_error(404, "NOT_FOUND");
+        app.release(CLIENT_A, id).await.assert_error(404, "NOT_FOUND");
+    }
+}
+
+#[tokio::test]
+async fn lease_routes_need_a_valid_token() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let lease_id = lease_id_of(&claimed(&app, CLIENT_A, "ci", None).await);
+    for (method, path) in [
+        (axum::http::Method::GET, format!("/v1/leases/{lease_id}")),
+        (axum::http::Method::POST, format!("/v1/leases/{lease_id}/heartbeat")),
+        (axum::http::Method::DELETE, format!("/v1/leases/{lease_id}")),
+        (axum::http::Method::GET, "/v1/leases".to_owned()),
+    ] {
+        app.request(method.clone(), &path, None, None, &[]).await.assert_error(401, "UNAUTHENTICATED");
+        app.request(method, &path, Some("wrong"), None, &[]).await.assert_error(401, "UNAUTHENTICATED");
+    }
+    assert_eq!(lease_rows(&app, &lease_id).await, 1, "nothing happened to the lease");
+}
+
+// ---------------------------------------------------------------------------------------
+// POST /v1/leases/{id}/heartbeat
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn heartbeat_extends_the_lease_by_the_pools_current_expiry() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let claim = claimed(&app, CLIENT_A, "ci", Some("r-1")).await;
+    let lease_id = lease_id_of(&claim);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+
+    let before = chrono::Utc::now();
+    let b = app.heartbeat(CLIENT_A, &lease_id).await.assert_ok(200).clone();
+    let after = chrono::Utc::now();
+    let keys: Vec<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, vec!["lease"], "the body is {{\"lease\": LeaseRecord}}: {b}");
+    let l = &b["lease"];
+    assert_eq!(l["lease_id"], json!(lease_id));
+    assert_eq!(l["claimed_at"], claim["lease"]["claimed_at"], "a heartbeat does not move claimed_at");
+    assert_eq!(l["request_id"], json!("r-1"));
+    assert_eq!(l["vm_uid"], claim["lease"]["vm_uid"]);
+    let hb = ts(&l["last_heartbeat_at"]);
+    assert!(hb > ts(&claim["lease"]["last_heartbeat_at"]), "last_heartbeat_at moved: {l}");
+    assert!(hb >= before - chrono::Duration::seconds(2) && hb <= after + chrono::Duration::seconds(2), "{hb}");
+    assert_eq!((ts(&l["expires_at"]) - hb).num_seconds(), 120, "expires_at = now + 120: {l}");
+    assert_eq!(expires_at_in_db(&app, &lease_id).await, ts(&l["expires_at"]));
+    // GET shows the heartbeat.
+    assert_eq!(app.get(CLIENT_A, &format!("/v1/leases/{lease_id}")).await.assert_ok(200), l);
+
+    // UpdatePool changes the expiry: the next heartbeat uses the new value.
+    let mut spec = pool_spec("ci", 1);
+    spec["heartbeat_expiry_seconds"] = json!(600);
+    let p = app.put(ADMIN, "/v1/pools/default/ci", spec).await.assert_ok(200).clone();
+    assert_eq!(p["spec"]["heartbeat_expiry_seconds"], json!(600));
+    // The update alone does not touch the lease.
+    assert_eq!(expires_at_in_db(&app, &lease_id).await, ts(&l["expires_at"]));
+
+    let l2 = app.heartbeat(CLIENT_A, &lease_id).await.assert_ok(200)["lease"].clone();
+    let hb2 = ts(&l2["last_heartbeat_at"]);
+    assert!(hb2 > hb);
+    assert_eq!((ts(&l2["expires_at"]) - hb2).num_seconds(), 600, "the pool's current expiry: {l2}");
+    assert_eq!(expires_at_in_db(&app, &lease_id).await, ts(&l2["expires_at"]));
+
+    // Shorter again: a heartbeat may move expires_at backwards.
+    let mut spec = pool_spec("ci", 1);
+    spec["heartbeat_interval_seconds"] = json!(5);
+    spec["heartbeat_expiry_seconds"] = json!(10);
+    app.put(ADMIN, "/v1/pools/default/ci", spec).await.assert_ok(200);
+    let l3 = app.heartbeat(CLIENT_A, &lease_id).await.assert_ok(200)["lease"].clone();
+    assert_eq!((ts(&l3["expires_at"]) - ts(&l3["last_heartbeat_at"])).num_seconds(), 10);
+    assert!(ts(&l3["expires_at"]) < ts(&l2["expires_at"]));
+}
+
+#[tokio::test]
+async fn heartbeat_writes_no_event_and_keeps_the_vm_leased() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let claim = claimed(&app, CLIENT_A, "ci", None).await;
+    let events = app.scalar_i64("SELECT count(*) FROM events").await;
+    app.heartbeat(CLIENT_A, &lease_id_of(&claim)).await.assert_ok(200);
+    app.heartbeat(CLIENT_A, &lease_id_of(&claim)).await.assert_ok(200);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM events").await, events);
+    assert_eq!(app.phase_of(&vm_id_of(&claim)).await.as_deref(), Some("LEASED"));
+}
+
+#[tokio::test]
+async fn heartbeat_of_a_lease_whose_pool_was_force_deleted_is_not_found() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let lease_id = lease_id_of(&claimed(&app, CLIENT_A, "ci", None).await);
+    app.delete(ADMIN, "/v1/pools/default/ci?force=true").await.assert_ok(204);
+
+    app.heartbeat(CLIENT_A, &lease_id).await.assert_error(404, "NOT_FOUND");
+    app.get(CLIENT_A, &format!("/v1/leases/{lease_id}")).await.assert_error(404, "NOT_FOUND");
+    app.release(CLIENT_A, &lease_id).await.assert_error(404, "NOT_FOUND");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+}
+
+/// Deliberately stricter than the reference (which revives an expired, unswept lease): the
+/// reconciler is about to delete the VM, so the holder must claim a new one.
+#[tokio::test]
+async fn heartbeat_of_an_expired_lease_is_not_found_and_does_not_revive_it() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let claim = claimed(&app, CLIENT_A, "ci", None).await;
+    let lease_id = lease_id_of(&claim);
+    app.conn()
+        .await
+        .execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE lease_id = $1", &[&lease_id])
+        .await
+        .unwrap();
+    let expired_at = expires_at_in_db(&app, &lease_id).await;
+
+    app.heartbeat(CLIENT_A, &lease_id).await.assert_error(404, "NOT_FOUND");
+    assert_eq!(expires_at_in_db(&app, &lease_id).await, expired_at, "expires_at untouched");
+    assert!(expired_at < chrono::Utc::now(), "still expired");
+    let hb: DateTime<chrono::Utc> = app
+        .conn()
+        .await
+        .query_one("SELECT last_heartbeat_at FROM leases WHERE lease_id = $1", &[&lease_id])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(hb, ts(&claim["lease"]["last_heartbeat_at"]), "last_heartbeat_at untouched");
+    // A second try is no different.
+    app.heartbeat(CLIENT_A, &lease_id).await.assert_error(404, "NOT_FOUND");
+    assert_eq!(expires_at_in_db(&app, &lease_id).await, expired_at);
+}
+
+#[tokio::test]
+async fn heartbeat_of_a_released_lease_is_not_found() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let lease_id = lease_id_of(&claimed(&app, CLIENT_A, "ci", None).await);
+    app.release(CLIENT_A, &lease_id).await.assert_ok(204);
+    app.heartbeat(CLIENT_A, &lease_id).await.assert_error(404, "NOT_FOUND");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// DELETE /v1/leases/{id}
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn release_deletes_the_vm_in_flintlock_and_removes_vm_and_lease_rows() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    let vms = app.seed_available("ci", 2).await;
+    let claim = claimed(&app, CLIENT_A, "ci", Some("r-1")).await;
+    let (lease_id, vm_id, uid) = (lease_id_of(&claim), vm_id_of(&claim), uid_of(&claim));
+    let other = vms.iter().find(|v| v.id != vm_id).unwrap();
+    assert_alive_in_sim(&app, &uid);
+
+    let r = app.release(CLIENT_A, &lease_id).await;
+    r.assert_ok(204);
+    assert_eq!(r.body, Value::Null, "204 has no body");
+
+    assert_deleted_in_sim(&app, &uid);
+    assert_eq!(app.sim.calls(flintlock_sim::METHOD_DELETE), 1);
+    assert_eq!(app.phase_of(&vm_id).await, None, "VM row removed");
+    assert_eq!(lease_rows(&app, &lease_id).await, 0, "lease row removed");
+    assert_eq!(app.count_events("VM_DELETED_ON_RELEASE").await, 1);
+    let ev = app
+        .conn()
+        .await
+        .query_one(
+            "SELECT pool_namespace, pool_name, vm_id, lease_id FROM events WHERE type = 'VM_DELETED_ON_RELEASE'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(ev.get::<_, String>(0), "default");
+    assert_eq!(ev.get::<_, String>(1), "ci");
+    assert_eq!(ev.get::<_, Option<String>>(2).as_deref(), Some(vm_id.as_str()));
+    assert_eq!(ev.get::<_, Option<String>>(3).as_deref(), Some(lease_id.as_str()));
+    assert_eq!(app.metric(RELEASES_API), 1.0);
+    // The other VM is untouched.
+    assert_eq!(app.phase_of(&other.id).await.as_deref(), Some("AVAILABLE"));
+    assert_alive_in_sim(&app, other.uid.as_deref().unwrap());
+
+    // The record vanishes from flintlock shortly after.
+    for _ in 0..100 {
+        if app.sim.vm(&uid).is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(app.sim.vm(&uid).is_none(), "flintlock VM removed after its delete delay");
+
+    // A second release of the same lease: NOT_FOUND, nothing recorded twice.
+    app.release(CLIENT_A, &lease_id).await.assert_error(404, "NOT_FOUND");
+    app.get(CLIENT_A, &format!("/v1/leases/{lease_id}")).await.assert_error(404, "NOT_FOUND");
+    assert_eq!(app.count_events("VM_DELETED_ON_RELEASE").await, 1);
+    assert_eq!(app.metric(RELEASES_API), 1.0);
+    assert_eq!(app.sim.calls(flintlock_sim::METHOD_DELETE), 1);
+}
+
+#[tokio::test]
+async fn release_with_flintlock_failing_is_unavailable_and_keeps_the_lease_until_a_retry_succeeds() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let claim = claimed(&app, CLIENT_A, "ci", None).await;
+    let (lease_id, vm_id, uid) = (lease_id_of(&claim), vm_id_of(&claim), uid_of(&claim));
+
+    app.sim.fail_deletes(1);
+    let r = app.release(CLIENT_A, &lease_id).await;
+    r.assert_error(503, "UNAVAILABLE");
+    assert!(r.headers.get("retry-after").is_some(), "503 must carry Retry-After");
+    assert_eq!(app.phase_of(&vm_id).await.as_deref(), Some("DELETING"));
+    assert_eq!(lease_rows(&app, &lease_id).await, 1, "lease kept until the delete is confirmed");
+    assert_eq!(app.count_events("VM_DELETED_ON_RELEASE").await, 0);
+    assert_eq!(app.metric(RELEASES_API), 0.0);
+    assert_alive_in_sim(&app, &uid);
+    // The lease is still readable while its VM is DELETING.
+    app.get(CLIENT_A, &format!("/v1/leases/{lease_id}")).await.assert_ok(200);
+
+    // The client retries: now the delete goes through.
+    app.release(CLIENT_A, &lease_id).await.assert_ok(204);
+    assert_eq!(app.phase_of(&vm_id).await, None);
+    assert_eq!(lease_rows(&app, &lease_id).await, 0);
+    assert_deleted_in_sim(&app, &uid);
+    assert_eq!(app.count_events("VM_DELETED_ON_RELEASE").await, 1);
+    assert_eq!(app.metric(RELEASES_API), 1.0);
+    app.release(CLIENT_A, &lease_id).await.assert_error(404, "NOT_FOUND");
+}
+
+#[tokio::test]
+async fn release_of_a_vm_flintlock_already_lost_succeeds() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let claim = claimed(&app, CLIENT_A, "ci", None).await;
+    let (lease_id, vm_id, uid) = (lease_id_of(&claim), vm_id_of(&claim), uid_of(&claim));
+    // Someone deleted the microVM behind poolmgr's back.
+    let host = store::host_get(&**app.conn().await, SIM_HOST).await.unwrap().unwrap().0;
+    app.state.flintlock.delete(&host, &uid).await.expect("delete in the simulator");
+    for _ in 0..100 {
+        if app.sim.vm(&uid).is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(app.sim.vm(&uid).is_none(), "the simulator lost the VM");
+
+    app.release(CLIENT_A, &lease_id).await.assert_ok(204);
+    assert_eq!(app.phase_of(&vm_id).await, None);
+    assert_eq!(lease_rows(&app, &lease_id).await, 0);
+    assert_eq!(app.count_events("VM_DELETED_ON_RELEASE").await, 1);
+    assert_eq!(app.metric(RELEASES_API), 1.0);
+}
+
+#[tokio::test]
+async fn release_with_flintlock_unreachable_is_unavailable() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let claim = claimed(&app, CLIENT_A, "ci", None).await;
+    let (lease_id, vm_id, uid) = (lease_id_of(&claim), vm_id_of(&claim), uid_of(&claim));
+
+    app.sim.set_unavailable(true);
+    let r = app.release(CLIENT_A, &lease_id).await;
+    r.assert_error(503, "UNAVAILABLE");
+    assert!(r.headers.get("retry-after").is_some(), "503 must carry Retry-After");
+    assert_eq!(app.phase_of(&vm_id).await.as_deref(), Some("DELETING"));
+    assert_eq!(lease_rows(&app, &lease_id).await, 1);
+    assert_eq!(app.count_events("VM_DELETED_ON_RELEASE").await, 0);
+
+    app.sim.set_unavailable(false);
+    app.release(CLIENT_A, &lease_id).await.assert_ok(204);
+    assert_eq!(app.phase_of(&vm_id).await, None);
+    assert_eq!(lease_rows(&app, &lease_id).await, 0);
+    assert_deleted_in_sim(&app, &uid);
+    assert_eq!(app.count_events("VM_DELETED_ON_RELEASE").await, 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// GET /v1/leases
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn list_leases_is_ordered_by_lease_id_and_filters_by_pool() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 3).await;
+    app.create_pool("other", 2).await;
+    app.seed_available("ci", 3).await;
+    app.seed_available("other", 2).await;
+    let mut ci = Vec::new();
+    for _ in 0..3 {
+        ci.push(claimed(&app, CLIENT_A, "ci", None).await);
+    }
+    let mut other = Vec::new();
+    for _ in 0..2 {
+        other.push(claimed(&app, CLIENT_A, "other", None).await);
+    }
+
+    let b = app.get(ADMIN, "/v1/leases").await.assert_ok(200).clone();
+    assert_eq!(b["next_page_token"], json!(""));
+    let ids = lease_ids(&b);
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(ids, sorted, "ordered by lease_id");
+    let mut expected: Vec<String> = ci.iter().chain(&other).map(lease_id_of).collect();
+    expected.sort();
+    assert_eq!(ids, expected);
+    // Each entry is the stored LeaseRecord.
+    for c in ci.iter().chain(&other) {
+        let entry = b["leases"].as_array().unwrap().iter().find(|l| l["lease_id"] == c["lease"]["lease_id"]).unwrap();
+        assert_eq!(entry, &c["lease"]);
+    }
+
+    let b = app.get(ADMIN, "/v1/leases?namespace=default&pool=ci").await.assert_ok(200).clone();
+    let mut expected: Vec<String> = ci.iter().map(lease_id_of).collect();
+    expected.sort();
+    assert_eq!(lease_ids(&b), expected);
+    assert_eq!(b["next_page_token"], json!(""));
+
+    // An unknown pool has no leases.
+    let b = app.get(ADMIN, "/v1/leases?namespace=default&pool=nope").await.assert_ok(200).clone();
+    assert_eq!(b, json!({"leases": [], "next_page_token": ""}));
+    // Empty values are the same as absent.
+    let b = app.get(ADMIN, "/v1/leases?namespace=&pool=").await.assert_ok(200).clone();
+    assert_eq!(lease_ids(&b).len(), 5);
+}
+
+#[tokio::test]
+async fn list_leases_pool_filter_needs_both_namespace_and_pool() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    claimed(&app, CLIENT_A, "ci", None).await;
+    for q in ["namespace=default", "pool=ci", "namespace=default&pool=", "namespace=&pool=ci"] {
+        app.get(ADMIN, &format!("/v1/leases?{q}")).await.assert_error(400, "INVALID_ARGUMENT");
+        app.get(CLIENT_A, &format!("/v1/leases?{q}")).await.assert_error(400, "INVALID_ARGUMENT");
+    }
+}
+
+#[tokio::test]
+async fn list_leases_paginates_every_lease_exactly_once() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 5).await;
+    app.seed_available("ci", 5).await;
+    let mut expected = Vec::new();
+    for _ in 0..5 {
+        expected.push(lease_id_of(&claimed(&app, CLIENT_A, "ci", None).await));
+    }
+    expected.sort();
+
+    let mut seen = Vec::new();
+    let mut sizes = Vec::new();
+    let mut token = String::new();
+    for _ in 0..10 {
+        let b = app.get(ADMIN, &format!("/v1/leases?page_size=2&page_token={token}")).await.assert_ok(200).clone();
+        let page = lease_ids(&b);
+        sizes.push(page.len());
+        seen.extend(page);
+        token = b["next_page_token"].as_str().expect("next_page_token is a string").to_owned();
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(sizes, vec![2, 2, 1]);
+    assert_eq!(seen, expected, "all 5, each once, in lease_id order");
+
+    // A page that ends exactly at the last lease says there is no more.
+    let b = app.get(ADMIN, "/v1/leases?page_size=5").await.assert_ok(200).clone();
+    assert_eq!(lease_ids(&b), expected);
+    assert_eq!(b["next_page_token"], json!(""));
+    // The pool filter paginates too.
+    let b = app.get(ADMIN, "/v1/leases?namespace=default&pool=ci&page_size=3").await.assert_ok(200).clone();
+    assert_eq!(lease_ids(&b), expected[..3]);
+    let token = b["next_page_token"].as_str().unwrap().to_owned();
+    assert!(!token.is_empty());
+    let b = app
+        .get(ADMIN, &format!("/v1/leases?namespace=default&pool=ci&page_size=3&page_token={token}"))
+        .await
+        .assert_ok(200)
+        .clone();
+    assert_eq!(lease_ids(&b), expected[3..]);
+    assert_eq!(b["next_page_token"], json!(""));
+}
+
+#[tokio::test]
+async fn list_leases_rejects_bad_page_size_and_page_token() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    claimed(&app, CLIENT_A, "ci", None).await;
+    for q in ["page_size=0", "page_size=1001", "page_size=-1", "page_size=abc", "page_token=!!!not-a-token!!!"] {
+        app.get(ADMIN, &format!("/v1/leases?{q}")).await.assert_error(400, "INVALID_ARGUMENT");
+    }
+    // The bounds themselves are fine.
+    for q in ["page_size=1", "page_size=1000"] {
+        assert_eq!(lease_ids(app.get(ADMIN, &format!("/v1/leases?{q}")).await.assert_ok(200)).len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn a_client_lists_only_its_own_leases_and_admin_lists_all() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 4).await;
+    app.seed_available("ci", 4).await;
+    let mut a: Vec<String> = Vec::new();
+    for _ in 0..2 {
+        a.push(lease_id_of(&claimed(&app, CLIENT_A, "ci", None).await));
+    }
+    let b = vec![lease_id_of(&claimed(&app, CLIENT_B, "ci", None).await)];
+    let admin = lease_id_of(&claimed(&app, ADMIN, "ci", None).await);
+    a.sort();
+
+    assert_eq!(lease_ids(app.get(CLIENT_A, "/v1/leases").await.assert_ok(200)), a);
+    assert_eq!(lease_ids(app.get(CLIENT_B, "/v1/leases").await.assert_ok(200)), b);
+    assert_eq!(lease_ids(app.get(CLIENT_A, "/v1/leases?namespace=default&pool=ci").await.assert_ok(200)), a);
+    let mut all: Vec<String> = a.iter().chain(&b).cloned().chain([admin]).collect();
+    all.sort();
+    assert_eq!(lease_ids(app.get(ADMIN, "/v1/leases").await.assert_ok(200)), all);
+
+    // Paging a client's list never leaks another principal's lease.
+    let first = app.get(CLIENT_A, "/v1/leases?page_size=1").await.assert_ok(200).clone();
+    let token = first["next_page_token"].as_str().unwrap().to_owned();
+    let second = app.get(CLIENT_A, &format!("/v1/leases?page_size=1&page_token={token}")).await.assert_ok(200).clone();
+    let mut paged = lease_ids(&first);
+    paged.extend(lease_ids(&second));
+    assert_eq!(paged, a);
+    assert_eq!(second["next_page_token"], json!(""));
+}
+
+// ---------------------------------------------------------------------------------------
+// Races
+// ---------------------------------------------------------------------------------------
+
+/// 16 releases of one lease at once: the VM is deleted once, the release recorded once, and no
+/// caller sees a server error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_releases_of_one_lease_delete_the_vm_once() {
+    let app = Arc::new(TestApp::spawn().await);
+    app.create_pool("ci", 2).await;
+    let vms = app.seed_available("ci", 2).await;
+    let claim = claimed(&app, CLIENT_A, "ci", Some("r-1")).await;
+    let (lease_id, vm_id, uid) = (lease_id_of(&claim), vm_id_of(&claim), uid_of(&claim));
+
+    let barrier = Arc::new(Barrier::new(16));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (app, barrier, lease_id) = (app.clone(), barrier.clone(), lease_id.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let r = app.release(CLIENT_A, &lease_id).await;
+                (r.status.as_u16(), r.body)
+            })
+        })
+        .collect();
+    let (mut no_content, mut not_found) = (0, 0);
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        match status {
+            204 => no_content += 1,
+            404 => {
+                assert_eq!(body["error"]["status"], json!("NOT_FOUND"), "{body}");
+                not_found += 1;
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert!(no_content >= 1, "at least one release succeeded ({no_content} × 204, {not_found} × 404)");
+    assert_eq!(no_content + not_found, 16);
+
+    assert_eq!(app.count_events("VM_DELETED_ON_RELEASE").await, 1, "the release is recorded once");
+    assert_eq!(app.metric(RELEASES_API), 1.0, "the release is counted once");
+    assert_eq!(app.phase_of(&vm_id).await, None);
+    assert_eq!(lease_rows(&app, &lease_id).await, 0);
+    assert_deleted_in_sim(&app, &uid);
+    // Only the leased VM was touched.
+    let other = vms.iter().find(|v| v.id != vm_id).unwrap();
+    assert_eq!(app.phase_of(&other.id).await.as_deref(), Some("AVAILABLE"));
+    assert_alive_in_sim(&app, other.uid.as_deref().unwrap());
+    // The request_id is free again.
+    assert_eq!(app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200)["replayed"], json!(false));
+}
+
+/// 16 heartbeats race one release: never a server error, and the release wins in the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn heartbeats_racing_a_release_never_fail_and_the_lease_ends() {
+    let app = Arc::new(TestApp::spawn().await);
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let claim = claimed(&app, CLIENT_A, "ci", None).await;
+    let (lease_id, vm_id, uid) = (lease_id_of(&claim), vm_id_of(&claim), uid_of(&claim));
+
+    let barrier = Arc::new(Barrier::new(17));
+    let release = {
+        let (app, barrier, lease_id) = (app.clone(), barrier.clone(), lease_id.clone());
+        tokio::spawn(async move {
+            barrier.wait().await;
+            let r = app.release(CLIENT_A, &lease_id).await;
+            (r.status.as_u16(), r.body)
+        })
+    };
+    let heartbeats: Vec<_> = (0..16)
+        .map(|_| {
+            let (app, barrier, lease_id) = (app.clone(), barrier.clone(), lease_id.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let r = app.heartbeat(CLIENT_A, &lease_id).await;
+                (r.status.as_u16(), r.body)
+            })
+        })
+        .collect();
+    let (status, body) = release.await.unwrap();
+    assert_eq!(status, 204, "{body}");
+    for t in heartbeats {
+        let (status, body) = t.await.unwrap();
+        match status {
+            200 => assert_eq!(body["lease"]["lease_id"], json!(lease_id), "{body}"),
+            404 => assert_eq!(body["error"]["status"], json!("NOT_FOUND"), "{body}"),
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert_eq!(app.phase_of(&vm_id).await, None, "VM row gone");
+    assert_eq!(lease_rows(&app, &lease_id).await, 0, "lease gone");
+    assert_deleted_in_sim(&app, &uid);
+    assert_eq!(app.count_events("VM_DELETED_ON_RELEASE").await, 1);
+    assert_eq!(app.metric(RELEASES_API), 1.0);
+    app.heartbeat(CLIENT_A, &lease_id).await.assert_error(404, "NOT_FOUND");
+}

@@ -1,0 +1,108 @@
+//! Schema migrations: the V1 → V2 upgrade with live leases, and refusing a database that a
+//! newer binary migrated.
+
+use poolmgr_core::db::{self, DbError};
+use poolmgr_tests::*;
+use serde_json::json;
+
+/// Fills a V1 database the way a V1 deployment would have: a pool, a host, two leased VMs.
+async fn seed_v1(c: &tokio_postgres::Client) {
+    c.batch_execute(
+        r#"
+        INSERT INTO hosts (name, address) VALUES ('old-host', '127.0.0.1:1');
+        INSERT INTO pools (namespace, name, size, flintlock_hosts, strategy, microvm_template,
+                           hook_failure_policy, heartbeat_interval_seconds, heartbeat_expiry_seconds)
+        VALUES ('default', 'old', 2, '{old-host}', 'REPLACE_ON_DELETE',
+                '{"root_volume": {"id": "root", "source": {"container_source": "img"}}, "interfaces": [{"device_id": "eth1", "type": "TAP"}]}',
+                'DELETE_AND_REPLACE', 30, 120);
+        INSERT INTO vms (id, uid, pool_namespace, pool_name, flintlock_host, phase, lease_id)
+        VALUES ('old-1', '01AAAAAAAAAAAAAAAAAAAAAAAA', 'default', 'old', 'old-host', 'LEASED', 'lease-1'),
+               ('old-2', '01BBBBBBBBBBBBBBBBBBBBBBBB', 'default', 'old', 'old-host', 'LEASED', 'lease-2');
+        INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at, last_heartbeat_at, expires_at)
+        VALUES ('lease-1', 'old-1', 'default', 'old', now(), now(), now() + interval '1 hour'),
+               ('lease-2', 'old-2', 'default', 'old', now(), now(), now() + interval '1 hour');
+        "#,
+    )
+    .await
+    .expect("seed V1 rows");
+}
+
+#[tokio::test]
+async fn upgrading_v1_with_leases_keeps_them_without_request_id_and_the_index_works() {
+    let testdb = TestDb::create().await;
+    let mut c = testdb.client().await;
+    assert_eq!(db::migrate(&mut c, Some(1)).await.unwrap(), vec![1]);
+    let has_column: bool = c
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_name = 'leases' AND column_name = 'request_id')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!has_column, "V1 has no request_id");
+    seed_v1(&c).await;
+
+    assert_eq!(db::migrate(&mut c, Some(2)).await.unwrap(), vec![2]);
+    // Re-running is a no-op.
+    assert!(db::migrate(&mut c, Some(2)).await.unwrap().is_empty());
+
+    let rows = c.query("SELECT lease_id, request_id, principal FROM leases ORDER BY lease_id", &[]).await.unwrap();
+    assert_eq!(rows.len(), 2, "old leases survive the upgrade");
+    for r in &rows {
+        assert_eq!(r.get::<_, Option<String>>(1), None, "old leases have no request_id");
+        assert_eq!(r.get::<_, String>(2), "", "old leases belong to no principal");
+    }
+
+    // The partial unique index: NULL request_ids never conflict, a repeated key does.
+    let insert = "INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at, last_heartbeat_at, expires_at, request_id, principal)
+                  VALUES ($1, $2, 'default', 'old', now(), now(), now(), $3, 'p')";
+    c.execute(insert, &[&"n-1", &"x-1", &None::<String>]).await.unwrap();
+    c.execute(insert, &[&"n-2", &"x-2", &None::<String>]).await.unwrap();
+    c.execute(insert, &[&"k-1", &"x-3", &Some("r-1")]).await.unwrap();
+    let dup = c.execute(insert, &[&"k-2", &"x-4", &Some("r-1")]).await.unwrap_err();
+    assert_eq!(dup.code(), Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION), "{dup}");
+    c.execute("DELETE FROM leases WHERE lease_id LIKE 'n-%' OR lease_id LIKE 'k-%'", &[]).await.unwrap();
+    // Later migrations apply on top.
+    assert!(!db::migrate(&mut c, None).await.unwrap().is_empty());
+
+    // The upgraded database serves the API: an old lease reads back with request_id null.
+    let app = TestApp::spawn_on(testdb, |_| {}).await;
+    let r = app.get(ADMIN, "/v1/leases/lease-1").await;
+    assert_eq!(r.assert_ok(200)["request_id"], json!(null));
+    let listed = app.get(ADMIN, "/v1/leases?namespace=default&pool=old").await;
+    assert_eq!(listed.assert_ok(200)["leases"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn a_database_migrated_by_a_newer_binary_is_refused() {
+    let testdb = TestDb::create().await;
+    let mut c = testdb.client().await;
+    db::migrate(&mut c, None).await.unwrap();
+    db::check_schema(&testdb.url).await.expect("current schema passes the check");
+    // What a newer binary would have left behind.
+    c.batch_execute(
+        "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
+         VALUES (99, 'from_the_future', '2030-01-01T00:00:00Z', '0')",
+    )
+    .await
+    .unwrap();
+
+    let err = db::migrate(&mut c, None).await.unwrap_err();
+    assert!(matches!(err, DbError::SchemaTooNew { database: 99, .. }), "{err}");
+    assert!(err.to_string().contains("newer"), "clear message: {err}");
+    let err = db::check_schema(&testdb.url).await.unwrap_err();
+    assert!(matches!(err, DbError::SchemaTooNew { database: 99, .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_database_behind_the_binary_is_refused_by_functions_until_migrated() {
+    let testdb = TestDb::create().await;
+    let mut c = testdb.client().await;
+    db::migrate(&mut c, Some(1)).await.unwrap();
+    let err = db::check_schema(&testdb.url).await.unwrap_err();
+    assert!(matches!(err, DbError::SchemaTooOld { database: 1, .. }), "{err}");
+    assert!(err.to_string().contains("migrate"), "says what to do: {err}");
+    db::migrate(&mut c, None).await.unwrap();
+    db::check_schema(&testdb.url).await.unwrap();
+}

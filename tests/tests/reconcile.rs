@@ -1,0 +1,363 @@
+//! The reconcile pass against real PostgreSQL and flintlock-sim over gRPC.
+
+use std::sync::Arc;
+
+use flintlock_proto::types::micro_vm_status::MicroVmState;
+use poolmgr_core::domain::Phase;
+use poolmgr_tests::*;
+use serde_json::json;
+
+async fn create_pool_with(app: &TestApp, name: &str, size: i32, replenishment: serde_json::Value, policy: &str) {
+    let mut spec = pool_spec(name, size);
+    spec["replenishment"] = replenishment;
+    spec["hook_failure_policy"] = json!(policy);
+    app.post(ADMIN, "/v1/pools", spec).await.assert_ok(201);
+}
+
+/// Rows and simulator agree: every live sim VM has a row with its uid on its host, and
+/// every row with a uid has a live sim VM.
+async fn assert_no_orphans(app: &TestApp) {
+    let rows = app
+        .conn()
+        .await
+        .query("SELECT id, uid FROM vms WHERE uid IS NOT NULL AND phase <> 'DELETING'", &[])
+        .await
+        .unwrap();
+    let live = TestApp::sim_live(&app.sim);
+    let sim_uids: std::collections::HashSet<String> =
+        live.iter().filter_map(|m| m.spec.as_ref()?.uid.clone()).collect();
+    let row_uids: std::collections::HashSet<String> = rows.iter().map(|r| r.get::<_, String>(1)).collect();
+    assert_eq!(sim_uids, row_uids, "simulator VMs and rows disagree");
+    let ids: std::collections::HashSet<String> =
+        live.iter().filter_map(|m| m.spec.as_ref().map(|s| s.id.clone())).collect();
+    assert_eq!(ids.len(), live.len(), "a VM id was created twice in flintlock");
+}
+
+#[tokio::test]
+async fn a_pool_of_five_reaches_five_available_vms_through_passes_alone() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 5).await;
+    app.settle(40, "5 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 5 }).await;
+
+    let live = TestApp::sim_live(&app.sim);
+    assert_eq!(live.len(), 5);
+    for m in &live {
+        let spec = m.spec.as_ref().unwrap();
+        assert!(spec.allow_guest_agent, "guest agent forced on");
+        assert!(spec.id.starts_with("ci-"));
+    }
+    assert_no_orphans(&app).await;
+    // Network interfaces were recorded from flintlock's status, so claims need no call.
+    let nics: serde_json::Value =
+        app.conn().await.query_one("SELECT network_interfaces FROM vms LIMIT 1", &[]).await.unwrap().get(0);
+    assert!(nics["eth1"]["host_device_name"].as_str().is_some_and(|s| s.starts_with("fltap")), "{nics}");
+    assert_eq!(app.count_events("VM_PROVISIONED").await, 5);
+    assert_eq!(app.count_events("VM_AVAILABLE").await, 5);
+    // Settled: another pass creates nothing.
+    let r = app.pass().await;
+    assert_eq!((r.created, r.available), (0, 0));
+    let claim = app.claim(CLIENT_A, "ci", Some("r")).await;
+    assert!(claim.assert_ok(200)["vm"]["network_interfaces"]["eth1"].is_object());
+}
+
+#[tokio::test]
+async fn replace_on_delete_replaces_only_what_was_released() {
+    let app = TestApp::spawn().await;
+    create_pool_with(&app, "ci", 3, json!({"strategy": "REPLACE_ON_DELETE"}), "DELETE_AND_REPLACE").await;
+    app.settle(40, "3 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 3 }).await;
+    let lease = app.claim(CLIENT_A, "ci", None).await.assert_ok(200)["lease"]["lease_id"].as_str().unwrap().to_owned();
+    for _ in 0..3 {
+        app.pass().await;
+    }
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 2, "a claim alone creates nothing");
+    app.release(CLIENT_A, &lease).await.assert_ok(204);
+    app.settle(40, "replacement", || async { app.count_phase("ci", "AVAILABLE").await == 3 }).await;
+    assert_eq!(TestApp::sim_live(&app.sim).len(), 3);
+}
+
+#[tokio::test]
+async fn immediate_on_lease_replaces_a_claimed_vm_at_once() {
+    let app = TestApp::spawn().await;
+    create_pool_with(&app, "ci", 3, json!({"strategy": "IMMEDIATE_ON_LEASE"}), "DELETE_AND_REPLACE").await;
+    app.settle(40, "3 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 3 }).await;
+    app.claim(CLIENT_A, "ci", None).await.assert_ok(200);
+    app.claim(CLIENT_A, "ci", None).await.assert_ok(200);
+    app.settle(40, "3 AVAILABLE + 2 LEASED", || async { app.count_phase("ci", "AVAILABLE").await == 3 }).await;
+    assert_eq!(app.count_phase("ci", "LEASED").await, 2);
+    assert_eq!(TestApp::sim_live(&app.sim).len(), 5, "leased VMs are extra");
+}
+
+#[tokio::test]
+async fn min_size_threshold_provisions_only_below_min_size() {
+    let app = TestApp::spawn().await;
+    create_pool_with(&app, "ci", 4, json!({"strategy": "MIN_SIZE_THRESHOLD", "min_size": 2}), "DELETE_AND_REPLACE")
+        .await;
+    app.settle(40, "fresh pool topped up", || async { app.count_phase("ci", "AVAILABLE").await == 4 }).await;
+    let mut leases = vec![];
+    for _ in 0..3 {
+        leases.push(
+            app.claim(CLIENT_A, "ci", None).await.assert_ok(200)["lease"]["lease_id"].as_str().unwrap().to_owned(),
+        );
+    }
+    // 1 available < min 2, but 1 + 3 leased = size: nothing to add.
+    for _ in 0..3 {
+        app.pass().await;
+    }
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 1);
+    app.release(CLIENT_A, &leases[0]).await.assert_ok(204);
+    app.release(CLIENT_A, &leases[1]).await.assert_ok(204);
+    // 1 available < 2 and 1 + 1 leased < 4: top up by 2.
+    app.settle(40, "topped up below min_size", || async { app.count_phase("ci", "AVAILABLE").await == 3 }).await;
+    for _ in 0..3 {
+        app.pass().await;
+    }
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 3, "at or above min_size nothing more is added");
+}
+
+#[tokio::test]
+async fn an_abandoned_lease_expires_and_its_vm_is_deleted_in_flintlock() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.settle(40, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
+    let c = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200).clone();
+    let uid = c["vm"]["uid"].as_str().unwrap().to_owned();
+    // Move time instead of sleeping: the holder stopped heartbeating long ago.
+    app.conn().await.execute("UPDATE leases SET expires_at = now() - interval '1 second'", &[]).await.unwrap();
+
+    let r = app.pass().await;
+    assert_eq!(r.expired, 1);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+    assert_eq!(app.count_events("VM_DELETED_DUE_TO_EXPIRY").await, 1);
+    assert_eq!(
+        app.metric("poolmgr_vm_releases_total{pool_name=\"ci\",pool_namespace=\"default\",reason=\"expiry\"}"),
+        1.0
+    );
+    app.settle(40, "expired VM gone from flintlock", || async {
+        app.sim.vm(&uid).is_none_or(|m| m.status.is_some_and(|s| s.state == MicroVmState::Deleting as i32))
+    })
+    .await;
+    // The request_id is free again, and the pool was replenished.
+    app.settle(40, "replacement", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
+    assert_eq!(app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200)["replayed"], json!(false));
+}
+
+#[tokio::test]
+async fn expiring_soon_is_written_once_per_deadline() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let lease = app.claim(CLIENT_A, "ci", None).await.assert_ok(200)["lease"]["lease_id"].as_str().unwrap().to_owned();
+    let soon = "UPDATE leases SET expires_at = now() + interval '10 seconds'";
+    app.conn().await.execute(soon, &[]).await.unwrap();
+    app.pass().await;
+    app.pass().await;
+    assert_eq!(app.count_events("VM_EXPIRING_SOON").await, 1, "once per deadline");
+    // A heartbeat moves the deadline out of the window: no warning.
+    app.heartbeat(CLIENT_A, &lease).await.assert_ok(200);
+    app.pass().await;
+    assert_eq!(app.count_events("VM_EXPIRING_SOON").await, 1);
+    // A new deadline inside the window warns again.
+    app.conn().await.execute(soon, &[]).await.unwrap();
+    app.pass().await;
+    assert_eq!(app.count_events("VM_EXPIRING_SOON").await, 2);
+}
+
+#[tokio::test]
+async fn a_lost_create_reply_is_adopted_not_orphaned() {
+    let app = TestApp::spawn().await;
+    app.sim.lose_create_replies(2);
+    app.create_pool("ci", 3).await;
+    app.settle(60, "3 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 3 }).await;
+    for _ in 0..3 {
+        app.pass().await;
+    }
+    assert_eq!(TestApp::sim_live(&app.sim).len(), 3, "exactly size VMs in flintlock");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM vms").await, 3, "exactly size rows");
+    assert_eq!(app.count_events("VM_ADOPTED").await, 2);
+    assert_no_orphans(&app).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn overlapping_passes_fill_every_pool_exactly_once() {
+    let app = Arc::new(TestApp::spawn().await);
+    for i in 0..10 {
+        app.create_pool(&format!("p{i}"), 3).await;
+    }
+    for _ in 0..30 {
+        let passes: Vec<_> = (0..4)
+            .map(|_| {
+                let app = app.clone();
+                tokio::spawn(async move { app.pass().await })
+            })
+            .collect();
+        for p in passes {
+            p.await.unwrap();
+        }
+        if app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'").await == 30 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    }
+    for i in 0..10 {
+        assert_eq!(app.count_phase(&format!("p{i}"), "AVAILABLE").await, 3, "pool p{i}");
+    }
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM vms").await, 30);
+    assert_eq!(TestApp::sim_live(&app.sim).len(), 30, "no VM created twice");
+    assert_eq!(app.sim.calls(flintlock_sim::METHOD_CREATE), 30);
+    assert_no_orphans(&app).await;
+}
+
+#[tokio::test]
+async fn create_errors_back_off_then_succeed() {
+    let app = TestApp::spawn_with(|env| env.push(("POOLMGR_RECONCILE_BACKOFF_MS".into(), "300".into()))).await;
+    app.sim.fail_creates(3);
+    app.create_pool("ci", 2).await;
+    let first = app.pass().await;
+    assert!(!first.errors.is_empty(), "the failures are reported");
+    let attempts = app.scalar_i64("SELECT coalesce(max(attempts), 0)::bigint FROM vms").await;
+    assert!(attempts >= 1, "failed creates are counted for backoff");
+    let backed_off = app.scalar_i64("SELECT count(*) FROM vms WHERE next_attempt_at > now()").await;
+    assert!(backed_off >= 1, "a failed VM waits before its next attempt");
+    let creates = app.sim.calls(flintlock_sim::METHOD_CREATE);
+    app.pass().await;
+    assert_eq!(app.sim.calls(flintlock_sim::METHOD_CREATE), creates, "no retry before the backoff delay");
+    app.settle(80, "2 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
+    assert_no_orphans(&app).await;
+}
+
+#[tokio::test]
+async fn vms_ending_failed_are_deleted_and_replaced_under_delete_and_replace() {
+    let app = TestApp::spawn().await;
+    app.sim.set_vms_end_failed(true);
+    create_pool_with(&app, "ci", 2, json!({"strategy": "REPLACE_ON_DELETE"}), "DELETE_AND_REPLACE").await;
+    app.settle(40, "failures seen", || async { app.count_events("VM_HOOK_FAILED").await >= 2 }).await;
+    app.sim.set_vms_end_failed(false);
+    app.settle(60, "2 AVAILABLE", || async {
+        app.count_phase("ci", "AVAILABLE").await == 2 && app.count_phase("ci", "DELETING").await == 0
+    })
+    .await;
+    for _ in 0..2 {
+        app.pass().await;
+    }
+    assert_eq!(TestApp::sim_live(&app.sim).len(), 2, "failed microVMs were deleted, not orphaned");
+    assert_no_orphans(&app).await;
+}
+
+#[tokio::test]
+async fn vms_ending_failed_are_kept_under_quarantine() {
+    let app = TestApp::spawn().await;
+    app.sim.set_vms_end_failed(true);
+    create_pool_with(&app, "ci", 1, json!({"strategy": "REPLACE_ON_DELETE"}), "QUARANTINE").await;
+    app.settle(40, "quarantined", || async { app.count_phase("ci", "QUARANTINED").await >= 1 }).await;
+    app.sim.set_vms_end_failed(false);
+    app.settle(60, "replacement AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
+    let q: String = app
+        .conn()
+        .await
+        .query_one("SELECT uid FROM vms WHERE phase = 'QUARANTINED' LIMIT 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(app.sim.vm(&q).is_some(), "a quarantined VM is kept for inspection");
+    let pool = app.get(ADMIN, "/v1/pools/default/ci").await;
+    assert!(pool.assert_ok(200)["status"]["quarantined"].as_i64().unwrap() >= 1);
+}
+
+#[tokio::test]
+async fn a_failing_delete_stays_deleting_and_is_retried() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.settle(40, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
+    let c = app.claim(CLIENT_A, "ci", None).await.assert_ok(200).clone();
+    app.sim.fail_deletes(u32::MAX);
+    app.release(CLIENT_A, c["lease"]["lease_id"].as_str().unwrap()).await.assert_error(503, "UNAVAILABLE");
+    let vm_id = c["vm"]["id"].as_str().unwrap().to_owned();
+    app.pass().await;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    app.pass().await;
+    assert_eq!(app.phase_of(&vm_id).await.as_deref(), Some("DELETING"), "stays DELETING while flintlock fails");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1, "the release's lease waits for the delete");
+    assert!(app.scalar_i64(&format!("SELECT attempts::bigint FROM vms WHERE id = '{vm_id}'")).await >= 1);
+    app.sim.reset_faults();
+    app.settle(40, "delete finished", || async { app.phase_of(&vm_id).await.is_none() }).await;
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+    assert_eq!(app.count_events("VM_DELETED_ON_RELEASE").await, 1, "the reconciler finished the release");
+}
+
+#[tokio::test]
+async fn an_unavailable_host_does_not_stop_provisioning_on_the_others() {
+    let app = TestApp::spawn_with(|env| env.push(("POOLMGR_PROVISION_MAX_ATTEMPTS".into(), "2".into()))).await;
+    let (down, _down_server) = app.add_sim_host("down").await;
+    down.set_unavailable(true);
+    let mut spec = pool_spec("ci", 4);
+    spec["flintlock_hosts"] = json!(["down", SIM_HOST]);
+    app.post(ADMIN, "/v1/pools", spec).await.assert_ok(201);
+    app.settle(60, "4 AVAILABLE on the healthy host", || async { app.count_phase("ci", "AVAILABLE").await == 4 }).await;
+    assert_eq!(
+        app.scalar_i64("SELECT count(*) FROM vms WHERE flintlock_host = 'sim' AND phase = 'AVAILABLE'").await,
+        4
+    );
+    assert_eq!(TestApp::sim_live(&app.sim).len(), 4);
+}
+
+#[tokio::test]
+async fn a_cordoned_host_gets_no_new_vms_and_keeps_its_own() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 3).await;
+    let existing = app.seed_vm("ci", Phase::Available).await;
+    app.post(ADMIN, &format!("/v1/hosts/{SIM_HOST}/cordon"), json!({"reason": "maintenance"})).await.assert_ok(200);
+    for _ in 0..3 {
+        app.pass().await;
+    }
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM vms").await, 1, "no placement on a cordoned host");
+    assert_eq!(app.phase_of(&existing.id).await.as_deref(), Some("AVAILABLE"), "existing VMs untouched");
+    assert!(app.count_events("POOL_SIZE_BELOW_TARGET").await >= 1);
+    app.post(ADMIN, &format!("/v1/hosts/{SIM_HOST}/uncordon"), json!({})).await.assert_ok(200);
+    app.settle(40, "3 AVAILABLE after uncordon", || async { app.count_phase("ci", "AVAILABLE").await == 3 }).await;
+}
+
+#[tokio::test]
+async fn orphans_are_deleted_and_foreign_namespaces_left_alone() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.settle(40, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
+    let ghost = app.sim.insert_vm("poolmgr-default", "ci-01jzzzzzzzzzzzzzzzzzzzzzzz", MicroVmState::Created);
+    let foreign = app.sim.insert_vm("team-x", "ci-01jyyyyyyyyyyyyyyyyyyyyyyy", MicroVmState::Created);
+    let r = app.pass().await;
+    assert_eq!(r.orphans_deleted, 1);
+    assert!(app.sim.vm(&ghost).is_none_or(|m| m.status.is_some_and(|s| s.state == MicroVmState::Deleting as i32)));
+    assert!(app.sim.vm(&foreign).is_some_and(|m| m.status.is_some_and(|s| s.state == MicroVmState::Created as i32)));
+    assert_eq!(app.count_events("VM_ORPHAN_DELETED").await, 1);
+    assert_eq!(
+        app.metric("poolmgr_orphans_total{action=\"deleted\",pool_name=\"ci\",pool_namespace=\"default\"}"),
+        1.0
+    );
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 1, "the pool's own VM is not an orphan");
+}
+
+#[tokio::test]
+async fn a_deleted_pools_stragglers_are_finished_by_the_pass() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.settle(40, "2 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
+    app.sim.fail_deletes(u32::MAX);
+    app.delete(ADMIN, "/v1/pools/default/ci").await.assert_ok(204);
+    assert_eq!(app.count_phase("ci", "DELETING").await, 2);
+    app.sim.reset_faults();
+    app.settle(40, "stragglers deleted", || async { app.scalar_i64("SELECT count(*) FROM vms").await == 0 }).await;
+    app.settle(40, "gone from flintlock", || async { TestApp::sim_live(&app.sim).is_empty() }).await;
+}
+
+#[tokio::test]
+async fn the_scheduled_event_decodes_and_runs_one_pass() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    let raw = include_str!("../../functions/reconcile/events/scheduled.json");
+    let event: aws_lambda_events::eventbridge::EventBridgeEvent<serde_json::Value> = serde_json::from_str(raw).unwrap();
+    assert_eq!(event.detail_type, "Scheduled Event");
+    let report =
+        reconcile_fn::handle(&app.state, lambda_runtime::LambdaEvent::new(event, Default::default())).await.unwrap();
+    assert_eq!(report.pools, 1);
+    assert_eq!(report.created, 2);
+    assert_eq!(app.count_phase("ci", "PROVISIONING").await, 2);
+}
