@@ -220,8 +220,8 @@ trap 'log "interrupted; shutting down"; exit "$INTERRUPT_STATUS"' INT TERM
 
 # --- build --------------------------------------------------------------------
 cd "$ROOT"
-log "building poolmgr-local and flintlock-sim (cargo build --bins -p poolmgr-local -p flintlock-sim)"
-cargo build --bins -p poolmgr-local -p flintlock-sim ||
+log "building poolmgr-local, flintlock-sim and poolmgrctl (cargo build --bins -p poolmgr-local -p flintlock-sim -p poolmgrctl)"
+cargo build --bins -p poolmgr-local -p flintlock-sim -p poolmgrctl ||
     die "build failed; fix the errors above and rerun scripts/dev.sh"
 BIN_DIR=${CARGO_TARGET_DIR:-$ROOT/target}/debug
 for bin in poolmgr-local flintlock-sim; do

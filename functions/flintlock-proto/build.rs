@@ -9,7 +9,11 @@ use std::path::PathBuf;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
     let proto_root = manifest_dir.join("proto");
-    let protos = [proto_root.join("types/microvm.proto"), proto_root.join("services/microvm/v1alpha1/microvms.proto")];
+    let protos = [
+        proto_root.join("types/microvm.proto"),
+        proto_root.join("services/microvm/v1alpha1/microvms.proto"),
+        proto_root.join("services/microvmexec/v1alpha1/microvmexec.proto"),
+    ];
 
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     let wkt_include = protoc_bin_vendored::include_path()?;

@@ -86,7 +86,9 @@ async fn create_returns_201_with_the_full_host_shape() {
             "cordoned": false,
             "cordoned_reason": null,
             "cordoned_at": null,
-            "vm_count": 0
+            "vm_count": 0,
+            "flintlock_version": null,
+            "exec_unavailable_reason": null
         })
     );
     assert_eq!(app.get(ADMIN, "/v1/hosts/host-a").await.assert_ok(200), &b);

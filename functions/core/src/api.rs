@@ -162,6 +162,11 @@ pub struct Host {
     #[serde(serialize_with = "ts_opt")]
     pub cordoned_at: Option<DateTime<Utc>>,
     pub vm_count: i64,
+    /// The version its last ServerInfo probe reported (probed when a pool with hooks names
+    /// the host), null if never probed.
+    pub flintlock_version: Option<String>,
+    /// Why this host cannot run hooks, null if it can or was never probed.
+    pub exec_unavailable_reason: Option<String>,
 }
 
 impl Host {
@@ -180,6 +185,8 @@ impl Host {
             cordoned_reason: h.cordoned_reason.clone(),
             cordoned_at: h.cordoned_at,
             vm_count,
+            flintlock_version: h.flintlock_version.clone(),
+            exec_unavailable_reason: h.exec_unavailable_reason.clone(),
         }
     }
 }

@@ -28,6 +28,21 @@ pub struct Config {
     /// (`POOLMGR_FLINTLOCK_NAMESPACE_PREFIX`). VMs in other namespaces are never touched.
     pub flintlock_namespace_prefix: String,
     pub reconcile: ReconcileConfig,
+    pub hooks: HookConfig,
+}
+
+/// Knobs of create and pre-lease hooks.
+#[derive(Debug, Clone)]
+pub struct HookConfig {
+    /// Limit of each hook command, enforced by the guest agent and by our client deadline
+    /// (`POOLMGR_HOOK_TIMEOUT_SECONDS`, 30).
+    pub command_timeout: Duration,
+    /// How long a created VM may take until its guest agent answers
+    /// (`POOLMGR_GUEST_AGENT_TIMEOUT_SECONDS`, 60).
+    pub guest_agent_timeout: Duration,
+    /// A VM in PRE_LEASE_HOOK_RUNNING for longer was abandoned by a claim that died
+    /// mid-hook; the reconciler deletes it (`POOLMGR_CLAIM_ABANDON_SECONDS`, 600).
+    pub claim_abandon_after: Duration,
 }
 
 /// Knobs of the reconcile pass.
@@ -115,6 +130,15 @@ impl Config {
             flintlock_namespace_prefix: lookup("POOLMGR_FLINTLOCK_NAMESPACE_PREFIX")
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "poolmgr-".into()),
+            hooks: HookConfig {
+                command_timeout: Duration::from_secs(parse_num(&lookup, "POOLMGR_HOOK_TIMEOUT_SECONDS", 30u64)?.max(1)),
+                guest_agent_timeout: Duration::from_secs(parse_num(
+                    &lookup,
+                    "POOLMGR_GUEST_AGENT_TIMEOUT_SECONDS",
+                    60u64,
+                )?),
+                claim_abandon_after: Duration::from_secs(parse_num(&lookup, "POOLMGR_CLAIM_ABANDON_SECONDS", 600u64)?),
+            },
             reconcile: ReconcileConfig {
                 deadline: Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_DEADLINE_SECONDS", 50u64)?),
                 concurrency: parse_num(&lookup, "POOLMGR_RECONCILE_CONCURRENCY", 8usize)?.max(1),

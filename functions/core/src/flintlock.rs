@@ -4,12 +4,23 @@
 //! flintlock reports almost every failure as UNKNOWN with a text message; "not found" is
 //! only recognisable by that substring. This module is the one place that reads it.
 //! The channel cache is an optimisation only: nothing about correctness is kept here.
+//!
+//! Besides the MicroVM calls it speaks the newer APIs of shared/flintlock-api.md §5:
+//! `ServerInfo` (flintlock v0.15.0+) with battery's exec version gate ([`exec_supported`]),
+//! and `MicroVMExec/ExecCommand` ([`Flintlock::exec`], [`Flintlock::wait_ready`]). Both
+//! stubs share the host's one channel and basic-auth header. Unary calls carry the
+//! configured timeout as their gRPC deadline; an exec stream has its own (the command's
+//! timeout + 5 s), which is why the timeout is not set on the channel itself.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
+use flintlock_proto::exec::exec_command_request::Payload as ExecRequestPayload;
+use flintlock_proto::exec::exec_command_response::Payload as ExecResponsePayload;
+use flintlock_proto::exec::micro_vm_exec_client::MicroVmExecClient;
+use flintlock_proto::exec::{ExecCommandRequest, ExecStart};
 use flintlock_proto::types as pb;
 use flintlock_proto::v1alpha1 as api;
 use flintlock_proto::v1alpha1::micro_vm_client::MicroVmClient;
@@ -31,6 +42,14 @@ pub enum FlintlockError {
     /// The host's stored connection settings are unusable.
     #[error("flintlock host {host} is misconfigured: {message}")]
     Config { host: String, message: String },
+    /// The host's flintlockd lacks an API: UNIMPLEMENTED for ServerInfo (older than
+    /// v0.15.0) or for ExecCommand (exec API not enabled).
+    #[error("flintlock host {host} is unsupported: {message}")]
+    Unsupported { host: String, message: String },
+    /// The guest agent reported an `error` for an exec, or the exec stream ended
+    /// without an exit code.
+    #[error("exec on flintlock host {host} failed: {message}")]
+    Exec { host: String, message: String },
 }
 
 impl FlintlockError {
@@ -52,22 +71,138 @@ impl FlintlockError {
             code => FlintlockError::Rpc { host: host.to_owned(), code, message: s.message().to_owned() },
         }
     }
+
+    /// [`FlintlockError::from_status`] for ExecCommand: UNIMPLEMENTED means the exec API is off.
+    fn from_exec_status(host: &str, s: tonic::Status) -> FlintlockError {
+        if s.code() == tonic::Code::Unimplemented {
+            return FlintlockError::Unsupported {
+                host: host.to_owned(),
+                message: format!("exec API disabled: start flintlockd with --enable-exec-api ({})", s.message()),
+            };
+        }
+        FlintlockError::from_status(host, s)
+    }
+
+    /// Whether a failed readiness probe means "the guest agent is not up yet" (retry later)
+    /// rather than a permanent problem. Like battery, every exec-level failure counts as not
+    /// ready (flintlock's texts do not separate "agent still booting" from a broken agent),
+    /// and so does an unreachable host or a VM that is not CREATED yet. A VM that is gone,
+    /// has no guest agent, a disabled exec API or a misconfigured host are permanent.
+    fn means_not_ready(&self) -> bool {
+        match self {
+            FlintlockError::Exec { .. } | FlintlockError::Unavailable { .. } => true,
+            FlintlockError::Rpc { code: tonic::Code::Unknown, .. } => !self.is_not_found(),
+            FlintlockError::Rpc { code: tonic::Code::FailedPrecondition, message, .. } => {
+                message.contains("is not ready")
+            }
+            _ => false,
+        }
+    }
 }
 
-/// Adds `authorization: Basic <base64(token)>` when the host has a token.
+/// What a host's `ServerInfo` says, as far as poolmgr cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// `version.version` as reported (e.g. `v0.15.2`, `v0.15.2-3-gabc1234`, `undefined`).
+    pub version: String,
+    /// `exec.enabled`: flintlockd runs with `--enable-exec-api`.
+    pub exec_enabled: bool,
+}
+
+/// The oldest flintlock whose exec path battery trusts (the guest-agent socket path fix).
+pub const MIN_EXEC_VERSION: (u64, u64, u64) = (0, 15, 2);
+
+/// battery's exec gate on a host's [`ServerInfo`]: the version (a leading `v` added when
+/// missing, cut at the first `-` or `+`, so `v0.15.2-3-gabc1234` counts as `v0.15.2`) must be
+/// `major.minor.patch` semver at least [`MIN_EXEC_VERSION`], and the exec API must be
+/// enabled. The error says why not.
+pub fn exec_supported(info: &ServerInfo) -> Result<(), String> {
+    let raw = info.version.trim();
+    let with_v = if raw.starts_with('v') { raw.to_owned() } else { format!("v{raw}") };
+    let core = with_v.split(['-', '+']).next().unwrap_or_default();
+    let Some(version) = parse_semver_core(&core[1..]) else {
+        return Err(format!("version {:?} is not semver (a build without version info)", info.version));
+    };
+    if version < MIN_EXEC_VERSION {
+        let (major, minor, patch) = MIN_EXEC_VERSION;
+        return Err(format!("flintlock {core} is older than v{major}.{minor}.{patch}"));
+    }
+    if !info.exec_enabled {
+        return Err("exec API disabled: start flintlockd with --enable-exec-api".to_owned());
+    }
+    Ok(())
+}
+
+/// `MAJOR.MINOR.PATCH`, each a decimal number without leading zeros (semver's rule).
+fn parse_semver_core(s: &str) -> Option<(u64, u64, u64)> {
+    let number = |part: Option<&str>| -> Option<u64> {
+        let part = part?;
+        let digits = !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+        if !digits || (part.len() > 1 && part.starts_with('0')) {
+            return None;
+        }
+        part.parse().ok()
+    };
+    let mut parts = s.split('.');
+    let version = (number(parts.next())?, number(parts.next())?, number(parts.next())?);
+    parts.next().is_none().then_some(version)
+}
+
+/// The result of a command run through the guest agent. A non-zero exit code is a result,
+/// not an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutcome {
+    pub exit_code: i32,
+    /// The first [`EXEC_OUTPUT_CAP`] bytes of stdout (invalid UTF-8 replaced).
+    pub stdout: String,
+    /// The first [`EXEC_OUTPUT_CAP`] bytes of stderr (invalid UTF-8 replaced).
+    pub stderr: String,
+}
+
+/// How much of each of stdout and stderr [`Flintlock::exec`] keeps.
+pub const EXEC_OUTPUT_CAP: usize = 64 * 1024;
+
+/// What the client deadline of an exec adds to the command's timeout.
+pub const EXEC_DEADLINE_SLACK: Duration = Duration::from_secs(5);
+
+/// Appends `chunk` to `buf`, keeping at most [`EXEC_OUTPUT_CAP`] bytes.
+fn push_capped(buf: &mut Vec<u8>, chunk: &[u8]) {
+    let room = EXEC_OUTPUT_CAP.saturating_sub(buf.len());
+    buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+}
+
+/// `timeout` rounded up to whole seconds, for `ExecStart.timeout_seconds` (0 = no limit).
+fn timeout_seconds(timeout: Duration) -> i32 {
+    let secs = timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0);
+    i32::try_from(secs).unwrap_or(i32::MAX)
+}
+
+type AuthHeader = Option<MetadataValue<tonic::metadata::Ascii>>;
+
+/// Adds `authorization: Basic <base64(token)>` when the host has a token, and gives
+/// requests without a deadline of their own the default one (unary calls).
 #[derive(Clone)]
-pub struct BasicAuth(Option<MetadataValue<tonic::metadata::Ascii>>);
+pub struct BasicAuth {
+    header: AuthHeader,
+    default_timeout: Option<Duration>,
+}
 
 impl Interceptor for BasicAuth {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
+        if let Some(v) = &self.header {
             req.metadata_mut().insert("authorization", v.clone());
+        }
+        if let Some(t) = self.default_timeout
+            && req.metadata().get("grpc-timeout").is_none()
+        {
+            req.set_timeout(t);
         }
         Ok(req)
     }
 }
 
 pub type Client = MicroVmClient<InterceptedService<Channel, BasicAuth>>;
+pub type ExecClient = MicroVmExecClient<InterceptedService<Channel, BasicAuth>>;
 
 /// The settings a cached channel was built from; a host update changes the key.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -93,10 +228,13 @@ impl ChannelKey {
     }
 }
 
+/// One host's cache entry: the settings it was built from, the channel and the auth header.
+type CachedChannel = (ChannelKey, Channel, AuthHeader);
+
 #[derive(Clone)]
 pub struct Flintlock {
     timeout: Duration,
-    channels: Arc<Mutex<HashMap<String, (ChannelKey, Client)>>>,
+    channels: Arc<Mutex<HashMap<String, CachedChannel>>>,
 }
 
 impl Flintlock {
@@ -104,13 +242,14 @@ impl Flintlock {
         Flintlock { timeout, channels: Arc::default() }
     }
 
-    fn build(&self, host: &HostRow) -> Result<Client, FlintlockError> {
+    /// A lazily connecting channel and the auth header for `host`. No per-request timeout
+    /// on the channel: the interceptor sets one on unary calls, exec sets its own.
+    fn build(&self, host: &HostRow) -> Result<(Channel, AuthHeader), FlintlockError> {
         let cfg_err = |message: String| FlintlockError::Config { host: host.name.clone(), message };
         let scheme = if host.tls_insecure { "http" } else { "https" };
         let mut ep = Endpoint::from_shared(format!("{scheme}://{}", host.address))
             .map_err(|e| cfg_err(format!("address {:?}: {e}", host.address)))?
-            .connect_timeout(self.timeout)
-            .timeout(self.timeout);
+            .connect_timeout(self.timeout);
         if !host.tls_insecure {
             let mut tls = ClientTlsConfig::new().with_enabled_roots();
             if let Some(ca) = &host.ca_pem {
@@ -128,21 +267,140 @@ impl Flintlock {
                 Some(v.parse().map_err(|_| cfg_err("basic_auth_token is not valid header text".into()))?)
             }
         };
-        Ok(MicroVmClient::with_interceptor(ep.connect_lazy(), BasicAuth(auth)))
+        Ok((ep.connect_lazy(), auth))
     }
 
-    /// The cached client for `host`, rebuilt when its settings changed.
-    pub fn client(&self, host: &HostRow) -> Result<Client, FlintlockError> {
+    /// The cached channel and auth header for `host`, rebuilt when its settings changed.
+    fn channel(&self, host: &HostRow) -> Result<(Channel, AuthHeader), FlintlockError> {
         let key = ChannelKey::of(host);
         let mut map = self.channels.lock().expect("channel cache poisoned");
-        if let Some((k, c)) = map.get(&host.name)
+        if let Some((k, channel, auth)) = map.get(&host.name)
             && *k == key
         {
-            return Ok(c.clone());
+            return Ok((channel.clone(), auth.clone()));
         }
-        let c = self.build(host)?;
-        map.insert(host.name.clone(), (key, c.clone()));
-        Ok(c)
+        let (channel, auth) = self.build(host)?;
+        map.insert(host.name.clone(), (key, channel.clone(), auth.clone()));
+        Ok((channel, auth))
+    }
+
+    /// The MicroVM client for `host` on its cached channel; every call gets the configured
+    /// timeout as its deadline unless the request sets one.
+    pub fn client(&self, host: &HostRow) -> Result<Client, FlintlockError> {
+        let (channel, header) = self.channel(host)?;
+        Ok(MicroVmClient::with_interceptor(channel, BasicAuth { header, default_timeout: Some(self.timeout) }))
+    }
+
+    /// The MicroVMExec client for `host` on the same cached channel, without a default
+    /// deadline (a stream lasts as long as its command; set one per request).
+    pub fn exec_client(&self, host: &HostRow) -> Result<ExecClient, FlintlockError> {
+        let (channel, header) = self.channel(host)?;
+        Ok(MicroVmExecClient::with_interceptor(channel, BasicAuth { header, default_timeout: None }))
+    }
+
+    /// `MicroVM/ServerInfo`. UNIMPLEMENTED (flintlock older than v0.15.0) becomes
+    /// [`FlintlockError::Unsupported`]; any other failure is returned as usual.
+    pub async fn server_info(&self, host: &HostRow) -> Result<ServerInfo, FlintlockError> {
+        match self.client(host)?.server_info(()).await {
+            Ok(resp) => {
+                let resp = resp.into_inner();
+                Ok(ServerInfo {
+                    version: resp.version.map(|v| v.version).unwrap_or_default(),
+                    exec_enabled: resp.exec.is_some_and(|e| e.enabled),
+                })
+            }
+            Err(s) if s.code() == tonic::Code::Unimplemented => Err(FlintlockError::Unsupported {
+                host: host.name.clone(),
+                message: "flintlock older than v0.15.0 (no ServerInfo)".to_owned(),
+            }),
+            Err(s) => Err(FlintlockError::from_status(&host.name, s)),
+        }
+    }
+
+    /// Runs `command` in VM `uid` through the guest agent, the way battery's hook runner
+    /// does: one `start` message (`shell = true`, the whole command in `cmd`,
+    /// `timeout_seconds` = `timeout` rounded up to whole seconds, 0 = no guest-side limit),
+    /// then an immediate half-close. stdout/stderr are collected (each capped at
+    /// [`EXEC_OUTPUT_CAP`]) until `exit_code`, which is returned whatever its value.
+    ///
+    /// - An `error` message from the agent → [`FlintlockError::Exec`] at once (the exit code
+    ///   that follows it is not awaited).
+    /// - The stream ending without an exit code → [`FlintlockError::Exec`].
+    /// - UNIMPLEMENTED (exec API off) → [`FlintlockError::Unsupported`]; other RPC errors
+    ///   (unknown uid, FAILED_PRECONDITION, agent not up) as [`FlintlockError::Rpc`].
+    /// - The whole call is bounded by `timeout` + [`EXEC_DEADLINE_SLACK`] →
+    ///   [`FlintlockError::Unavailable`].
+    ///
+    /// Returning (or dropping the future) cancels the stream, which stops the command.
+    pub async fn exec(
+        &self,
+        host: &HostRow,
+        uid: &str,
+        command: &str,
+        timeout: Duration,
+    ) -> Result<ExecOutcome, FlintlockError> {
+        let deadline = timeout.saturating_add(EXEC_DEADLINE_SLACK);
+        let mut client = self.exec_client(host)?;
+        let start = ExecCommandRequest {
+            payload: Some(ExecRequestPayload::Start(ExecStart {
+                uid: uid.to_owned(),
+                cmd: command.to_owned(),
+                shell: true,
+                timeout_seconds: timeout_seconds(timeout),
+                ..Default::default()
+            })),
+        };
+        let name = host.name.as_str();
+        let exec_err = |message: String| FlintlockError::Exec { host: name.to_owned(), message };
+        let call = async {
+            // The request stream yields the start message and ends: that is the half-close.
+            let mut req = tonic::Request::new(futures::stream::iter([start]));
+            req.set_timeout(deadline);
+            let mut stream =
+                client.exec_command(req).await.map_err(|s| FlintlockError::from_exec_status(name, s))?.into_inner();
+            let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+            loop {
+                let Some(msg) = stream.message().await.map_err(|s| FlintlockError::from_exec_status(name, s))? else {
+                    return Err(exec_err("exec stream ended without an exit code".to_owned()));
+                };
+                match msg.payload {
+                    Some(ExecResponsePayload::Stdout(chunk)) => push_capped(&mut stdout, &chunk),
+                    Some(ExecResponsePayload::Stderr(chunk)) => push_capped(&mut stderr, &chunk),
+                    Some(ExecResponsePayload::Error(message)) => return Err(exec_err(message)),
+                    Some(ExecResponsePayload::ExitCode(exit_code)) => {
+                        return Ok(ExecOutcome {
+                            exit_code,
+                            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+                            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+                        });
+                    }
+                    None => {}
+                }
+            }
+        };
+        match tokio::time::timeout(deadline, call).await {
+            Ok(result) => result,
+            Err(_) => Err(FlintlockError::Unavailable {
+                host: host.name.clone(),
+                message: format!("exec did not finish within its client deadline of {deadline:?}"),
+            }),
+        }
+    }
+
+    /// One readiness probe of VM `uid`'s guest agent: `exec("true")`, bounded by
+    /// `per_attempt`. `Ok(true)` when an exit code (any value) arrives without an `error`
+    /// message first; `Ok(false)` when the agent is not ready yet (agent error, handshake
+    /// failure, VM not CREATED yet, host unreachable, attempt timed out): the caller retries
+    /// on a later step, this never loops. `Err` for what retrying will not fix: the VM is
+    /// gone ([`FlintlockError::is_not_found`]), was created without guest agent access, the
+    /// exec API is disabled ([`FlintlockError::Unsupported`]), or the host is misconfigured.
+    pub async fn wait_ready(&self, host: &HostRow, uid: &str, per_attempt: Duration) -> Result<bool, FlintlockError> {
+        match tokio::time::timeout(per_attempt, self.exec(host, uid, "true", per_attempt)).await {
+            Err(_) => Ok(false),
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(e)) if e.means_not_ready() => Ok(false),
+            Ok(Err(e)) => Err(e),
+        }
     }
 
     pub async fn create(&self, host: &HostRow, spec: pb::MicroVmSpec) -> Result<pb::MicroVm, FlintlockError> {
@@ -196,5 +454,282 @@ impl Flintlock {
             .await
             .map_err(|s| FlintlockError::from_status(&host.name, s))?;
         Ok(resp.into_inner().microvm)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use flintlock_proto::exec::ExecCommandResponse;
+    use flintlock_proto::exec::micro_vm_exec_server::{MicroVmExec, MicroVmExecServer};
+    use futures::{Stream, StreamExt};
+
+    use super::*;
+
+    fn info(version: &str, exec_enabled: bool) -> ServerInfo {
+        ServerInfo { version: version.to_owned(), exec_enabled }
+    }
+
+    #[test]
+    fn exec_gate_accepts_new_enough_versions() {
+        for v in
+            ["v0.15.2", "0.15.2", "v0.15.3", "v0.16.0", "v1.0.0", "v0.15.2-3-gabc1234", "v0.15.2+build.7", "v0.15.10"]
+        {
+            assert_eq!(exec_supported(&info(v, true)), Ok(()), "{v}");
+        }
+    }
+
+    #[test]
+    fn exec_gate_rejects_old_versions() {
+        assert_eq!(exec_supported(&info("v0.14.1", true)), Err("flintlock v0.14.1 is older than v0.15.2".to_owned()));
+        assert_eq!(exec_supported(&info("0.15.1", true)), Err("flintlock v0.15.1 is older than v0.15.2".to_owned()));
+        assert_eq!(
+            exec_supported(&info("v0.15.1-9-gdeadbee", true)),
+            Err("flintlock v0.15.1 is older than v0.15.2".to_owned())
+        );
+        assert!(exec_supported(&info("v0.9.99", true)).unwrap_err().contains("older than v0.15.2"));
+    }
+
+    #[test]
+    fn exec_gate_rejects_non_semver() {
+        assert_eq!(
+            exec_supported(&info("undefined", true)),
+            Err("version \"undefined\" is not semver (a build without version info)".to_owned())
+        );
+        for v in ["", "v", "v0.15", "v0.15.2.1", "v0.15.x", "v01.15.2", "v0.015.2", "V0.15.2", "vv0.15.2", "v-0.15.2"] {
+            let err = exec_supported(&info(v, true)).unwrap_err();
+            assert!(err.contains("is not semver"), "{v}: {err}");
+        }
+    }
+
+    #[test]
+    fn exec_gate_needs_the_exec_api() {
+        assert_eq!(
+            exec_supported(&info("v0.16.0", false)),
+            Err("exec API disabled: start flintlockd with --enable-exec-api".to_owned())
+        );
+        // The version is checked first.
+        assert!(exec_supported(&info("v0.14.0", false)).unwrap_err().contains("older than"));
+    }
+
+    #[test]
+    fn timeout_rounds_up_to_whole_seconds() {
+        assert_eq!(timeout_seconds(Duration::ZERO), 0);
+        assert_eq!(timeout_seconds(Duration::from_millis(1)), 1);
+        assert_eq!(timeout_seconds(Duration::from_secs(5)), 5);
+        assert_eq!(timeout_seconds(Duration::from_millis(5001)), 6);
+        assert_eq!(timeout_seconds(Duration::from_secs(u64::MAX)), i32::MAX);
+    }
+
+    #[test]
+    fn output_is_capped() {
+        let mut buf = Vec::new();
+        push_capped(&mut buf, &vec![b'a'; EXEC_OUTPUT_CAP - 1]);
+        push_capped(&mut buf, b"bcd");
+        push_capped(&mut buf, b"e");
+        assert_eq!(buf.len(), EXEC_OUTPUT_CAP);
+        assert_eq!(buf.last(), Some(&b'b'));
+    }
+
+    #[test]
+    fn not_ready_classification() {
+        let rpc = |code, message: &str| FlintlockError::Rpc { host: "h".into(), code, message: message.into() };
+        let unknown = "starting guest-agent exec session: dialling guest-agent control channel: handshake read: EOF";
+        assert!(rpc(tonic::Code::Unknown, unknown).means_not_ready());
+        assert!(rpc(tonic::Code::FailedPrecondition, "microvm is not ready (state: pending)").means_not_ready());
+        assert!(FlintlockError::Exec { host: "h".into(), message: "boom".into() }.means_not_ready());
+        assert!(FlintlockError::Unavailable { host: "h".into(), message: "down".into() }.means_not_ready());
+        let gone = rpc(tonic::Code::Unknown, "getting microvm: microvm spec //X not found");
+        assert!(gone.is_not_found() && !gone.means_not_ready());
+        assert!(
+            !rpc(tonic::Code::FailedPrecondition, "microvm was not created with guest agent access enabled")
+                .means_not_ready()
+        );
+        assert!(!FlintlockError::Unsupported { host: "h".into(), message: "off".into() }.means_not_ready());
+        assert!(!rpc(tonic::Code::Unauthenticated, "bad token").means_not_ready());
+    }
+
+    #[test]
+    fn interceptor_sets_auth_and_a_default_deadline() {
+        let mut auth =
+            BasicAuth { header: Some("Basic dG9r".parse().unwrap()), default_timeout: Some(Duration::from_secs(3)) };
+        let req = auth.call(tonic::Request::new(())).unwrap();
+        assert_eq!(req.metadata().get("authorization").unwrap(), "Basic dG9r");
+        assert_eq!(req.metadata().get("grpc-timeout").unwrap(), "3000000u");
+        // A request's own deadline wins.
+        let mut own = tonic::Request::new(());
+        own.set_timeout(Duration::from_secs(60));
+        let req = auth.call(own).unwrap();
+        assert_eq!(req.metadata().get("grpc-timeout").unwrap(), "60000000u");
+        // The exec client's interceptor adds no deadline.
+        let mut exec = BasicAuth { header: None, default_timeout: None };
+        let req = exec.call(tonic::Request::new(())).unwrap();
+        assert!(req.metadata().get("authorization").is_none() && req.metadata().get("grpc-timeout").is_none());
+    }
+
+    /// How a [`Scripted`] exec stream ends after its messages.
+    #[derive(Clone, Copy)]
+    enum End {
+        /// OK without an exit code.
+        Eof,
+        /// Never ends (only the client can end it).
+        Hang,
+        /// UNKNOWN, as when flintlockd loses the guest-agent session.
+        Unknown,
+    }
+
+    /// An exec server that plays fixed messages: the paths the simulator does not script.
+    struct Scripted {
+        messages: Vec<ExecResponsePayload>,
+        end: End,
+        /// Set when the response stream is dropped (the client cancelled or it ended).
+        dropped: Arc<AtomicBool>,
+    }
+
+    struct DropFlag(Arc<AtomicBool>);
+
+    impl Drop for DropFlag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    type ScriptedStream = Pin<Box<dyn Stream<Item = Result<ExecCommandResponse, tonic::Status>> + Send>>;
+
+    #[tonic::async_trait]
+    impl MicroVmExec for Scripted {
+        type ExecCommandStream = ScriptedStream;
+
+        async fn exec_command(
+            &self,
+            _request: tonic::Request<tonic::Streaming<ExecCommandRequest>>,
+        ) -> Result<tonic::Response<ScriptedStream>, tonic::Status> {
+            let head = futures::stream::iter(
+                self.messages.clone().into_iter().map(|p| Ok(ExecCommandResponse { payload: Some(p) })),
+            );
+            let tail: ScriptedStream = match self.end {
+                End::Eof => Box::pin(futures::stream::empty()),
+                End::Hang => Box::pin(futures::stream::pending()),
+                End::Unknown => Box::pin(futures::stream::once(async {
+                    Err(tonic::Status::unknown("reading guest-agent exec session: connection reset"))
+                })),
+            };
+            let flag = DropFlag(self.dropped.clone());
+            let stream = head.chain(tail).map(move |item| {
+                let _alive = &flag;
+                item
+            });
+            Ok(tonic::Response::new(Box::pin(stream)))
+        }
+    }
+
+    async fn scripted_host(messages: Vec<ExecResponsePayload>, end: End) -> (HostRow, Arc<AtomicBool>) {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let svc = MicroVmExecServer::new(Scripted { messages, end, dropped: dropped.clone() });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        let now = chrono::Utc::now();
+        let host = HostRow {
+            name: "scripted".into(),
+            address: addr.to_string(),
+            tls_insecure: true,
+            ca_pem: None,
+            cert_pem: None,
+            key_pem: None,
+            basic_auth_token: None,
+            cordoned: false,
+            cordoned_reason: None,
+            cordoned_at: None,
+            flintlock_version: None,
+            exec_unavailable_reason: None,
+            checked_at: None,
+            created_at: now,
+            updated_at: now,
+        };
+        (host, dropped)
+    }
+
+    #[tokio::test]
+    async fn exec_stream_ending_without_exit_code_is_an_exec_error() {
+        let (host, _) = scripted_host(vec![ExecResponsePayload::Stdout(b"partial".to_vec())], End::Eof).await;
+        let fl = Flintlock::new(Duration::from_secs(3));
+        match fl.exec(&host, "uid", "true", Duration::from_secs(10)).await {
+            Err(FlintlockError::Exec { host, message }) => {
+                assert_eq!(host, "scripted");
+                assert!(message.contains("without an exit code"), "{message}");
+            }
+            other => panic!("expected an exec error, got {other:?}"),
+        }
+        // Not ready, for a readiness probe.
+        assert!(!fl.wait_ready(&host, "uid", Duration::from_secs(1)).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn exec_error_message_returns_at_once_and_cancels() {
+        let (host, dropped) = scripted_host(
+            vec![ExecResponsePayload::Stdout(b"x".to_vec()), ExecResponsePayload::Error("start: no such file".into())],
+            End::Hang,
+        )
+        .await;
+        let fl = Flintlock::new(Duration::from_secs(3));
+        let t = std::time::Instant::now();
+        match fl.exec(&host, "uid", "missing-binary", Duration::from_secs(60)).await {
+            Err(FlintlockError::Exec { message, .. }) => assert_eq!(message, "start: no such file"),
+            other => panic!("expected an exec error, got {other:?}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "did not wait for an exit code");
+        // Returning cancelled the stream on the server.
+        for _ in 0..100 {
+            if dropped.load(Ordering::SeqCst) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(dropped.load(Ordering::SeqCst), "server stream still alive after the client returned");
+    }
+
+    #[tokio::test]
+    async fn exec_stream_failure_is_an_rpc_error() {
+        let (host, _) = scripted_host(vec![ExecResponsePayload::Stderr(b"e".to_vec())], End::Unknown).await;
+        let fl = Flintlock::new(Duration::from_secs(3));
+        match fl.exec(&host, "uid", "true", Duration::from_secs(10)).await {
+            Err(e @ FlintlockError::Rpc { code: tonic::Code::Unknown, .. }) => {
+                assert!(e.to_string().contains("reading guest-agent exec session"), "{e}");
+                assert!(!e.is_not_found());
+            }
+            other => panic!("expected UNKNOWN, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn exec_hang_is_bounded_by_the_client_deadline() {
+        let (host, dropped) = scripted_host(vec![], End::Hang).await;
+        let fl = Flintlock::new(Duration::from_secs(3));
+        let t = std::time::Instant::now();
+        // timeout 0: no guest-side limit, client deadline 0 + 5 s.
+        match fl.exec(&host, "uid", "sleep infinity", Duration::ZERO).await {
+            Err(FlintlockError::Unavailable { .. }) => {}
+            other => panic!("expected the deadline, got {other:?}"),
+        }
+        let took = t.elapsed();
+        assert!(took >= EXEC_DEADLINE_SLACK && took < EXEC_DEADLINE_SLACK + Duration::from_secs(3), "{took:?}");
+        for _ in 0..100 {
+            if dropped.load(Ordering::SeqCst) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(dropped.load(Ordering::SeqCst));
+        // A probe gives up after its own per-attempt bound, as "not ready".
+        let t = std::time::Instant::now();
+        assert!(!fl.wait_ready(&host, "uid", Duration::from_millis(200)).await.unwrap());
+        assert!(t.elapsed() < Duration::from_secs(2));
     }
 }

@@ -220,8 +220,10 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, PassError> {
 /// Takes pool leases one at a time until none is left for this pass or the deadline.
 async fn pool_worker(pass: &Pass<'_>) -> PassReport {
     let mut report = PassReport::default();
-    // The lease outlives the deadline, so a pool is never worked past its lease.
-    let lease_secs = pass.state.config.reconcile.deadline.as_secs_f64() + 30.0;
+    // The lease outlives the deadline plus a hook command started just before it, so a pool
+    // is never worked past its lease.
+    let cfg = &pass.state.config;
+    let lease_secs = cfg.reconcile.deadline.as_secs_f64() + cfg.hooks.command_timeout.as_secs_f64() + 30.0;
     while !pass.past_deadline() {
         let pool = match pass.state.db.get().await {
             Ok(conn) => store::pool_take_reconcile_lease(&**conn, &pass.owner, pass.started_db, lease_secs).await,
@@ -279,12 +281,24 @@ async fn reconcile_pool(pass: &Pass<'_>, pool: &PoolRow, report: &mut PassReport
             store::lease_warn_expiring_for_pool(&**conn, &pref, rc.warning_window.as_secs_f64()).await?;
     }
 
+    // Claims whose function died mid-hook: their VMs are deleted, never handed out.
+    {
+        let conn = state.db.get().await?;
+        let abandoned =
+            store::vm_recover_abandoned_claims(&**conn, &pref, state.config.hooks.claim_abandon_after.as_secs_f64())
+                .await?;
+        for id in &abandoned {
+            tracing::warn!(pool = %pref, vm = %id, "claim abandoned mid pre-lease hook; deleting the VM");
+        }
+    }
+
     let hosts = hosts_by_name(state).await?;
     let vms = {
         let conn = state.db.get().await?;
         store::vm_list_for_pool(&**conn, &pref).await?
     };
     let now = Utc::now();
+    let mut hook_vms = vec![];
     for (vm, _) in &vms {
         if pass.past_deadline() {
             report.deadline_reached = true;
@@ -297,8 +311,20 @@ async fn reconcile_pool(pass: &Pass<'_>, pool: &PoolRow, report: &mut PassReport
             Phase::Deleting => delete_vm(pass, vm, hosts.get(&vm.flintlock_host), report).await?,
             Phase::Provisioning if vm.uid.is_none() => create_or_adopt(pass, pool, vm, &hosts, report).await?,
             Phase::Provisioning => poll_provisioning(pass, pool, vm, hosts.get(&vm.flintlock_host), report).await?,
+            Phase::CreateHookRunning => hook_vms.push(vm),
             _ => {}
         }
+    }
+    // Create hooks: one step per VM, the pool's VMs side by side, so a slow VM holds up
+    // nobody but itself.
+    let steps = hook_vms.into_iter().map(|vm| async {
+        let mut r = PassReport::default();
+        let res = create_hook_step(pass, pool, vm, hosts.get(&vm.flintlock_host), &mut r).await;
+        (r, res)
+    });
+    for (r, res) in futures::future::join_all(steps).await {
+        report.merge(r);
+        res?;
     }
 
     // Replenish, counting what is there after the steps above.
@@ -507,8 +533,12 @@ async fn poll_provisioning(
     if st == MicroVmState::Created as i32 {
         let nics = nics_json(&m);
         let conn = state.db.get().await?;
-        // Create hooks slot in here (CREATE_HOOK_RUNNING); pools with create_commands are
-        // refused until the hook runner exists, so a created VM is ready.
+        if !pool.create_commands.is_empty() {
+            // Create hooks run on the next passes, one step at a time.
+            store::vm_transition(&**conn, &vm.id, Phase::Provisioning, Phase::CreateHookRunning, Some(&nics), None)
+                .await?;
+            return Ok(());
+        }
         if store::vm_transition(
             &**conn,
             &vm.id,
@@ -533,6 +563,94 @@ async fn poll_provisioning(
     } else {
         Ok(()) // Still booting: the next pass looks again.
     }
+}
+
+/// One step of a VM's create hook: wait for the guest agent (bounded overall by the guest
+/// agent timeout, one probe per pass), then run the next command. Progress is stored after
+/// each command, so a pass that dies re-runs at most the command it was running. The last
+/// command's success makes the VM AVAILABLE.
+async fn create_hook_step(
+    pass: &Pass<'_>,
+    pool: &PoolRow,
+    vm: &VmRow,
+    host: Option<&HostRow>,
+    report: &mut PassReport,
+) -> Result<(), StoreError> {
+    let state = pass.state;
+    let hooks = &state.config.hooks;
+    let (Some(host), Some(uid)) = (host, vm.uid.as_deref()) else {
+        return fail_vm(pass, pool, vm, "its host is not registered", report).await;
+    };
+    let started = vm.hook_started_at.unwrap_or(vm.updated_at);
+    let step = usize::try_from(vm.hook_step).unwrap_or(0);
+    if step == 0 {
+        let probe = hooks.command_timeout.min(std::time::Duration::from_secs(5));
+        match state.flintlock.wait_ready(host, uid, probe).await {
+            Ok(true) => {}
+            Ok(false) => {
+                if (Utc::now() - started).to_std().unwrap_or_default() > hooks.guest_agent_timeout {
+                    let why = format!("the guest agent did not answer within {:?}", hooks.guest_agent_timeout);
+                    return fail_vm(pass, pool, vm, &why, report).await;
+                }
+                return pass.backoff(&vm.id).await;
+            }
+            Err(e) => return fail_vm(pass, pool, vm, &format!("guest agent: {e}"), report).await,
+        }
+    }
+    let Some(cmd) = pool.create_commands.get(step) else {
+        return hook_done(pass, pool, vm, started, report).await;
+    };
+    let outcome = state.flintlock.exec(host, uid, cmd, hooks.command_timeout).await;
+    let failure = match outcome {
+        Ok(o) if o.exit_code == 0 => None,
+        Ok(o) => Some(format!("create command {step} `{cmd}` exited with {}: {}", o.exit_code, o.stderr.trim())),
+        Err(e) => Some(format!("create command {step} `{cmd}` could not run: {e}")),
+    };
+    if let Some(why) = failure {
+        return fail_vm(pass, pool, vm, &why, report).await;
+    }
+    let next = vm.hook_step + 1;
+    if usize::try_from(next).unwrap_or(0) >= pool.create_commands.len() {
+        return hook_done(pass, pool, vm, started, report).await;
+    }
+    let conn = state.db.get().await?;
+    store::vm_set_hook_step(&**conn, &vm.id, next).await?;
+    Ok(())
+}
+
+async fn hook_done(
+    pass: &Pass<'_>,
+    pool: &PoolRow,
+    vm: &VmRow,
+    started: DateTime<Utc>,
+    report: &mut PassReport,
+) -> Result<(), StoreError> {
+    let state = pass.state;
+    let conn = state.db.get().await?;
+    let moved = store::vm_transition(
+        &**conn,
+        &vm.id,
+        Phase::CreateHookRunning,
+        Phase::Available,
+        None,
+        Some((EventType::VmAvailable, &json!({"uid": vm.uid, "create_commands": pool.create_commands.len()}))),
+    )
+    .await?;
+    if moved {
+        let labels = [pool.namespace.as_str(), pool.name.as_str()];
+        state
+            .metrics
+            .provision_duration
+            .with_label_values(&labels)
+            .observe((Utc::now() - vm.created_at).as_seconds_f64().max(0.0));
+        state
+            .metrics
+            .hook_duration
+            .with_label_values(&[labels[0], labels[1], "create"])
+            .observe((Utc::now() - started).as_seconds_f64().max(0.0));
+        report.available += 1;
+    }
+    Ok(())
 }
 
 /// The pool's failure policy for a VM that did not become ready. DELETE_AND_REPLACE goes

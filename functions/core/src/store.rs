@@ -152,6 +152,9 @@ pub struct HostRow {
     pub cordoned: bool,
     pub cordoned_reason: Option<String>,
     pub cordoned_at: Option<DateTime<Utc>>,
+    pub flintlock_version: Option<String>,
+    pub exec_unavailable_reason: Option<String>,
+    pub checked_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -169,6 +172,8 @@ pub struct VmRow {
     pub network_interfaces: serde_json::Value,
     pub attempts: i32,
     pub next_attempt_at: Option<DateTime<Utc>>,
+    pub hook_step: i32,
+    pub hook_started_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -659,6 +664,8 @@ pub enum ClaimOutcome {
     /// A concurrent claim with the same (principal, request_id) committed its lease first.
     /// Nothing was changed: the VM this claim picked is still AVAILABLE.
     DuplicateRequestId,
+    /// The pool runs pre-lease commands: nothing was claimed; use the two-phase claim.
+    NeedsPreLeaseHook,
     Claimed(Box<LeaseView>),
 }
 
@@ -683,6 +690,9 @@ pub async fn lease_claim(
              ), picked AS (
                  SELECT v.id FROM vms v
                  WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'
+                   -- A pool with pre-lease hooks claims in two phases (vm_claim_for_hook).
+                   AND (SELECT cardinality(pre_lease_commands) FROM pools
+                        WHERE namespace = $1 AND name = $2) = 0
                  ORDER BY v.created_at
                  LIMIT 1
                  -- SKIP LOCKED: concurrent claimers each take a different row instead of
@@ -709,6 +719,8 @@ pub async fn lease_claim(
                  SELECT 'VM_CLAIMED', ins.pool_namespace, ins.pool_name, ins.vm_id, ins.lease_id FROM ins
              )
              SELECT EXISTS (SELECT 1 FROM pool) AS pool_found, picked.id AS picked,
+                    EXISTS (SELECT 1 FROM pools WHERE namespace = $1 AND name = $2
+                            AND cardinality(pre_lease_commands) > 0) AS has_hooks,
                     to_jsonb(ins) AS lease, to_jsonb(upd) AS vm, to_jsonb(h) AS host
              FROM (SELECT 1) AS one
              LEFT JOIN picked ON true
@@ -726,6 +738,9 @@ pub async fn lease_claim(
         .await?;
     if !row.try_get::<_, bool>("pool_found")? {
         return Ok(ClaimOutcome::PoolNotFound);
+    }
+    if row.try_get::<_, bool>("has_hooks")? {
+        return Ok(ClaimOutcome::NeedsPreLeaseHook);
     }
     if row.try_get::<_, Option<String>>("picked")?.is_none() {
         return Ok(ClaimOutcome::NoVmAvailable);
@@ -1076,7 +1091,12 @@ pub async fn vm_transition(
         .query_typed_one(
             "WITH v AS (
                  UPDATE vms SET phase = $3, network_interfaces = coalesce($4, network_interfaces),
-                     attempts = 0, next_attempt_at = NULL, updated_at = now()
+                     attempts = 0, next_attempt_at = NULL, updated_at = now(),
+                     hook_step = 0,
+                     hook_started_at = CASE WHEN $3 IN ('CREATE_HOOK_RUNNING', 'PRE_LEASE_HOOK_RUNNING')
+                                            THEN now() END,
+                     -- Only a LEASED VM names a lease.
+                     lease_id = CASE WHEN $3 = 'LEASED' THEN lease_id END
                  WHERE id = $1 AND phase = $2
                  RETURNING *
              ), ev AS (
@@ -1171,4 +1191,169 @@ pub async fn vm_identities(c: &impl GenericClient, ids: &[String]) -> Result<Vec
         .query_typed("SELECT id, flintlock_host, uid FROM vms WHERE id = ANY ($1)", &[(&ids, Type::TEXT_ARRAY)])
         .await?;
     rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))).collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Hooks
+// ---------------------------------------------------------------------------------------
+
+/// First transaction of a two-phase claim: one AVAILABLE VM → PRE_LEASE_HOOK_RUNNING (no
+/// lease yet). Same pick as [`lease_claim`].
+pub struct HookClaim {
+    pub pool_found: bool,
+    pub vm: Option<VmRow>,
+    pub host: Option<HostRow>,
+    pub commands: Vec<String>,
+}
+
+pub async fn vm_claim_for_hook(c: &impl GenericClient, pool: &PoolRef) -> Result<HookClaim> {
+    let row = c
+        .query_typed_one(
+            "WITH pool AS (
+                 SELECT pre_lease_commands FROM pools WHERE namespace = $1 AND name = $2
+             ), picked AS (
+                 SELECT v.id FROM vms v
+                 WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'
+                 ORDER BY v.created_at
+                 LIMIT 1
+                 FOR NO KEY UPDATE SKIP LOCKED
+             ), upd AS (
+                 UPDATE vms v SET phase = 'PRE_LEASE_HOOK_RUNNING', hook_started_at = now(), updated_at = now()
+                 FROM picked, pool WHERE v.id = picked.id
+                 RETURNING v.*
+             )
+             SELECT EXISTS (SELECT 1 FROM pool) AS pool_found,
+                    coalesce((SELECT pre_lease_commands FROM pool), '{}') AS commands,
+                    to_jsonb(upd) AS vm, to_jsonb(h) AS host
+             FROM (SELECT 1) AS one
+             LEFT JOIN upd ON true
+             LEFT JOIN hosts h ON h.name = upd.flintlock_host",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)],
+        )
+        .await?;
+    Ok(HookClaim {
+        pool_found: row.try_get("pool_found")?,
+        vm: json_col(&row, "vm")?,
+        host: json_col(&row, "host")?,
+        commands: row.try_get("commands")?,
+    })
+}
+
+pub enum HookLease {
+    /// The VM is no longer PRE_LEASE_HOOK_RUNNING (DELETING, or its row is gone): a forced
+    /// pool delete took it during the hook. Nothing was written.
+    VmTaken,
+    /// A concurrent claim with the same request_id won; nothing was written and the VM is
+    /// still PRE_LEASE_HOOK_RUNNING (the caller gives it back).
+    DuplicateRequestId,
+    Claimed(Box<LeaseView>),
+}
+
+/// Second transaction of a two-phase claim: the lease, the VM → LEASED and VM_CLAIMED, only
+/// while the VM is still PRE_LEASE_HOOK_RUNNING (DELETING is terminal). As in
+/// [`lease_claim`], the INSERT runs before the UPDATE, so a rejected request_id changes
+/// nothing.
+pub async fn lease_insert_after_hook(
+    c: &impl GenericClient,
+    vm_id: &str,
+    lease_id: &str,
+    request_id: Option<&str>,
+    principal: &str,
+) -> Result<HookLease> {
+    let row = c
+        .query_typed_one(
+            "WITH vm AS (
+                 SELECT v.id, v.pool_namespace, v.pool_name FROM vms v
+                 WHERE v.id = $1 AND v.phase = 'PRE_LEASE_HOOK_RUNNING'
+                 FOR NO KEY UPDATE
+             ), pool AS (
+                 SELECT p.heartbeat_expiry_seconds FROM pools p, vm
+                 WHERE p.namespace = vm.pool_namespace AND p.name = vm.pool_name
+             ), ins AS (
+                 INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at,
+                                     last_heartbeat_at, expires_at, request_id, principal)
+                 SELECT $2, vm.id, vm.pool_namespace, vm.pool_name, now(), now(),
+                        now() + make_interval(secs => pool.heartbeat_expiry_seconds), $3, $4
+                 FROM vm, pool
+                 ON CONFLICT (principal, request_id) WHERE request_id IS NOT NULL DO NOTHING
+                 RETURNING *
+             ), upd AS (
+                 UPDATE vms v SET phase = 'LEASED', lease_id = ins.lease_id, hook_started_at = NULL, updated_at = now()
+                 FROM ins WHERE v.id = ins.vm_id
+                 RETURNING v.*
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
+                 SELECT 'VM_CLAIMED', ins.pool_namespace, ins.pool_name, ins.vm_id, ins.lease_id FROM ins
+             )
+             SELECT EXISTS (SELECT 1 FROM vm) AND EXISTS (SELECT 1 FROM pool) AS vm_ok,
+                    to_jsonb(ins) AS lease, to_jsonb(upd) AS vm, to_jsonb(h) AS host
+             FROM (SELECT 1) AS one
+             LEFT JOIN ins ON true
+             LEFT JOIN upd ON true
+             LEFT JOIN hosts h ON h.name = upd.flintlock_host",
+            &[(&vm_id, Type::TEXT), (&lease_id, Type::TEXT), (&request_id, Type::TEXT), (&principal, Type::TEXT)],
+        )
+        .await?;
+    if !row.try_get::<_, bool>("vm_ok")? {
+        return Ok(HookLease::VmTaken);
+    }
+    if json_col::<LeaseRow>(&row, "lease")?.is_none() {
+        return Ok(HookLease::DuplicateRequestId);
+    }
+    Ok(HookLease::Claimed(Box::new(lease_view(&row)?)))
+}
+
+/// Records that a CREATE_HOOK_RUNNING VM finished create command `step - 1`.
+pub async fn vm_set_hook_step(c: &impl GenericClient, vm_id: &str, step: i32) -> Result<bool> {
+    let n = c
+        .execute_typed(
+            "UPDATE vms SET hook_step = $2, attempts = 0, next_attempt_at = NULL, updated_at = now()
+             WHERE id = $1 AND phase = 'CREATE_HOOK_RUNNING'",
+            &[(&vm_id, Type::TEXT), (&step, Type::INT4)],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Marks DELETING every VM of the pool stuck in PRE_LEASE_HOOK_RUNNING for longer than
+/// `older_than_seconds`: the claim that took it died mid-hook. Never back to AVAILABLE: the
+/// hook may have half-run, and the VM must not be handed out in an unknown state.
+pub async fn vm_recover_abandoned_claims(
+    c: &impl GenericClient,
+    pool: &PoolRef,
+    older_than_seconds: f64,
+) -> Result<Vec<String>> {
+    let rows = c
+        .query_typed(
+            "WITH v AS (
+                 UPDATE vms SET phase = 'DELETING', attempts = 0, next_attempt_at = NULL, updated_at = now()
+                 WHERE pool_namespace = $1 AND pool_name = $2 AND phase = 'PRE_LEASE_HOOK_RUNNING'
+                   AND hook_started_at < now() - make_interval(secs => $3)
+                 RETURNING *
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, payload)
+                 SELECT 'VM_HOOK_FAILED', v.pool_namespace, v.pool_name, v.id,
+                        jsonb_build_object('hook', 'pre_lease', 'reason', 'claim abandoned mid-hook; VM deleted')
+                 FROM v
+             )
+             SELECT id FROM v",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&older_than_seconds, Type::FLOAT8)],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Stores what a ServerInfo probe of a host said.
+pub async fn host_record_probe(
+    c: &impl GenericClient,
+    name: &str,
+    version: Option<&str>,
+    exec_unavailable: Option<&str>,
+) -> Result<()> {
+    c.execute_typed(
+        "UPDATE hosts SET flintlock_version = $2, exec_unavailable_reason = $3, checked_at = now() WHERE name = $1",
+        &[(&name, Type::TEXT), (&version, Type::TEXT), (&exec_unavailable, Type::TEXT)],
+    )
+    .await?;
+    Ok(())
 }

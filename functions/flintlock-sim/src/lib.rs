@@ -7,6 +7,13 @@
 //! `meta-data` injection, a background PENDING → CREATED transition, Delete →
 //! DELETING → gone, shuffled List order, and optional basic-token auth.
 //!
+//! It also serves the newer APIs of §5: `MicroVM/ServerInfo` (configurable
+//! version, or UNIMPLEMENTED like flintlock < v0.15.0) and the bidi-streaming
+//! `microvmexec.services.api.v1alpha1.MicroVMExec/ExecCommand`, whose outcomes
+//! are scripted with [`Sim::set_exec_rule`] (exit code, output, duration,
+//! agent error), plus a guest agent that is not up for a while after boot
+//! ([`Sim::set_guest_agent_delay`]) and a switch to disable exec altogether.
+//!
 //! Tests run it in-process with [`Sim::serve`] on `127.0.0.1:0` and steer it
 //! through the failure-injection and inspection methods on [`Sim`]; the
 //! `flintlock-sim` binary serves it for the local dev stack.
@@ -16,13 +23,15 @@
 //! Delete RPC moves them (to DELETING, then gone after the delete delay).
 
 mod create;
+mod exec;
 mod service;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use flintlock_proto::exec::micro_vm_exec_server::MicroVmExecServer;
 use flintlock_proto::types::micro_vm_status::MicroVmState;
 use flintlock_proto::types::mount::MountType;
 use flintlock_proto::types::network_interface::IfaceType;
@@ -33,6 +42,7 @@ use flintlock_proto::v1alpha1::micro_vm_server::MicroVmServer;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub use exec::{ExecCall, ExecRule};
 pub use service::SimService;
 
 /// The RPC method names as counted by [`Sim::calls`].
@@ -45,6 +55,13 @@ pub const METHOD_GET: &str = "GetMicroVM";
 pub const METHOD_LIST: &str = "ListMicroVMs";
 /// See [`METHOD_CREATE`].
 pub const METHOD_LIST_STREAM: &str = "ListMicroVMsStream";
+/// See [`METHOD_CREATE`] (`MicroVM/ServerInfo`).
+pub const METHOD_SERVER_INFO: &str = "ServerInfo";
+/// See [`METHOD_CREATE`] (`MicroVMExec/ExecCommand`).
+pub const METHOD_EXEC: &str = "ExecCommand";
+
+/// The version [`Sim`] reports through ServerInfo unless told otherwise.
+pub const DEFAULT_VERSION: &str = "v0.16.0";
 
 /// `status.retry` of a VM that ended FAILED (flintlock gives up after retry > 10).
 pub const FAILED_RETRY: i32 = 11;
@@ -102,6 +119,13 @@ struct Inner {
     calls: HashMap<&'static str, usize>,
     next_ifindex: i32,
     next_snapshot: u64,
+    /// When each VM reached CREATED (for the guest-agent delay).
+    booted_at: HashMap<String, Instant>,
+    /// Process start, for ServerInfo's uptime.
+    started_at: Instant,
+    /// The address last passed to [`Sim::serve`] (ServerInfo's exec address).
+    listen_addr: Option<SocketAddr>,
+    exec: exec::ExecState,
 }
 
 /// The fake server's shared state. Cheap to clone; all clones share state.
@@ -158,6 +182,10 @@ impl Sim {
                 calls: HashMap::new(),
                 next_ifindex: 2,
                 next_snapshot: 1,
+                booted_at: HashMap::new(),
+                started_at: Instant::now(),
+                listen_addr: None,
+                exec: exec::ExecState::default(),
             })),
         }
     }
@@ -171,18 +199,29 @@ impl Sim {
         MicroVmServer::new(SimService::new(self.clone()))
     }
 
+    /// The `MicroVMExec` tonic service, for mounting next to [`Sim::service`]
+    /// into a caller-built server ([`Sim::serve`] mounts both). It is always
+    /// registered; [`Sim::set_exec_enabled`] switches its answers to
+    /// UNIMPLEMENTED, which is what an unregistered service gives.
+    pub fn exec_service(&self) -> MicroVmExecServer<SimService> {
+        MicroVmExecServer::new(SimService::new(self.clone()))
+    }
+
     /// Serve on `addr` (use `127.0.0.1:0` for a free port); returns the bound
     /// address and keeps serving in a spawned task until the handle is dropped
     /// or [`SimServer::shutdown`] is called.
     pub async fn serve(&self, addr: SocketAddr) -> std::io::Result<SimServer> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
+        self.lock().listen_addr = Some(addr);
         let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let (tx, rx) = oneshot::channel::<()>();
         let svc = self.service();
+        let exec_svc = self.exec_service();
         let handle = tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(svc)
+                .add_service(exec_svc)
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = rx.await;
                 })
@@ -237,9 +276,72 @@ impl Sim {
         self.lock().delete_delay = d;
     }
 
-    /// Clears every injected fault (delays and auth are kept).
+    /// Clears every injected fault (delays and auth are kept, and so are the
+    /// exec / ServerInfo settings below).
     pub fn reset_faults(&self) {
         self.lock().faults = Faults::default();
+    }
+
+    // ---- exec and ServerInfo ----------------------------------------------
+
+    /// Whether flintlockd runs with `--enable-exec-api` (default on). Off:
+    /// ExecCommand answers UNIMPLEMENTED (the service is not registered on a
+    /// real server) and ServerInfo reports `exec.enabled = false`.
+    pub fn set_exec_enabled(&self, on: bool) {
+        self.lock().exec.enabled = on;
+    }
+
+    /// The version ServerInfo reports (default [`DEFAULT_VERSION`]); e.g.
+    /// `v0.15.2`, `v0.15.2-3-gabc1234` or `undefined` (a build without
+    /// ldflags, which then also reports build date and commit `undefined`).
+    pub fn set_server_info(&self, version: &str) {
+        self.lock().exec.version = version.to_string();
+    }
+
+    /// While on, ServerInfo answers UNIMPLEMENTED, like flintlock < v0.15.0.
+    pub fn set_server_info_unimplemented(&self, on: bool) {
+        self.lock().exec.server_info_unimplemented = on;
+    }
+
+    /// For this long after a VM reaches CREATED its guest agent is not up:
+    /// ExecCommand on it fails with UNKNOWN `starting guest-agent exec
+    /// session: dialling guest-agent control channel: guest agent: handshake
+    /// read: EOF`. Applies to VMs already booted too (measured from their
+    /// boot). Default zero.
+    pub fn set_guest_agent_delay(&self, d: Duration) {
+        self.lock().exec.guest_agent_delay = d;
+    }
+
+    /// Scripts the outcome of commands containing `pattern` (substring of
+    /// `cmd` + `" "` + `args` joined with spaces). Rules are tried in the
+    /// order they were first set; the first match applies. Setting an
+    /// existing pattern again replaces its rule in place. A command that
+    /// matches no rule exits 0 at once with no output.
+    pub fn set_exec_rule(&self, pattern: &str, rule: ExecRule) {
+        let rules = &mut self.lock().exec.rules;
+        match rules.iter_mut().find(|(p, _)| p == pattern) {
+            Some((_, r)) => *r = rule,
+            None => rules.push((pattern.to_string(), rule)),
+        }
+    }
+
+    /// Removes every exec rule.
+    pub fn clear_exec_rules(&self) {
+        self.lock().exec.rules.clear();
+    }
+
+    /// Every ExecCommand start that got past the server's checks (first
+    /// message, VM lookup, guest-agent and state preconditions), in arrival
+    /// order, including those then refused by a not-yet-up guest agent.
+    pub fn exec_calls(&self) -> Vec<ExecCall> {
+        self.lock().exec.calls.clone()
+    }
+
+    /// Number of simulated commands still running (sleeping out their
+    /// duration or waiting to deliver output). Drops back when they finish or
+    /// when the client cancels the stream.
+    pub fn exec_running(&self) -> usize {
+        self.lock().exec.running
     }
 
     // ---- inspection --------------------------------------------------------
@@ -293,7 +395,10 @@ impl Sim {
         let mut inner = self.lock();
         match state {
             MicroVmState::Pending => {}
-            MicroVmState::Created => inner.mark_booted(&mut vm),
+            MicroVmState::Created => {
+                inner.mark_booted(&mut vm);
+                inner.booted_at.insert(uid.clone(), Instant::now());
+            }
             MicroVmState::Failed => mark_failed(&mut vm),
             MicroVmState::Deleting => set_state(&mut vm, MicroVmState::Deleting, 0),
         }
@@ -301,8 +406,9 @@ impl Sim {
         uid
     }
 
-    /// Number of RPCs received for `method` (e.g. `"CreateMicroVM"`),
-    /// including failed and fault-injected ones.
+    /// Number of RPCs received for `method` (e.g. `"CreateMicroVM"`,
+    /// `"ServerInfo"`, `"ExecCommand"`), including failed and fault-injected
+    /// ones.
     pub fn calls(&self, method: &str) -> usize {
         self.lock().calls.get(method).copied().unwrap_or(0)
     }
@@ -314,7 +420,7 @@ impl Sim {
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let mut inner = sim.lock();
-            let Inner { vms, next_ifindex, next_snapshot, .. } = &mut *inner;
+            let Inner { vms, next_ifindex, next_snapshot, booted_at, .. } = &mut *inner;
             let Some(vm) = vms.get_mut(&uid) else {
                 return;
             };
@@ -326,6 +432,7 @@ impl Sim {
                 tracing::info!(%uid, "microvm FAILED");
             } else {
                 booted(vm, next_ifindex, next_snapshot);
+                booted_at.insert(uid.clone(), Instant::now());
                 tracing::info!(%uid, "microvm CREATED");
             }
         });
@@ -338,6 +445,7 @@ impl Sim {
             let mut inner = sim.lock();
             if inner.vms.get(&uid).is_some_and(|vm| vm_state(vm) == MicroVmState::Deleting) {
                 inner.vms.remove(&uid);
+                inner.booted_at.remove(&uid);
                 tracing::info!(%uid, "microvm removed");
             }
         });

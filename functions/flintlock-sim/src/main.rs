@@ -1,4 +1,4 @@
-//! `flintlock-sim`: serve the fake flintlock MicroVM gRPC API (plaintext) for
+//! `flintlock-sim`: serve the fake flintlock MicroVM and MicroVMExec gRPC APIs (plaintext) for
 //! the local dev stack. Prints `flintlock-sim listening on <addr>` on stdout
 //! once bound, logs to stderr, and stops on SIGINT/SIGTERM.
 
@@ -7,19 +7,24 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use flintlock_sim::{Sim, SimConfig};
+use flintlock_sim::{DEFAULT_VERSION, Sim, SimConfig};
 use tracing_subscriber::EnvFilter;
 
 const USAGE: &str = "\
 Usage: flintlock-sim [OPTIONS]
 
-A fake flintlockd serving microvm.services.api.v1alpha1.MicroVM over plaintext gRPC.
+A fake flintlockd serving microvm.services.api.v1alpha1.MicroVM (with ServerInfo) and
+microvmexec.services.api.v1alpha1.MicroVMExec over plaintext gRPC. Exec commands exit 0
+with no output unless scripted (library API only).
 
 Options:
   --listen ADDR              Address to listen on (default 127.0.0.1:9090; port 0 picks a free port)
   --boot-delay-ms N          Milliseconds from PENDING to CREATED (default 100)
   --delete-delay-ms N        Milliseconds from DELETING to removal (default 50)
   --basic-auth-token TOKEN   Require metadata `authorization: Basic <base64(TOKEN)>`
+  --exec-disabled            Run as without --enable-exec-api: ExecCommand answers UNIMPLEMENTED
+  --version V                Version reported by ServerInfo (default v0.16.0; e.g. undefined)
+  --guest-agent-delay-ms N   Exec fails (handshake read: EOF) for N ms after a VM is CREATED (default 0)
   -h, --help                 Print this help
 
 Logging goes to stderr; filter with RUST_LOG (default info).";
@@ -28,6 +33,9 @@ Logging goes to stderr; filter with RUST_LOG (default info).";
 struct Args {
     listen: SocketAddr,
     config: SimConfig,
+    exec_enabled: bool,
+    version: String,
+    guest_agent_delay: Duration,
 }
 
 enum Parsed {
@@ -38,6 +46,9 @@ enum Parsed {
 fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
     let mut listen: SocketAddr = "127.0.0.1:9090".parse().expect("valid default");
     let mut config = SimConfig::default();
+    let mut exec_enabled = true;
+    let mut version = DEFAULT_VERSION.to_string();
+    let mut guest_agent_delay = Duration::ZERO;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -46,6 +57,13 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
         };
         if flag == "-h" || flag == "--help" {
             return Ok(Parsed::Help);
+        }
+        if flag == "--exec-disabled" {
+            if inline.is_some() {
+                return Err(format!("{flag} takes no value"));
+            }
+            exec_enabled = false;
+            continue;
         }
         let mut value = || -> Result<String, String> {
             inline.clone().or_else(|| args.next()).ok_or_else(|| format!("{flag} needs a value"))
@@ -57,6 +75,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
             }
             "--boot-delay-ms" => config.boot_delay = parse_ms(&flag, &value()?)?,
             "--delete-delay-ms" => config.delete_delay = parse_ms(&flag, &value()?)?,
+            "--guest-agent-delay-ms" => guest_agent_delay = parse_ms(&flag, &value()?)?,
+            "--version" => version = value()?,
             "--basic-auth-token" => {
                 let v = value()?;
                 config.basic_auth_token = (!v.is_empty()).then_some(v);
@@ -64,7 +84,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    Ok(Parsed::Run(Args { listen, config }))
+    Ok(Parsed::Run(Args { listen, config, exec_enabled, version, guest_agent_delay }))
 }
 
 fn parse_ms(flag: &str, v: &str) -> Result<Duration, String> {
@@ -100,6 +120,9 @@ async fn main() -> ExitCode {
         .init();
 
     let sim = Sim::new(args.config.clone());
+    sim.set_exec_enabled(args.exec_enabled);
+    sim.set_server_info(&args.version);
+    sim.set_guest_agent_delay(args.guest_agent_delay);
     let server = match sim.serve(args.listen).await {
         Ok(server) => server,
         Err(err) => {
@@ -117,6 +140,9 @@ async fn main() -> ExitCode {
         boot_delay_ms = args.config.boot_delay.as_millis() as u64,
         delete_delay_ms = args.config.delete_delay.as_millis() as u64,
         basic_auth = args.config.basic_auth_token.is_some(),
+        exec_enabled = args.exec_enabled,
+        version = %args.version,
+        guest_agent_delay_ms = args.guest_agent_delay.as_millis() as u64,
         "flintlock-sim started"
     );
 
@@ -153,6 +179,24 @@ mod tests {
         assert_eq!(a.config.boot_delay, Duration::from_millis(5));
         assert_eq!(a.config.delete_delay, Duration::from_millis(7));
         assert_eq!(a.config.basic_auth_token.as_deref(), Some("tok"));
+        assert!(a.exec_enabled);
+        assert_eq!(a.version, "v0.16.0");
+        assert_eq!(a.guest_agent_delay, Duration::ZERO);
+    }
+
+    #[test]
+    fn parses_exec_flags() {
+        let Ok(Parsed::Run(a)) =
+            parse(&["--exec-disabled", "--version", "v0.15.2-3-gabc1234", "--guest-agent-delay-ms=1500"])
+        else {
+            panic!("parse failed");
+        };
+        assert!(!a.exec_enabled);
+        assert_eq!(a.version, "v0.15.2-3-gabc1234");
+        assert_eq!(a.guest_agent_delay, Duration::from_millis(1500));
+        assert!(parse(&["--exec-disabled=yes"]).is_err());
+        assert!(parse(&["--version"]).is_err());
+        assert!(parse(&["--guest-agent-delay-ms", "soon"]).is_err());
     }
 
     #[test]

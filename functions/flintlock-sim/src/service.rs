@@ -1,4 +1,5 @@
-//! The `microvm.services.api.v1alpha1.MicroVM` gRPC service of the sim.
+//! The `microvm.services.api.v1alpha1.MicroVM` gRPC service of the sim
+//! (the `MicroVMExec` service is in `exec.rs`).
 
 use std::pin::Pin;
 
@@ -8,7 +9,7 @@ use flintlock_proto::types::micro_vm_status::MicroVmState;
 use flintlock_proto::v1alpha1::micro_vm_server::MicroVm;
 use flintlock_proto::v1alpha1::{
     CreateMicroVmRequest, CreateMicroVmResponse, DeleteMicroVmRequest, GetMicroVmRequest, GetMicroVmResponse,
-    ListMessage, ListMicroVMsRequest, ListMicroVMsResponse,
+    GuestAgentServiceInfo, ListMessage, ListMicroVMsRequest, ListMicroVMsResponse, ServerInfoResponse, VersionInfo,
 };
 use futures::Stream;
 use rand::seq::SliceRandom;
@@ -16,14 +17,19 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use crate::{
-    METHOD_CREATE, METHOD_DELETE, METHOD_GET, METHOD_LIST, METHOD_LIST_STREAM, Sim, create, set_state, take_fault,
-    vm_uid,
+    Inner, METHOD_CREATE, METHOD_DELETE, METHOD_GET, METHOD_LIST, METHOD_LIST_STREAM, METHOD_SERVER_INFO, Sim, create,
+    set_state, take_fault, vm_uid,
 };
+
+/// The build metadata ServerInfo reports next to a defined version.
+const BUILD_DATE: &str = "2026-10-01T09:30:00Z";
+/// See [`BUILD_DATE`].
+const COMMIT_HASH: &str = "5f1e0c2";
 
 /// The tonic service implementation; obtain it with [`Sim::service`].
 #[derive(Debug, Clone)]
 pub struct SimService {
-    sim: Sim,
+    pub(crate) sim: Sim,
 }
 
 impl SimService {
@@ -34,11 +40,27 @@ impl SimService {
     /// Counts the call, then applies the "server unavailable" fault and the
     /// basic-auth check (flintlock's auth interceptor runs before handlers).
     fn precheck(&self, method: &'static str, metadata: &MetadataMap) -> Result<(), Status> {
+        self.precheck_gated(method, metadata, |_| None)
+    }
+
+    /// [`SimService::precheck`] with a registration gate: when `unregistered`
+    /// returns a status (UNIMPLEMENTED for a service or method the emulated
+    /// server does not have) it is answered before the auth check, as grpc-go
+    /// does for unknown services and methods.
+    pub(crate) fn precheck_gated(
+        &self,
+        method: &'static str,
+        metadata: &MetadataMap,
+        unregistered: impl FnOnce(&Inner) -> Option<Status>,
+    ) -> Result<(), Status> {
         let mut inner = self.sim.lock();
         *inner.calls.entry(method).or_default() += 1;
         tracing::debug!(method, "rpc received");
         if inner.faults.unavailable {
             return Err(Status::unavailable("injected: server unavailable"));
+        }
+        if let Some(status) = unregistered(&inner) {
+            return Err(status);
         }
         if let Some(token) = inner.basic_auth_token.as_deref() {
             check_basic_auth(metadata, token)?;
@@ -186,5 +208,33 @@ impl MicroVm for SimService {
         let messages = self.list(&req.namespace, None).into_iter().map(|vm| Ok(ListMessage { microvm: Some(vm) }));
         let stream: ListStream = Box::pin(futures::stream::iter(messages));
         Ok(Response::new(stream))
+    }
+
+    async fn server_info(&self, request: Request<()>) -> Result<Response<ServerInfoResponse>, Status> {
+        self.precheck_gated(METHOD_SERVER_INFO, request.metadata(), |inner| {
+            inner.exec.server_info_unimplemented.then(|| {
+                Status::unimplemented("unknown method ServerInfo for service microvm.services.api.v1alpha1.MicroVM")
+            })
+        })?;
+        let inner = self.sim.lock();
+        let version = inner.exec.version.clone();
+        let (build_date, commit_hash) = if version == "undefined" {
+            ("undefined".to_string(), "undefined".to_string())
+        } else {
+            (BUILD_DATE.to_string(), COMMIT_HASH.to_string())
+        };
+        let uptime = inner.started_at.elapsed();
+        let exec_enabled = inner.exec.enabled;
+        let address =
+            if exec_enabled { inner.listen_addr.map(|a| a.to_string()).unwrap_or_default() } else { String::new() };
+        Ok(Response::new(ServerInfoResponse {
+            version: Some(VersionInfo { version, build_date, commit_hash }),
+            uptime: Some(prost_types::Duration {
+                seconds: i64::try_from(uptime.as_secs()).unwrap_or(i64::MAX),
+                nanos: i32::try_from(uptime.subsec_nanos()).unwrap_or(0),
+            }),
+            exec: Some(GuestAgentServiceInfo { enabled: exec_enabled, address }),
+            ssh_proxy: Some(GuestAgentServiceInfo { enabled: false, address: String::new() }),
+        }))
     }
 }

@@ -20,6 +20,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
 pub struct Global {
     /// Base URL of the poolmgr HTTP API.
     #[arg(long, global = true, env = "POOLMGR_ENDPOINT", default_value = "http://127.0.0.1:8080")]
@@ -120,9 +121,9 @@ pub enum LeaseCmd {
     ///
     /// With --auto-request-id (or an explicit --request-id) the claim is idempotent: transient
     /// failures (UNAVAILABLE, ABORTED, connection errors, time-outs) are retried with the same
-    /// id and exponential backoff for --wait or 30s, whichever is longer, and never claim a
-    /// second VM. RESOURCE_EXHAUSTED (no VM available) is retried while --wait lasts.
-    /// Progress goes to standard error.
+    /// id and exponential backoff until --wait elapses (30s without --wait), and a retry never
+    /// claims a second VM. RESOURCE_EXHAUSTED (no VM available) is retried while --wait lasts,
+    /// with or without a request id. Progress goes to standard error.
     #[command(group(ArgGroup::new("idempotency").args(["request_id", "auto_request_id"])))]
     Claim {
         /// NAMESPACE/NAME, or NAME in namespace `default`.
@@ -134,9 +135,9 @@ pub enum LeaseCmd {
         /// Generate a UUID request id and retry transient failures with it.
         #[arg(long)]
         auto_request_id: bool,
-        /// How long to keep retrying while the pool has no available VM (e.g. 30s, 5m).
-        #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
-        wait: Duration,
+        /// How long to keep retrying (e.g. 30s, 5m). Without it an empty pool fails at once.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        wait: Option<Duration>,
     },
     /// Extend a lease: expires_at becomes now + the pool's heartbeat_expiry_seconds.
     Heartbeat { lease_id: String },
@@ -144,11 +145,14 @@ pub enum LeaseCmd {
     Release { lease_id: String },
     /// Show one lease.
     Get { lease_id: String },
-    /// List leases (a client token sees only its own).
+    /// List leases (a client token sees only its own). Every page is fetched.
     List {
         /// Only leases of this pool: NAMESPACE/NAME, or NAME in namespace `default`.
         #[arg(long)]
         pool: Option<String>,
+        /// Leases per request (the server's default when absent).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..))]
+        page_size: Option<i64>,
     },
 }
 

@@ -53,6 +53,15 @@ impl<'a> Req<'a> {
     }
 }
 
+/// The innermost cause: for a connection failure, the part that says what went wrong.
+fn root_cause(e: &dyn std::error::Error) -> String {
+    let mut cur = e;
+    while let Some(s) = cur.source() {
+        cur = s;
+    }
+    cur.to_string()
+}
+
 /// A message from an error and its causes, without repeating what the outer one already says.
 fn chain(e: &dyn std::error::Error) -> String {
     let mut parts = vec![e.to_string()];
@@ -124,7 +133,7 @@ impl Client {
                     url.path()
                 ))
             } else if e.is_connect() {
-                CliError::unavailable(format!("cannot connect to {}: {}", self.base, chain(&e)))
+                CliError::unavailable(format!("cannot connect to {}: {}", self.base, root_cause(&e)))
             } else {
                 CliError::unavailable(format!("{} {} failed: {}", req.method, url.path(), chain(&e)))
             }

@@ -15,8 +15,8 @@ use crate::error::CliError;
 use crate::output::{Table, cell, emit, emit_document, pool_cell};
 use crate::{Ctx, parse_pool_ref};
 
-/// Transient failures of an idempotent claim are retried at least this long.
-const MIN_TRANSIENT_RETRY: Duration = Duration::from_secs(30);
+/// Transient failures of an idempotent claim are retried this long when --wait is not given.
+const DEFAULT_TRANSIENT_RETRY: Duration = Duration::from_secs(30);
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -54,23 +54,23 @@ pub async fn run(ctx: &Ctx, cmd: LeaseCmd) -> Result<(), CliError> {
             let r = ctx.client.send(Req::get(&["v1", "leases", &lease_id])).await?;
             show(ctx, &r.raw, std::slice::from_ref(&r.json))
         }
-        LeaseCmd::List { pool } => {
+        LeaseCmd::List { pool, page_size } => {
             let pool = pool.as_deref().map(parse_pool_ref).transpose()?;
-            list(ctx, pool.as_ref()).await
+            list(ctx, pool.as_ref(), page_size).await
         }
     }
 }
 
 /// `POST /v1/claims`. With a request id, transient failures are retried with the same id: a
 /// replay returns the lease an earlier, unanswered attempt created, so at most one VM is ever
-/// claimed. RESOURCE_EXHAUSTED is retried while `wait` lasts, with or without an id (nothing
-/// was claimed).
+/// claimed: until `wait` elapses, 30s without it. RESOURCE_EXHAUSTED is retried while `wait`
+/// lasts, with or without an id (nothing was claimed).
 async fn claim(
     ctx: &Ctx,
     pool: &PoolRef,
     request_id: Option<&str>,
     auto: bool,
-    wait: Duration,
+    wait: Option<Duration>,
 ) -> Result<(), CliError> {
     let mut body = json!({"pool": {"namespace": pool.namespace, "name": pool.name}});
     if let Some(r) = request_id {
@@ -80,8 +80,8 @@ async fn claim(
         }
     }
     let start = Instant::now();
-    let exhausted_until = start + wait;
-    let transient_until = start + wait.max(MIN_TRANSIENT_RETRY);
+    let exhausted_until = start + wait.unwrap_or(Duration::ZERO);
+    let transient_until = start + wait.unwrap_or(DEFAULT_TRANSIENT_RETRY);
     let mut backoff = FIRST_BACKOFF;
     let mut attempt = 1u32;
     loop {
@@ -167,13 +167,16 @@ struct Page {
 }
 
 /// Every page of `GET /v1/leases`, printed as one answer (`next_page_token` empty).
-async fn list(ctx: &Ctx, pool: Option<&PoolRef>) -> Result<(), CliError> {
+async fn list(ctx: &Ctx, pool: Option<&PoolRef>, page_size: Option<i64>) -> Result<(), CliError> {
     let mut all = Page { leases: Vec::new(), next_page_token: String::new() };
     let mut token = String::new();
     loop {
         let mut req = Req::get(&["v1", "leases"]);
         if let Some(p) = pool {
             req = req.query("namespace", &p.namespace).query("pool", &p.name);
+        }
+        if let Some(n) = page_size {
+            req = req.query("page_size", n);
         }
         if !token.is_empty() {
             req = req.query("page_token", &token);

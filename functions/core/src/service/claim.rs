@@ -7,9 +7,9 @@
 use crate::api::ClaimResponse;
 use crate::app::AppState;
 use crate::auth::Principal;
-use crate::domain::{LeaseId, Phase, PoolRef, RequestId};
+use crate::domain::{HookFailurePolicy, LeaseId, Phase, PoolRef, RequestId};
 use crate::error::ApiError;
-use crate::store::{self, ClaimOutcome, LeaseView};
+use crate::store::{self, ClaimOutcome, HookLease, HostRow, LeaseView, VmRow};
 
 pub struct ClaimRequest {
     pub pool: PoolRef,
@@ -70,26 +70,14 @@ pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -
         ClaimOutcome::PoolNotFound => Err(pool_not_found(&req.pool)),
         ClaimOutcome::NoVmAvailable => {
             state.metrics.claim_failure(&req.pool, "exhausted");
-            Err(ApiError::ResourceExhausted(format!(
-                "pool {} has no AVAILABLE VM; retry after the Retry-After delay",
-                req.pool
-            )))
+            Err(exhausted(&req.pool))
         }
-        ClaimOutcome::DuplicateRequestId => {
-            // A concurrent claim with our request_id committed first; answer with its lease.
-            let rid = req.request_id.as_ref().expect("a duplicate needs a request_id");
-            let found = store::lease_lookup_for_claim(&**conn, &req.pool, &principal.name, rid.as_str()).await?;
-            match found.existing {
-                Some(view) => replay(state, &req, rid, view),
-                None => {
-                    state.metrics.claim_failure(&req.pool, "aborted");
-                    Err(ApiError::Aborted(format!(
-                        "concurrent claim for request_id {:?} already ended, retry",
-                        rid.as_str()
-                    )))
-                }
-            }
+        ClaimOutcome::NeedsPreLeaseHook => {
+            drop(conn);
+            claim_with_hook(state, principal, req).await
         }
+        // A concurrent claim with our request_id committed first; answer with its lease.
+        ClaimOutcome::DuplicateRequestId => replay_winner(state, principal, &req).await,
         ClaimOutcome::Claimed(view) => {
             state.metrics.claim(&req.pool, false);
             let vm = view.vm.as_ref().ok_or_else(|| ApiError::internal("claimed lease without its VM"))?;
@@ -98,6 +86,192 @@ pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -
     }
 }
 
+fn exhausted(pool: &PoolRef) -> ApiError {
+    ApiError::ResourceExhausted(format!("pool {pool} has no AVAILABLE VM; retry after the Retry-After delay"))
+}
+
+/// Answers with the lease a concurrent claim of the same request_id created, or ABORTED if
+/// it already ended.
+async fn replay_winner(state: &AppState, principal: &Principal, req: &ClaimRequest) -> Result<ClaimResponse, ApiError> {
+    let rid = req.request_id.as_ref().ok_or_else(|| ApiError::internal("a duplicate needs a request_id"))?;
+    let conn = state.conn().await?;
+    let found = store::lease_lookup_for_claim(&**conn, &req.pool, &principal.name, rid.as_str()).await?;
+    match found.existing {
+        Some(view) => replay(state, req, rid, view),
+        None => {
+            state.metrics.claim_failure(&req.pool, "aborted");
+            Err(ApiError::Aborted(format!("concurrent claim for request_id {:?} already ended, retry", rid.as_str())))
+        }
+    }
+}
+
 pub fn pool_not_found(pool: &PoolRef) -> ApiError {
     ApiError::NotFound(format!("pool {pool} not found"))
+}
+
+/// The two-phase claim of a pool with `pre_lease_commands` (the seed ADR): transaction 1
+/// takes an AVAILABLE VM to PRE_LEASE_HOOK_RUNNING; the hook runs outside any transaction;
+/// transaction 2 writes the lease. Everything after transaction 1 runs detached from the
+/// request, so a client that disconnects cannot leave the VM stuck or half cleaned up.
+async fn claim_with_hook(
+    state: &AppState,
+    principal: &Principal,
+    req: ClaimRequest,
+) -> Result<ClaimResponse, ApiError> {
+    let taken = {
+        let conn = state.conn().await?;
+        store::vm_claim_for_hook(&**conn, &req.pool).await?
+    };
+    if !taken.pool_found {
+        return Err(pool_not_found(&req.pool));
+    }
+    let Some(vm) = taken.vm else {
+        state.metrics.claim_failure(&req.pool, "exhausted");
+        return Err(exhausted(&req.pool));
+    };
+    let (state, principal) = (state.clone(), principal.clone());
+    super::detached(async move { finish_hook_claim(&state, &principal, &req, vm, taken.host, &taken.commands).await })
+        .await
+}
+
+async fn finish_hook_claim(
+    state: &AppState,
+    principal: &Principal,
+    req: &ClaimRequest,
+    vm: VmRow,
+    host: Option<HostRow>,
+    commands: &[String],
+) -> Result<ClaimResponse, ApiError> {
+    let started = std::time::Instant::now();
+    let timeout = state.config.hooks.command_timeout;
+    for cmd in commands {
+        let outcome = match (&host, &vm.uid) {
+            (Some(h), Some(uid)) => state.flintlock.exec(h, uid, cmd, timeout).await,
+            _ => Err(crate::flintlock::FlintlockError::Config {
+                host: vm.flintlock_host.clone(),
+                message: "the VM has no flintlock uid or its host is not registered".into(),
+            }),
+        };
+        let failure = match outcome {
+            Ok(o) if o.exit_code == 0 => None,
+            Ok(o) => Some(format!("`{cmd}` exited with {}{}", o.exit_code, stderr_tail(&o.stderr))),
+            Err(e) => Some(format!("`{cmd}` could not run: {e}")),
+        };
+        if let Some(reason) = failure {
+            return Err(pre_lease_hook_failed(state, req, &vm, host.as_ref(), reason).await);
+        }
+    }
+    let lease_id = LeaseId::generate();
+    let rid = req.request_id.as_ref().map(RequestId::as_str);
+    let outcome = {
+        let conn = state.conn().await?;
+        store::lease_insert_after_hook(&**conn, &vm.id, lease_id.as_str(), rid, &principal.name).await?
+    };
+    match outcome {
+        HookLease::VmTaken => Err(vm_taken(state, req, &vm)),
+        HookLease::DuplicateRequestId => {
+            // The loser gives its VM back (the hook ran once on it; accepted) and answers
+            // with the winner's lease.
+            let given_back = {
+                let conn = state.conn().await?;
+                store::vm_transition(&**conn, &vm.id, Phase::PreLeaseHookRunning, Phase::Available, None, None).await?
+            };
+            if !given_back {
+                return Err(vm_taken(state, req, &vm));
+            }
+            replay_winner(state, principal, req).await
+        }
+        HookLease::Claimed(view) => {
+            state.metrics.claim(&req.pool, false);
+            state
+                .metrics
+                .hook_duration
+                .with_label_values(&[req.pool.namespace.as_str(), req.pool.name.as_str(), "pre_lease"])
+                .observe(started.elapsed().as_secs_f64());
+            let vm = view.vm.as_ref().ok_or_else(|| ApiError::internal("claimed lease without its VM"))?;
+            Ok(ClaimResponse::new(&view, vm, false))
+        }
+    }
+}
+
+fn stderr_tail(stderr: &str) -> String {
+    let t = stderr.trim();
+    if t.is_empty() {
+        return String::new();
+    }
+    let start = t.char_indices().rev().nth(199).map_or(0, |(i, _)| i);
+    format!(": {}", &t[start..])
+}
+
+fn vm_taken(state: &AppState, req: &ClaimRequest, vm: &VmRow) -> ApiError {
+    state.metrics.claim_failure(&req.pool, "aborted");
+    ApiError::Aborted(format!("vm {} was deleted during the claim (its pool was deleted?), retry", vm.id))
+}
+
+/// Applies the pool's hook-failure policy to a VM whose pre-lease hook failed. If the VM was
+/// taken meanwhile (a forced pool delete made it DELETING), that is not a hook failure: the
+/// claim is ABORTED and the VM left to its deleter.
+async fn pre_lease_hook_failed(
+    state: &AppState,
+    req: &ClaimRequest,
+    vm: &VmRow,
+    host: Option<&HostRow>,
+    reason: String,
+) -> ApiError {
+    let policy = {
+        let conn = match state.conn().await {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        match store::pool_get(&**conn, &req.pool).await {
+            Ok(Some((p, _))) => p.hook_failure_policy,
+            Ok(None) => return vm_taken(state, req, vm),
+            Err(e) => return e.into(),
+        }
+    };
+    let to = match policy {
+        HookFailurePolicy::DeleteAndReplace => Phase::Deleting,
+        HookFailurePolicy::Quarantine => Phase::Quarantined,
+    };
+    let payload = serde_json::json!({"hook": "pre_lease", "reason": reason, "policy": policy});
+    let moved = match state.conn().await {
+        Ok(conn) => store::vm_transition(
+            &**conn,
+            &vm.id,
+            Phase::PreLeaseHookRunning,
+            to,
+            None,
+            Some((crate::domain::EventType::VmHookFailed, &payload)),
+        )
+        .await
+        .map_err(ApiError::from),
+        Err(e) => Err(e),
+    };
+    match moved {
+        Ok(true) => {}
+        Ok(false) => return vm_taken(state, req, vm),
+        Err(e) => return e,
+    }
+    state
+        .metrics
+        .hook_failures
+        .with_label_values(&[req.pool.namespace.as_str(), req.pool.name.as_str(), "pre_lease"])
+        .inc();
+    state.metrics.claim_failure(&req.pool, "hook_failed");
+    tracing::warn!(vm = %vm.id, %reason, %policy, "pre-lease hook failed");
+    if to == Phase::Deleting {
+        // Best effort now; a VM whose delete fails stays DELETING for the reconciler.
+        let vm = VmRow { phase: Phase::Deleting, ..vm.clone() };
+        if let Err(e) = super::lease::finish_vm_delete(state, &vm, host).await {
+            tracing::warn!(vm = %vm.id, error = %e, "VM of a failed hook left DELETING for the reconciler");
+        }
+    }
+    ApiError::Internal {
+        message: format!(
+            "pre-lease hook failed on vm {}: {reason}; the VM was {}; retry the claim (the same request_id claims a fresh VM)",
+            vm.id,
+            if to == Phase::Deleting { "deleted" } else { "quarantined" }
+        ),
+        cause: reason,
+    }
 }

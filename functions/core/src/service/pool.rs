@@ -28,17 +28,56 @@ async fn check_hosts(tx: &tokio_postgres::Transaction<'_>, spec: &PoolSpec) -> R
 }
 
 fn validated(spec: &PoolSpec) -> Result<(), ApiError> {
-    spec.validate().map_err(ApiError::InvalidArgument)?;
-    if !spec.create_commands.is_empty() || !spec.pre_lease_commands.is_empty() {
-        return Err(ApiError::FailedPrecondition(
-            "create_commands and pre_lease_commands run through flintlock's guest agent (MicroVMExec), which this poolmgr release cannot drive yet: leave them empty".into(),
-        ));
+    spec.validate().map_err(ApiError::InvalidArgument)
+}
+
+/// Hooks run through flintlock's guest agent: a pool with commands may only name hosts
+/// whose ServerInfo says exec works (flintlock ≥ v0.15.2 with the exec API enabled). Each
+/// probe's answer is stored on the host, so its status says why.
+async fn check_hosts_can_exec(state: &AppState, spec: &PoolSpec) -> Result<(), ApiError> {
+    if spec.create_commands.is_empty() && spec.pre_lease_commands.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let mut refused = vec![];
+    for name in &spec.flintlock_hosts {
+        let host = {
+            let conn = state.conn().await?;
+            store::host_get(&**conn, name).await?
+        };
+        // Unregistered hosts are refused by check_hosts with their own message.
+        let Some((host, _)) = host else { continue };
+        let (version, why) = match state.flintlock.server_info(&host).await {
+            Ok(info) => (Some(info.version.clone()), crate::flintlock::exec_supported(&info).err()),
+            Err(e @ crate::flintlock::FlintlockError::Unsupported { .. }) => (None, Some(e.to_string())),
+            Err(e) => {
+                return Err(ApiError::unavailable(
+                    format!("cannot ask flintlock host {name} whether it can run hooks; retry when it is reachable"),
+                    e,
+                ));
+            }
+        };
+        {
+            let conn = state.conn().await?;
+            store::host_record_probe(&**conn, name, version.as_deref(), why.as_deref()).await?;
+        }
+        if let Some(why) = why {
+            refused.push(format!("{name}: {why}"));
+        }
+    }
+    if refused.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::FailedPrecondition(format!(
+            "pool {} has create_commands or pre_lease_commands, which need flintlock's exec API, but {}",
+            spec.pool_ref(),
+            refused.join("; ")
+        )))
+    }
 }
 
 pub async fn create(state: &AppState, spec: PoolSpec) -> Result<Pool, ApiError> {
     validated(&spec)?;
+    check_hosts_can_exec(state, &spec).await?;
     let mut conn = state.conn().await?;
     let tx = conn.transaction().await.map_err(store::StoreError::from)?;
     check_hosts(&tx, &spec).await?;
@@ -58,6 +97,7 @@ pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec) -> Result<
         )));
     }
     validated(&spec)?;
+    check_hosts_can_exec(state, &spec).await?;
     let mut conn = state.conn().await?;
     let tx = conn.transaction().await.map_err(store::StoreError::from)?;
     check_hosts(&tx, &spec).await?;

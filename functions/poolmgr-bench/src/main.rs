@@ -1,0 +1,172 @@
+//! `poolmgr-bench`: the measurements behind `docs/benchmarks.md`, driven by `scripts/bench-*.sh`.
+//!
+//! - `claim-latency`: sequential claims through the HTTP stack, one client, latency percentiles.
+//! - `reconcile`: pools × VMs against an in-process flintlock-sim; time of the passes that fill
+//!   them and of a settled pass.
+//!
+//! Measurements only: nothing here asserts a time.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use flintlock_sim::{Sim, SimConfig};
+use poolmgr_core::domain::PoolSpec;
+use poolmgr_core::{AppState, Config, db, reconcile, service};
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(about = "poolmgr benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Sequential claims against a running poolmgr (one client).
+    ClaimLatency {
+        #[arg(long, env = "POOLMGR_ENDPOINT")]
+        endpoint: String,
+        #[arg(long, env = "POOLMGR_TOKEN")]
+        token: String,
+        #[arg(long, default_value = "default/bench")]
+        pool: String,
+        #[arg(long, default_value_t = 1000)]
+        n: usize,
+        /// Send a fresh request_id with every claim.
+        #[arg(long)]
+        request_ids: bool,
+    },
+    /// Reconcile pass time for POOLS pools of VMS VMs each (DATABASE_URL must be an empty database).
+    Reconcile {
+        #[arg(long, default_value_t = 100)]
+        pools: usize,
+        #[arg(long, default_value_t = 20)]
+        vms: i32,
+        #[arg(long, default_value_t = 200)]
+        max_passes: usize,
+    },
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+async fn claim_latency(endpoint: &str, token: &str, pool: &str, n: usize, request_ids: bool) -> anyhow::Result<()> {
+    let (ns, name) = pool.split_once('/').context("--pool is NAMESPACE/NAME")?;
+    let client = reqwest::Client::builder().build()?;
+    let url = format!("{}/v1/claims", endpoint.trim_end_matches('/'));
+    let mut lat = Vec::with_capacity(n);
+    eprintln!("==> {n} sequential claims on {pool} at {url}");
+    for i in 0..n {
+        let mut body = json!({"pool": {"namespace": ns, "name": name}});
+        if request_ids {
+            body["request_id"] = json!(format!("bench-{}", ulid::Ulid::new()));
+        }
+        let t = Instant::now();
+        let resp = client.post(&url).bearer_auth(token).json(&body).send().await?;
+        let status = resp.status();
+        let _ = resp.bytes().await?;
+        lat.push(t.elapsed());
+        if !status.is_success() {
+            bail!("claim {i} answered {status}: seed at least {n} AVAILABLE VMs first");
+        }
+        if (i + 1) % 250 == 0 {
+            eprintln!("    {} claims done", i + 1);
+        }
+    }
+    lat.sort();
+    println!(
+        "claims={n} request_ids={request_ids} median={} p95={} p99={} max={}",
+        ms(percentile(&lat, 0.5)),
+        ms(percentile(&lat, 0.95)),
+        ms(percentile(&lat, 0.99)),
+        ms(*lat.last().unwrap())
+    );
+    Ok(())
+}
+
+async fn reconcile_bench(pools: usize, vms: i32, max_passes: usize) -> anyhow::Result<()> {
+    let cfg = Config::from_lookup(|k| match k {
+        "POOLMGR_AUTH" => Some("disabled".into()),
+        "POOLMGR_DB_POOL_SIZE" => Some("32".into()),
+        // One pass may create every VM of a pool.
+        "POOLMGR_RECONCILE_MAX_CREATES" => Some("1000".into()),
+        k => std::env::var(k).ok(),
+    })?;
+    db::migrate_url(&cfg.database_url).await?;
+    let state = AppState::new(&cfg, db::pool_from_config(&cfg)?);
+    let sim = Sim::new(SimConfig {
+        boot_delay: Duration::from_millis(50),
+        delete_delay: Duration::from_millis(20),
+        basic_auth_token: None,
+    });
+    let server = sim.serve("127.0.0.1:0".parse()?).await?;
+    let host = json!({"address": server.addr.to_string(), "name": "sim", "tls": {"insecure": true}});
+    service::host::create(&state, serde_json::from_value(host)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    eprintln!("==> creating {pools} pools of {vms} VMs");
+    for i in 0..pools {
+        let spec: PoolSpec = serde_json::from_value(json!({
+            "name": format!("p{i}"), "size": vms, "flintlock_hosts": ["sim"],
+            "replenishment": {"strategy": "REPLACE_ON_DELETE"},
+            "microvm_template": {
+                "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/x/root:1"}},
+                "interfaces": [{"device_id": "eth1", "type": "TAP"}]
+            }
+        }))?;
+        service::pool::create(&state, spec).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    let total = pools as i64 * i64::from(vms);
+    let t_fill = Instant::now();
+    let mut pass_times = vec![];
+    for pass in 1..=max_passes {
+        let t = Instant::now();
+        let r = reconcile::run_pass(&state).await?;
+        pass_times.push(t.elapsed());
+        let conn = state.db.get().await?;
+        let available: i64 = conn.query_one("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'", &[]).await?.get(0);
+        eprintln!(
+            "    pass {pass}: {} (created {}, available now {available}/{total}, errors {})",
+            ms(*pass_times.last().unwrap()),
+            r.created,
+            r.errors.len()
+        );
+        if available == total {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let fill = t_fill.elapsed();
+    let mut settled = vec![];
+    for _ in 0..5 {
+        let t = Instant::now();
+        reconcile::run_pass(&state).await?;
+        settled.push(t.elapsed());
+    }
+    settled.sort();
+    println!(
+        "pools={pools} vms_per_pool={vms} fill_passes={} fill_time={:.2} s first_pass={} settled_pass_median={} settled_pass_max={}",
+        pass_times.len(),
+        fill.as_secs_f64(),
+        ms(pass_times[0]),
+        ms(percentile(&settled, 0.5)),
+        ms(*settled.last().unwrap())
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().cmd {
+        Cmd::ClaimLatency { endpoint, token, pool, n, request_ids } => {
+            claim_latency(&endpoint, &token, &pool, n, request_ids).await
+        }
+        Cmd::Reconcile { pools, vms, max_passes } => reconcile_bench(pools, vms, max_passes).await,
+    }
+}

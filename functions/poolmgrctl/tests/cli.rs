@@ -1,0 +1,745 @@
+//! The real `poolmgrctl` binary against a real `poolmgr-local` on a fresh test database, with
+//! an in-process `flintlock-sim` registered through the CLI itself.
+//!
+//! Needs `POOLMGR_TEST_DATABASE_URL` (run with `scripts/test.sh -p poolmgrctl`). The
+//! `poolmgr-local` binary is built next to `poolmgrctl` with `cargo build` on first use (a
+//! no-op when it is fresh).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use flintlock_sim::{Sim, SimConfig, SimServer};
+use poolmgr_tests::TestDb;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const ADMIN: &str = "admin-token";
+const CLIENT: &str = "client-a-token";
+const CTL: &str = env!("CARGO_BIN_EXE_poolmgrctl");
+
+// ---------------------------------------------------------------------------------------
+// The stack
+// ---------------------------------------------------------------------------------------
+
+/// `poolmgr-local`, built into the same target directory and profile as `poolmgrctl`.
+fn server_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let profile_dir = Path::new(CTL).parent().expect("poolmgrctl has a directory");
+        let bin = profile_dir.join(format!("poolmgr-local{}", std::env::consts::EXE_SUFFIX));
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev",
+            Some(other) => other,
+        };
+        let target_dir = profile_dir.parent().expect("a target directory");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        // Always asked: a no-op when the binary is fresh, a rebuild when the server changed.
+        let status = std::process::Command::new(&cargo)
+            .args(["build", "--quiet", "-p", "poolmgr-local", "--bin", "poolmgr-local", "--profile", profile])
+            .arg("--target-dir")
+            .arg(target_dir)
+            .current_dir(&root)
+            .status();
+        match status {
+            Ok(s) if s.success() && bin.exists() => bin,
+            other => panic!(
+                "poolmgr-local is needed at {} and `{cargo} build -p poolmgr-local` failed ({other:?}); build it first \
+                 (cargo build -p poolmgr-local) or run scripts/test.sh",
+                bin.display()
+            ),
+        }
+    })
+}
+
+struct Stack {
+    // Fields drop in order: the server goes before its database.
+    server: Child,
+    server_log: Arc<Mutex<String>>,
+    db: TestDb,
+    sim_server: SimServer,
+    _sim: Sim,
+    endpoint: String,
+    http: reqwest::Client,
+    dir: PathBuf,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = self.server.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// What one run of the CLI did.
+#[derive(Debug)]
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    #[track_caller]
+    fn ok(self) -> Out {
+        assert_eq!(self.code, 0, "expected success: {self:#?}");
+        self
+    }
+
+    #[track_caller]
+    fn json(&self) -> Value {
+        assert_eq!(self.code, 0, "expected success: {self:#?}");
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:#?}"))
+    }
+
+    /// The CLI failed with `code` and printed `status: message` on stderr.
+    #[track_caller]
+    fn fails(&self, code: i32, status: &str) {
+        assert_eq!(self.code, code, "expected exit {code} ({status}): {self:#?}");
+        let line = self.stderr.lines().last().unwrap_or_default();
+        assert!(line.starts_with(&format!("{status}: ")) && line.len() > status.len() + 2, "{self:#?}");
+    }
+
+    /// The table's header cells and rows, split on runs of two or more spaces.
+    fn table(&self) -> Vec<Vec<String>> {
+        self.stdout
+            .lines()
+            .map(|l| l.split("  ").map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect())
+            .collect()
+    }
+}
+
+fn out(o: std::process::Output) -> Out {
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+/// `poolmgrctl` with a clean POOLMGR_* environment.
+fn ctl_cmd(endpoint: &str, token: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(CTL);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("POOLMGR_") {
+            c.env_remove(k);
+        }
+    }
+    c.env("POOLMGR_ENDPOINT", endpoint).env("POOLMGR_TOKEN", token).args(args).kill_on_drop(true);
+    c
+}
+
+async fn run(mut c: Command) -> Out {
+    let o = tokio::time::timeout(Duration::from_secs(90), c.stdin(Stdio::null()).output())
+        .await
+        .expect("poolmgrctl did not finish within 90s")
+        .expect("run poolmgrctl");
+    out(o)
+}
+
+/// Runs the CLI without a server (local checks, completion, unreachable endpoints).
+async fn ctl_offline(endpoint: &str, args: &[&str]) -> Out {
+    run(ctl_cmd(endpoint, ADMIN, args)).await
+}
+
+fn sigint(child: &Child) {
+    let pid = child.id().expect("child still running");
+    let s = std::process::Command::new("kill").args(["-INT", &pid.to_string()]).status().expect("run kill");
+    assert!(s.success());
+}
+
+/// Reads `child`'s stdout until `done` holds for what was read (at most `within`).
+async fn read_until(child: &mut Child, within: Duration, done: impl Fn(&str) -> bool) -> String {
+    let mut lines = BufReader::new(child.stdout.as_mut().expect("piped stdout")).lines();
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + within;
+    while !done(&seen) {
+        match tokio::time::timeout_at(deadline, lines.next_line()).await {
+            Ok(Ok(Some(l))) => {
+                seen.push_str(&l);
+                seen.push('\n');
+            }
+            other => panic!("stdout ended or timed out ({other:?}) before the expected output; got:\n{seen}"),
+        }
+    }
+    seen
+}
+
+impl Stack {
+    async fn start() -> Stack {
+        let bin = server_bin();
+        let db = TestDb::create().await;
+        let sim = Sim::new(SimConfig {
+            boot_delay: Duration::from_millis(50),
+            delete_delay: Duration::from_millis(20),
+            basic_auth_token: None,
+        });
+        let sim_server = sim.serve("127.0.0.1:0".parse().unwrap()).await.expect("start flintlock-sim");
+        let mut server = Command::new(bin)
+            .env("DATABASE_URL", &db.url)
+            .env("POOLMGR_HTTP_ADDR", "127.0.0.1:0")
+            .env("POOLMGR_ADMIN_TOKENS", format!("admin:{ADMIN}"))
+            .env("POOLMGR_CLIENT_TOKENS", format!("client-a:{CLIENT}"))
+            .env("POOLMGR_RECONCILE_INTERVAL_SECONDS", "1")
+            .env("POOLMGR_RECONCILE_BACKOFF_MS", "50")
+            .env("POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS", "1")
+            .env("POOLMGR_FLINTLOCK_TIMEOUT_SECONDS", "3")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn poolmgr-local");
+        let server_log = Arc::new(Mutex::new(String::new()));
+        {
+            let log = server_log.clone();
+            let mut err = BufReader::new(server.stderr.take().unwrap()).lines();
+            tokio::spawn(async move {
+                while let Ok(Some(l)) = err.next_line().await {
+                    let mut log = log.lock().unwrap();
+                    if log.len() < 64 * 1024 {
+                        log.push_str(&l);
+                        log.push('\n');
+                    }
+                }
+            });
+        }
+        // The server prints its address once it listens (after migrating the database).
+        let mut stdout = BufReader::new(server.stdout.take().unwrap()).lines();
+        let line = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                match stdout.next_line().await {
+                    Ok(Some(l)) if l.contains("listening on ") => return Some(l),
+                    Ok(Some(_)) => continue,
+                    _ => return None,
+                }
+            }
+        })
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("poolmgr-local did not start; its log:\n{}", server_log.lock().unwrap()));
+        tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
+        let endpoint = line.rsplit("listening on ").next().unwrap().trim().to_owned();
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match http.get(format!("{endpoint}/healthz")).send().await {
+                Ok(r) if r.status().is_success() => break,
+                other if Instant::now() > deadline => panic!("/healthz never answered 200: {other:?}"),
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("poolmgrctl-test-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Stack { server, server_log, db, sim_server, _sim: sim, endpoint, http, dir }
+    }
+
+    async fn ctl(&self, args: &[&str]) -> Out {
+        self.ctl_as(ADMIN, args).await
+    }
+
+    async fn ctl_as(&self, token: &str, args: &[&str]) -> Out {
+        run(ctl_cmd(&self.endpoint, token, args)).await
+    }
+
+    fn spawn_ctl(&self, args: &[&str]) -> Child {
+        ctl_cmd(&self.endpoint, ADMIN, args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn poolmgrctl")
+    }
+
+    /// A direct HTTP call with the admin token: (status, body).
+    async fn api(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut b = self.http.request(method, format!("{}{path}", self.endpoint)).bearer_auth(ADMIN);
+        if let Some(v) = body {
+            b = b.json(&v);
+        }
+        let r = b.send().await.expect("direct HTTP call");
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (status, if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap() })
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let (status, body) = self.api(reqwest::Method::GET, path, None).await;
+        assert_eq!(status, 200, "GET {path}: {body}");
+        body
+    }
+
+    fn write(&self, name: &str, text: &str) -> String {
+        let p = self.dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_string_lossy().into_owned()
+    }
+
+    /// Registers the simulator as host `sim` through the CLI.
+    async fn add_sim_host(&self) -> Out {
+        let addr = self.sim_server.addr.to_string();
+        self.ctl(&["host", "add", "sim", "--address", &addr, "--insecure"]).await.ok()
+    }
+
+    /// Creates pool default/`name` from a YAML file through the CLI.
+    async fn create_pool(&self, name: &str, size: i32) -> Out {
+        let f = self.write(&format!("{name}.yaml"), &spec_yaml(name, size));
+        self.ctl(&["pool", "create", "--file", &f]).await.ok()
+    }
+
+    async fn wait_available(&self, pool: &str, n: i64) {
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let p = self.get(&format!("/v1/pools/default/{pool}")).await;
+            if p["status"]["available"].as_i64() == Some(n) && p["status"]["provisioning"] == json!(0) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pool {pool} never had {n} AVAILABLE VMs: {p}\nserver log:\n{}",
+                self.server_log.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+fn spec_yaml(name: &str, size: i32) -> String {
+    format!(
+        r#"# A pool on the simulator.
+namespace: default
+name: {name}
+size: {size}
+flintlock_hosts: [sim]
+replenishment:
+  strategy: REPLACE_ON_DELETE
+microvm_template:
+  root_volume:
+    id: root
+    source: {{container_source: "ghcr.io/liquidmetal-dev/ubuntu:22.04"}}
+  kernel: {{image: "ghcr.io/liquidmetal-dev/kernel:6.1", filename: boot/vmlinux, add_network_config: true}}
+  interfaces: [{{device_id: eth1, type: TAP}}]
+heartbeat_interval_seconds: 30
+heartbeat_expiry_seconds: 120
+"#
+    )
+}
+
+fn cell(v: &Value) -> String {
+    v.as_str().map(String::from).unwrap_or_else(|| v.to_string())
+}
+
+fn spec_json(name: &str, size: i32) -> Value {
+    serde_yaml::from_str(&spec_yaml(name, size)).unwrap()
+}
+
+/// A port nothing listens on.
+fn closed_endpoint() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    format!("http://127.0.0.1:{port}")
+}
+
+// ---------------------------------------------------------------------------------------
+// Without a server
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn completion_scripts_and_local_errors() {
+    let none = closed_endpoint();
+    let bash = ctl_offline(&none, &["completion", "bash"]).await.ok();
+    assert!(bash.stdout.contains("_poolmgrctl()") && bash.stdout.contains("complete -F _poolmgrctl"), "{bash:#?}");
+    assert!(bash.stdout.contains("claim") && bash.stdout.contains("--auto-request-id"));
+    let zsh = ctl_offline(&none, &["completion", "zsh"]).await.ok();
+    assert!(zsh.stdout.starts_with("#compdef poolmgrctl"), "{zsh:#?}");
+    let fish = ctl_offline(&none, &["completion", "fish"]).await.ok();
+    assert!(fish.stdout.contains("complete -c poolmgrctl"), "{fish:#?}");
+
+    // Usage errors: exit 2, before anything is sent.
+    assert_eq!(ctl_offline(&none, &["frobnicate"]).await.code, 2);
+    assert_eq!(ctl_offline(&none, &["completion", "tcsh"]).await.code, 2);
+    let both = ctl_offline(&none, &["lease", "claim", "--pool", "ci", "--request-id", "r", "--auto-request-id"]).await;
+    assert_eq!(both.code, 2, "{both:#?}");
+    assert_eq!(ctl_offline(&none, &["host", "add", "h", "--address", "a:1"]).await.code, 2);
+    assert_eq!(ctl_offline(&none, &["lease", "claim", "--pool", "ci", "--wait", "soon"]).await.code, 2);
+    ctl_offline(&none, &["pool", "get", "Team/CI"]).await.fails(2, "invalid_argument");
+    ctl_offline("localhost:8080", &["pool", "list"]).await.fails(2, "invalid_argument");
+    let long = "r".repeat(256);
+    ctl_offline(&none, &["lease", "claim", "--pool", "ci", "--request-id", &long]).await.fails(2, "invalid_argument");
+
+    // A spec is validated locally and the error names the field.
+    let dir = std::env::temp_dir().join(format!("poolmgrctl-test-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, spec_yaml("ci", 1).replace("REPLACE_ON_DELETE", "MIN_SIZE_THRESHOLD\n  min_size: 3")).unwrap();
+    let o = ctl_offline(&none, &["pool", "create", "--file", bad.to_str().unwrap()]).await;
+    o.fails(2, "invalid_argument");
+    assert!(o.stderr.contains("replenishment.min_size"), "{o:#?}");
+    let typo = dir.join("typo.json");
+    let mut v = spec_json("ci", 1);
+    v["microvm_template"]["kernel"]["imag"] = json!("x");
+    std::fs::write(&typo, v.to_string()).unwrap();
+    let o = ctl_offline(&none, &["pool", "update", "--file", typo.to_str().unwrap()]).await;
+    o.fails(2, "invalid_argument");
+    assert!(o.stderr.contains("microvm_template.kernel") && o.stderr.contains("imag"), "{o:#?}");
+    let o = ctl_offline(&none, &["pool", "create", "--file", dir.join("missing.yaml").to_str().unwrap()]).await;
+    o.fails(2, "invalid_argument");
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Nothing listens: unavailable, exit 6.
+    ctl_offline(&none, &["pool", "list"]).await.fails(6, "unavailable");
+    // An idempotent claim retries connection failures with the same id until --wait elapses.
+    let started = Instant::now();
+    let o = ctl_offline(&none, &["lease", "claim", "--pool", "ci", "--auto-request-id", "--wait", "2s"]).await;
+    o.fails(6, "unavailable");
+    assert!(started.elapsed() >= Duration::from_secs(2), "gave up early: {o:#?}");
+    assert!(o.stderr.starts_with("claim: request_id "), "{o:#?}");
+    assert!(o.stderr.matches("retrying in").count() >= 2, "{o:#?}");
+    // Without a request id a connection failure is not retried: a claim might have happened.
+    let started = Instant::now();
+    ctl_offline(&none, &["lease", "claim", "--pool", "ci", "--wait", "5s"]).await.fails(6, "unavailable");
+    assert!(started.elapsed() < Duration::from_secs(4));
+}
+
+// ---------------------------------------------------------------------------------------
+// Hosts
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts() {
+    let s = Stack::start().await;
+    let o = s.add_sim_host().await;
+    let t = o.table();
+    assert_eq!(t[0], ["NAME", "ADDRESS", "TLS", "CORDONED", "VMS", "REASON"]);
+    assert_eq!(t[1], ["sim", &s.sim_server.addr.to_string(), "insecure", "false", "0", "<none>"]);
+    let addr = s.sim_server.addr.to_string();
+    s.ctl(&["host", "add", "sim", "--address", &addr, "--insecure"]).await.fails(4, "already_exists");
+    s.ctl(&["host", "add", "bad", "--address", "no-port", "--insecure"]).await.fails(2, "invalid_argument");
+    s.ctl(&["host", "add", "tls", "--address", "h:1", "--ca-file", "/nonexistent/ca.pem"])
+        .await
+        .fails(2, "invalid_argument");
+
+    // A TLS host from PEM files (never contacted: no pool names it).
+    let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    let (ca, cert, key) = (s.write("ca.pem", pem), s.write("c.pem", pem), s.write("k.pem", pem));
+    let o = s
+        .ctl(&[
+            "-o",
+            "json",
+            "host",
+            "add",
+            "spare",
+            "--address",
+            "127.0.0.1:9",
+            "--ca-file",
+            &ca,
+            "--cert-file",
+            &cert,
+            "--key-file",
+            &key,
+            "--basic-auth-token",
+            "s3cret",
+        ])
+        .await;
+    let spare = o.json();
+    assert_eq!(spare["tls"]["insecure"], json!(false));
+    assert_eq!(spare["tls"]["ca_pem"], json!(pem));
+    assert_eq!(spare["tls"]["key_pem"], Value::Null, "secrets are write-only");
+    assert_eq!(spare["basic_auth_token"], Value::Null);
+    let t = s.ctl(&["host", "get", "spare"]).await.ok().table();
+    assert_eq!(t[1][2], "mtls");
+
+    // -o json is the API object; -o yaml is the same object.
+    assert_eq!(s.ctl(&["-o", "json", "host", "get", "sim"]).await.json(), s.get("/v1/hosts/sim").await);
+    let y = s.ctl(&["-o", "yaml", "host", "get", "sim"]).await.ok();
+    assert_eq!(serde_yaml::from_str::<Value>(&y.stdout).unwrap(), s.get("/v1/hosts/sim").await);
+    assert_eq!(s.ctl(&["-o", "json", "host", "list"]).await.json(), s.get("/v1/hosts").await);
+    let t = s.ctl(&["host", "list"]).await.ok().table();
+    assert_eq!(t.len(), 3, "{t:?}");
+    assert_eq!(t[1][0], "sim");
+    assert_eq!(t[2][0], "spare");
+
+    // Update replaces address and transport.
+    let o = s.ctl(&["-o", "json", "host", "update", "spare", "--address", "127.0.0.1:10", "--insecure"]).await;
+    assert_eq!(o.json()["address"], json!("127.0.0.1:10"));
+    assert_eq!(o.json()["tls"]["ca_pem"], Value::Null);
+    s.ctl(&["host", "update", "ghost", "--address", "h:1", "--insecure"]).await.fails(3, "not_found");
+
+    // Cordon and uncordon.
+    let o = s.ctl(&["-o", "json", "host", "cordon", "sim", "--reason", "kernel upgrade"]).await;
+    assert_eq!(o.json()["cordoned"], json!(true));
+    assert_eq!(o.json()["cordoned_reason"], json!("kernel upgrade"));
+    let t = s.ctl(&["host", "get", "sim"]).await.ok().table();
+    assert_eq!(t[1][3..], ["true", "0", "kernel upgrade"]);
+    let o = s.ctl(&["-o", "json", "host", "uncordon", "sim"]).await;
+    assert_eq!(o.json()["cordoned"], json!(false));
+    s.ctl(&["host", "cordon", "ghost"]).await.fails(3, "not_found");
+    s.ctl(&["host", "uncordon", "ghost"]).await.fails(3, "not_found");
+
+    // Remove: refused while a pool names the host.
+    s.create_pool("ci", 0).await;
+    s.ctl(&["host", "remove", "sim"]).await.fails(4, "failed_precondition");
+    let o = s.ctl(&["host", "remove", "spare"]).await.ok();
+    assert_eq!(o.stdout, "host spare removed\n");
+    s.ctl(&["host", "get", "spare"]).await.fails(3, "not_found");
+    s.ctl(&["host", "remove", "spare"]).await.fails(3, "not_found");
+
+    // Roles and tokens.
+    s.ctl_as(CLIENT, &["host", "list"]).await.fails(1, "permission_denied");
+    s.ctl_as("wrong", &["host", "list"]).await.fails(1, "unauthenticated");
+}
+
+// ---------------------------------------------------------------------------------------
+// Pools
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    let o = s.create_pool("ci", 1).await;
+    let t = o.table();
+    assert_eq!(t[0][..3], ["POOL", "SIZE", "AVAILABLE"]);
+    assert_eq!(t[1][..3], ["default/ci", "1", "0"]);
+    assert_eq!(t[1][8..], ["REPLACE_ON_DELETE", "sim"]);
+    let f = s.write("ci.json", &spec_json("ci", 1).to_string());
+    s.ctl(&["pool", "create", "--file", &f]).await.fails(4, "already_exists");
+    let mut other = spec_json("other", 1);
+    other["flintlock_hosts"] = json!(["nohost"]);
+    let f = s.write("other.json", &other.to_string());
+    s.ctl(&["pool", "create", "--file", &f]).await.fails(4, "failed_precondition");
+    s.wait_available("ci", 1).await;
+
+    // get / list: -o json and -o yaml are the API objects.
+    let direct = s.get("/v1/pools/default/ci").await;
+    assert_eq!(s.ctl(&["-o", "json", "pool", "get", "default/ci"]).await.json(), direct);
+    assert_eq!(s.ctl(&["-o", "json", "pool", "get", "ci"]).await.json(), direct);
+    let y = s.ctl(&["-o", "yaml", "pool", "get", "ci"]).await.ok();
+    assert_eq!(serde_yaml::from_str::<Value>(&y.stdout).unwrap(), direct);
+    assert_eq!(s.ctl(&["-o", "json", "pool", "list"]).await.json(), s.get("/v1/pools").await);
+    let t = s.ctl(&["pool", "list", "--namespace", "default"]).await.ok().table();
+    assert_eq!(t.len(), 2);
+    assert_eq!(s.ctl(&["pool", "list", "-n", "elsewhere"]).await.ok().table().len(), 1);
+    s.ctl(&["pool", "get", "ghost"]).await.fails(3, "not_found");
+    s.ctl(&["pool", "status", "ghost"]).await.fails(3, "not_found");
+
+    // status
+    let t = s.ctl(&["pool", "status", "ci"]).await.ok().table();
+    assert_eq!(
+        t,
+        [
+            ["POOL", "SIZE", "AVAILABLE", "CLAIMING", "LEASED", "PROVISIONING", "QUARANTINED", "DELETING"],
+            ["default/ci", "1", "1", "0", "0", "0", "0", "0"],
+        ]
+    );
+    assert_eq!(s.ctl(&["-o", "json", "pool", "status", "ci"]).await.json(), s.get("/v1/pools/default/ci").await);
+
+    // status --watch redraws until Ctrl-C (into a pipe: one row per poll).
+    let mut w = s.spawn_ctl(&["pool", "status", "ci", "--watch", "--interval", "200ms"]);
+    let seen = read_until(&mut w, Duration::from_secs(20), |t| t.lines().count() >= 4).await;
+    let lines: Vec<&str> = seen.lines().collect();
+    assert!(lines[0].starts_with("POOL"), "{seen}");
+    assert!(lines[1..].iter().all(|l| l.starts_with("default/ci")), "{seen}");
+    sigint(&w);
+    let status = tokio::time::timeout(Duration::from_secs(10), w.wait()).await.expect("watch stops").unwrap();
+    assert_eq!(status.code(), Some(0));
+    let mut w = s.spawn_ctl(&["-o", "json", "pool", "status", "ci", "--watch", "--interval", "200ms"]);
+    let seen = read_until(&mut w, Duration::from_secs(20), |t| t.lines().count() >= 2).await;
+    for l in seen.lines() {
+        let v: Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["spec"]["name"], json!("ci"));
+    }
+    sigint(&w);
+    assert_eq!(tokio::time::timeout(Duration::from_secs(10), w.wait()).await.unwrap().unwrap().code(), Some(0));
+
+    // update
+    let f = s.write("ci2.yaml", &spec_yaml("ci", 2));
+    let o = s.ctl(&["-o", "json", "pool", "update", "--file", &f]).await;
+    assert_eq!(o.json()["spec"]["size"], json!(2));
+    assert_eq!(s.get("/v1/pools/default/ci").await["spec"]["size"], json!(2));
+    let f = s.write("ghost.yaml", &spec_yaml("ghost", 1));
+    s.ctl(&["pool", "update", "--file", &f]).await.fails(3, "not_found");
+    s.wait_available("ci", 2).await;
+
+    // delete: refused while a VM is leased, unless --force.
+    s.ctl(&["lease", "claim", "--pool", "ci"]).await.ok();
+    s.ctl(&["pool", "delete", "ci"]).await.fails(4, "failed_precondition");
+    let o = s.ctl(&["pool", "delete", "ci", "--force"]).await.ok();
+    assert_eq!(o.stdout, "pool default/ci deleted\n");
+    s.ctl(&["pool", "get", "ci"]).await.fails(3, "not_found");
+    s.ctl(&["pool", "delete", "ci"]).await.fails(3, "not_found");
+}
+
+// ---------------------------------------------------------------------------------------
+// Leases, VMs and events
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_vms_and_events() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    s.create_pool("ci", 2).await;
+    s.wait_available("ci", 2).await;
+
+    // The same request id twice: the same lease, the second one replayed.
+    let first = s.ctl(&["-o", "json", "lease", "claim", "--pool", "ci", "--request-id", "r-1"]).await.json();
+    let again = s.ctl_as(ADMIN, &["-o", "json", "lease", "claim", "--pool", "default/ci", "--request-id", "r-1"]).await;
+    let again = again.json();
+    assert_eq!(first["replayed"], json!(false));
+    assert_eq!(again["replayed"], json!(true));
+    assert_eq!(first["lease"], again["lease"]);
+    assert_eq!(first["vm"], again["vm"]);
+    let lease_id = first["lease"]["lease_id"].as_str().unwrap().to_owned();
+    let vm_id = first["vm"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(first["lease"], s.get(&format!("/v1/leases/{lease_id}")).await);
+    let t = s.ctl(&["lease", "claim", "--pool", "ci", "--request-id", "r-1"]).await.ok().table();
+    assert_eq!(t[0], ["LEASE_ID", "POOL", "VM", "HOST", "EXPIRES", "REQUEST_ID", "REPLAYED"]);
+    assert_eq!(t[1][..4], [lease_id.as_str(), "default/ci", vm_id.as_str(), "sim"]);
+    assert_eq!(t[1][5..], ["r-1", "true"]);
+
+    // get / list
+    let direct = s.get(&format!("/v1/leases/{lease_id}")).await;
+    assert_eq!(s.ctl(&["-o", "json", "lease", "get", &lease_id]).await.json(), direct);
+    let t = s.ctl(&["lease", "get", &lease_id]).await.ok().table();
+    assert_eq!(t[0], ["LEASE_ID", "POOL", "VM", "EXPIRES", "REQUEST_ID"]);
+    let row = [
+        lease_id.as_str(),
+        "default/ci",
+        direct["vm_uid"].as_str().unwrap(),
+        direct["expires_at"].as_str().unwrap(),
+        "r-1",
+    ];
+    assert_eq!(t[1], row);
+    let second = s.ctl(&["-o", "json", "lease", "claim", "--pool", "ci"]).await.json();
+    assert_eq!(second["lease"]["request_id"], Value::Null);
+    let t = s.ctl(&["lease", "list"]).await.ok().table();
+    assert_eq!(t[0], ["LEASE_ID", "POOL", "VM", "EXPIRES", "REQUEST_ID"]);
+    assert_eq!(t.len(), 3, "{t:?}");
+    assert!(t.contains(&row.map(String::from).to_vec()), "{t:?}");
+    assert!(t.iter().any(|r| r[0] == second["lease"]["lease_id"].as_str().unwrap() && r[4] == "<none>"), "{t:?}");
+    assert_eq!(s.ctl(&["-o", "json", "lease", "list"]).await.json(), s.get("/v1/leases").await);
+    // Pages are followed and merged into one answer.
+    assert_eq!(s.ctl(&["-o", "json", "lease", "list", "--page-size", "1"]).await.json(), s.get("/v1/leases").await);
+    assert_eq!(
+        s.ctl(&["-o", "json", "lease", "list", "--pool", "default/ci"]).await.json(),
+        s.get("/v1/leases?namespace=default&pool=ci").await
+    );
+    assert_eq!(s.ctl(&["lease", "list", "--pool", "other"]).await.ok().table().len(), 1);
+    // A client token sees only the leases it claimed.
+    let mine = s.ctl_as(CLIENT, &["-o", "json", "lease", "list"]).await.json();
+    assert_eq!(mine["leases"], json!([]));
+
+    // The pool is empty now: RESOURCE_EXHAUSTED at once, or after --wait with progress.
+    s.ctl(&["lease", "claim", "--pool", "ci"]).await.fails(5, "resource_exhausted");
+    let started = Instant::now();
+    let o = s.ctl(&["lease", "claim", "--pool", "ci", "--wait", "1500ms"]).await;
+    o.fails(5, "resource_exhausted");
+    assert!(started.elapsed() >= Duration::from_millis(1500));
+    assert!(o.stderr.contains("claim: attempt 1: resource_exhausted: "), "{o:#?}");
+    s.ctl(&["lease", "claim", "--pool", "ghost"]).await.fails(3, "not_found");
+    s.ctl(&["lease", "claim", "--pool", "ghost", "--auto-request-id"]).await.fails(3, "not_found");
+
+    // heartbeat
+    let hb = s.ctl(&["-o", "json", "lease", "heartbeat", &lease_id]).await.json();
+    assert_eq!(hb["lease"]["lease_id"], json!(lease_id));
+    assert!(hb["lease"]["expires_at"].as_str().unwrap() >= first["lease"]["expires_at"].as_str().unwrap());
+    assert_eq!(hb["lease"], s.get(&format!("/v1/leases/{lease_id}")).await);
+    let t = s.ctl(&["lease", "heartbeat", &lease_id]).await.ok().table();
+    assert_eq!(t[1][0], lease_id);
+
+    // VMs
+    let vms = s.ctl(&["-o", "json", "vm", "list"]).await.json();
+    assert_eq!(vms, s.get("/v1/vms").await);
+    assert_eq!(vms["vms"].as_array().unwrap().len(), 2);
+    let t = s.ctl(&["vm", "list", "--pool", "ci", "--phase", "leased"]).await.ok().table();
+    assert_eq!(t[0], ["ID", "POOL", "HOST", "PHASE", "LEASE_ID", "CREATED"]);
+    assert_eq!(t.len(), 3);
+    assert!(t.iter().any(|r| r[0] == vm_id && r[3] == "LEASED" && r[4] == lease_id), "{t:?}");
+    assert_eq!(s.ctl(&["vm", "list", "--phase", "available"]).await.ok().table().len(), 1);
+    assert_eq!(s.ctl(&["vm", "list", "-n", "default"]).await.ok().table().len(), 3);
+    assert_eq!(s.ctl(&["vm", "list", "--phase", "sleeping"]).await.code, 2);
+    assert_eq!(s.ctl(&["-o", "json", "vm", "get", &vm_id]).await.json(), s.get(&format!("/v1/vms/{vm_id}")).await);
+    s.ctl(&["vm", "get", "ci-nope"]).await.fails(3, "not_found");
+    s.ctl_as(CLIENT, &["vm", "list"]).await.fails(1, "permission_denied");
+
+    // Events: the feed so far, then followed.
+    let direct = s.get("/v1/events?after=0&limit=1000").await;
+    let all = direct["events"].as_array().unwrap();
+    assert!(all.iter().any(|e| e["type"] == json!("VM_CLAIMED")), "{direct}");
+    // The feed only grows (reconcile passes may add events): what the CLI printed starts with
+    // what the direct call saw.
+    let o = s.ctl(&["-o", "json", "events", "tail", "--no-follow", "--limit", "2"]).await.ok();
+    let lines: Vec<Value> = o.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(lines.len() >= all.len() && &lines[..all.len()] == all.as_slice(), "paged through the whole feed: {o:#?}");
+    let first_id = all[0]["id"].to_string();
+    let t = s.ctl(&["events", "tail", "--no-follow", "--pool", "ci", "--since", &first_id]).await.ok().table();
+    assert_eq!(t[0], ["ID", "TIME", "TYPE", "POOL", "VM", "LEASE_ID"]);
+    assert!(t.len() >= all.len(), "{t:?}");
+    assert_eq!(
+        t[1][..4],
+        [all[1]["id"].to_string(), cell(&all[1]["created_at"]), cell(&all[1]["type"]), "default/ci".into()]
+    );
+    let last = direct["next_after"].as_i64().unwrap().to_string();
+    let mut tail = s.spawn_ctl(&["events", "tail", "--pool", "default/ci", "--since", &last]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.ctl(&["lease", "release", second["lease"]["lease_id"].as_str().unwrap()]).await.ok();
+    let seen = read_until(&mut tail, Duration::from_secs(20), |t| t.contains("VM_DELETED_ON_RELEASE")).await;
+    assert!(seen.starts_with("ID "), "{seen}");
+    sigint(&tail);
+    let o = out(tokio::time::timeout(Duration::from_secs(10), tail.wait_with_output()).await.unwrap().unwrap());
+    assert_eq!(o.code, 0, "{o:#?}");
+    assert!(o.stderr.contains("resume with --since"), "{o:#?}");
+
+    // release
+    let o = s.ctl(&["lease", "release", &lease_id]).await.ok();
+    assert_eq!(o.stdout, format!("lease {lease_id} released\n"));
+    s.ctl(&["lease", "release", &lease_id]).await.fails(3, "not_found");
+    s.ctl(&["lease", "heartbeat", &lease_id]).await.fails(3, "not_found");
+    s.ctl(&["lease", "get", &lease_id]).await.fails(3, "not_found");
+    // The request id is free again: a fresh claim (the pool refills one VM per release).
+    s.wait_available("ci", 2).await;
+    let fresh = s.ctl(&["-o", "json", "lease", "claim", "--pool", "ci", "--request-id", "r-1"]).await.json();
+    assert_eq!(fresh["replayed"], json!(false));
+    assert_ne!(fresh["lease"]["lease_id"], json!(lease_id));
+}
+
+// ---------------------------------------------------------------------------------------
+// The safe scripted claim
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_request_id_waits_for_an_empty_pool_to_refill_and_gets_one_lease() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    s.create_pool("ci", 0).await;
+
+    let claim = s.spawn_ctl(&["-o", "json", "lease", "claim", "--pool", "ci", "--auto-request-id", "--wait", "60s"]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, body) = s.api(reqwest::Method::PUT, "/v1/pools/default/ci", Some(spec_json("ci", 1))).await;
+    assert_eq!(status, 200, "{body}");
+    let o = out(tokio::time::timeout(Duration::from_secs(70), claim.wait_with_output()).await.unwrap().unwrap());
+    let r = o.json();
+
+    // stderr: the generated id first, then the retries while the pool was empty.
+    let first = o.stderr.lines().next().unwrap();
+    let id = first.strip_prefix("claim: request_id ").unwrap_or_else(|| panic!("{o:#?}"));
+    assert!(uuid::Uuid::parse_str(id).is_ok_and(|u| u.get_version_num() == 4), "{o:#?}");
+    assert!(o.stderr.contains("resource_exhausted"), "{o:#?}");
+    assert!(o.stderr.lines().filter(|l| l.contains("retrying in")).count() >= 2, "{o:#?}");
+    assert_eq!(r["lease"]["request_id"], json!(id));
+    assert_eq!(r["replayed"], json!(false));
+
+    // Exactly one lease exists, the one printed.
+    let db = s.db.client().await;
+    let rows = db.query("SELECT lease_id, request_id FROM leases", &[]).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, String>(0), r["lease"]["lease_id"].as_str().unwrap());
+    assert_eq!(rows[0].get::<_, Option<String>>(1).as_deref(), Some(id));
+    assert_eq!(s.get(&format!("/v1/leases/{}", rows[0].get::<_, String>(0))).await, r["lease"]);
+}

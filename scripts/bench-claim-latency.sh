@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Claim latency of one client through the HTTP stack: N sequential claims against a
+# release-built poolmgr-local on a private PostgreSQL (fsync on, default settings).
+#
+#   scripts/bench-claim-latency.sh [N]      (default 1000)
+#
+# Prints median/p95/p99/max for claims without and with a request_id. The VMs are seeded as
+# AVAILABLE rows directly (a claim never calls flintlock, so no simulator is needed).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=lib/pg.sh
+. "$ROOT/scripts/lib/pg.sh"
+N=${1:-1000}
+log() { printf '==> %s\n' "$*" >&2; }
+DIR=$ROOT/.dev/bench-pg
+APP_PID=""
+cleanup() {
+    [[ -n $APP_PID ]] && kill "$APP_PID" 2>/dev/null && wait "$APP_PID" 2>/dev/null
+    pg_stop "$DIR" || true
+}
+trap cleanup EXIT
+
+log "building release binaries (poolmgr-local, poolmgr-bench)"
+cargo build --release -q -p poolmgr-local -p poolmgr-bench
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
+
+rm -rf "$DIR"
+pg_start "$DIR"
+DB_URL=$(pg_create_db poolmgr_bench)
+PORT=$(pg_free_port)
+TOKEN=bench-$RANDOM$RANDOM
+log "starting poolmgr-local on 127.0.0.1:$PORT"
+DATABASE_URL=$DB_URL POOLMGR_HTTP_ADDR=127.0.0.1:$PORT POOLMGR_ADMIN_TOKENS=bench:$TOKEN RUST_LOG=warn \
+    "$BIN/poolmgr-local" >"$ROOT/.dev/bench-poolmgr-local.log" 2>&1 &
+APP_PID=$!
+for _ in $(seq 100); do
+    curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
+    sleep 0.2
+done
+curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null || { log "poolmgr-local did not start; see .dev/bench-poolmgr-local.log"; exit 1; }
+
+log "creating pool default/bench and seeding $((2 * N)) AVAILABLE VMs"
+curl -fsS -o /dev/null -X POST "http://127.0.0.1:$PORT/v1/pools" -H "Authorization: Bearer $TOKEN" \
+    -H 'content-type: application/json' -d '{"name": "bench", "size": 0, "replenishment": {"strategy": "REPLACE_ON_DELETE"},
+      "microvm_template": {"root_volume": {"id": "root", "source": {"container_source": "img"}}, "interfaces": [{"device_id": "eth1"}]}}'
+"$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -d "$DB_URL" -c "
+    INSERT INTO hosts (name, address) VALUES ('bench-host', '127.0.0.1:1');
+    INSERT INTO vms (id, uid, pool_namespace, pool_name, flintlock_host, phase, network_interfaces)
+    SELECT 'bench-' || g, 'UID' || g, 'default', 'bench', 'bench-host', 'AVAILABLE',
+           '{\"eth1\": {\"host_device_name\": \"fltap0000001\", \"index\": 3, \"mac_address\": \"aa:bb:cc:dd:ee:ff\"}}'
+    FROM generate_series(1, $((2 * N))) g;" -c "VACUUM ANALYZE;"
+
+"$BIN/poolmgr-bench" claim-latency --endpoint "http://127.0.0.1:$PORT" --token "$TOKEN" --n "$N"
+"$BIN/poolmgr-bench" claim-latency --endpoint "http://127.0.0.1:$PORT" --token "$TOKEN" --n "$N" --request-ids

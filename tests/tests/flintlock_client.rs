@@ -1,0 +1,315 @@
+//! The flintlock client's ServerInfo, exec and readiness calls against flintlock-sim over
+//! real gRPC (the host "sim" that `TestApp` registers).
+
+use std::time::{Duration, Instant};
+
+use flintlock_proto::types::micro_vm_status::MicroVmState;
+use flintlock_sim::{ExecCall, ExecRule, Sim, SimConfig};
+use poolmgr_core::domain::Phase;
+use poolmgr_core::flintlock::{ExecOutcome, Flintlock, FlintlockError, ServerInfo, exec_supported};
+use poolmgr_core::store::{self, HostRow};
+use poolmgr_tests::{SIM_HOST, TestApp};
+
+async fn sim_host(app: &TestApp) -> HostRow {
+    let conn = app.conn().await;
+    store::host_get(&**conn, SIM_HOST).await.unwrap().expect("host sim").0
+}
+
+/// A VM in the simulator with the guest agent on (the template forces it), CREATED.
+async fn ready_vm(app: &TestApp) -> String {
+    let uid = app.seed_vm("exec", Phase::Available).await.uid.expect("uid");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while app.sim.vm(&uid).and_then(|vm| vm.status).map(|s| s.state) != Some(MicroVmState::Created as i32) {
+        assert!(Instant::now() < deadline, "{uid} never CREATED");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    uid
+}
+
+// ---- ServerInfo and the version gate -----------------------------------------
+
+#[tokio::test]
+async fn server_info_reports_version_and_exec() {
+    let app = TestApp::spawn().await;
+    let host = sim_host(&app).await;
+    let info = app.state.flintlock.server_info(&host).await.expect("server info");
+    assert_eq!(info, ServerInfo { version: "v0.16.0".into(), exec_enabled: true });
+    assert_eq!(exec_supported(&info), Ok(()));
+    assert_eq!(app.sim.calls("ServerInfo"), 1);
+
+    app.sim.set_server_info("v0.15.2-3-gabc1234");
+    let info = app.state.flintlock.server_info(&host).await.unwrap();
+    assert_eq!(info.version, "v0.15.2-3-gabc1234");
+    assert_eq!(exec_supported(&info), Ok(()));
+
+    app.sim.set_server_info("v0.14.1");
+    let info = app.state.flintlock.server_info(&host).await.unwrap();
+    assert_eq!(exec_supported(&info), Err("flintlock v0.14.1 is older than v0.15.2".into()));
+
+    app.sim.set_server_info("undefined");
+    let info = app.state.flintlock.server_info(&host).await.unwrap();
+    assert!(exec_supported(&info).unwrap_err().contains("not semver"));
+
+    app.sim.set_server_info("v0.16.0");
+    app.sim.set_exec_enabled(false);
+    let info = app.state.flintlock.server_info(&host).await.unwrap();
+    assert!(!info.exec_enabled);
+    assert_eq!(exec_supported(&info), Err("exec API disabled: start flintlockd with --enable-exec-api".into()));
+}
+
+#[tokio::test]
+async fn server_info_unimplemented_is_unsupported() {
+    let app = TestApp::spawn().await;
+    let host = sim_host(&app).await;
+    app.sim.set_server_info_unimplemented(true);
+    match app.state.flintlock.server_info(&host).await {
+        Err(FlintlockError::Unsupported { host, message }) => {
+            assert_eq!(host, SIM_HOST);
+            assert_eq!(message, "flintlock older than v0.15.0 (no ServerInfo)");
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    // Other failures keep their usual kind.
+    app.sim.set_server_info_unimplemented(false);
+    app.sim.set_unavailable(true);
+    assert!(matches!(app.state.flintlock.server_info(&host).await, Err(FlintlockError::Unavailable { .. })));
+}
+
+// ---- exec ------------------------------------------------------------------
+
+#[tokio::test]
+async fn exec_sends_one_shell_start_and_collects_output() {
+    let app = TestApp::spawn().await;
+    let host = sim_host(&app).await;
+    let uid = ready_vm(&app).await;
+    app.sim.set_exec_rule(
+        "setup.sh",
+        ExecRule { exit_code: 0, stdout: "one\ntwo\n".into(), stderr: "careful\n".into(), ..Default::default() },
+    );
+    let out = app
+        .state
+        .flintlock
+        .exec(&host, &uid, "cd /srv && ./setup.sh --with 'quoted arg'", Duration::from_millis(2500))
+        .await
+        .expect("exec");
+    assert_eq!(out, ExecOutcome { exit_code: 0, stdout: "one\ntwo\n".into(), stderr: "careful\n".into() });
+    assert_eq!(
+        app.sim.exec_calls(),
+        vec![ExecCall {
+            uid: uid.clone(),
+            cmd: "cd /srv && ./setup.sh --with 'quoted arg'".into(),
+            shell: true,
+            timeout_seconds: 3,
+        }]
+    );
+    assert_eq!(app.sim.calls("ExecCommand"), 1);
+}
+
+#[tokio::test]
+async fn exec_non_zero_exit_is_a_result() {
+    let app = TestApp::spawn().await;
+    let host = sim_host(&app).await;
+    let uid = ready_vm(&app).await;
+    app.sim.set_exec_rule("false", ExecRule { exit_code: 1, stderr: "nope\n".into(), ..Default::default() });
+    let out = app.state.flintlock.exec(&host, &uid, "false", Duration::from_secs(5)).await.unwrap();
+    assert_eq!((out.exit_code, out.stderr.as_str()), (1, "nope\n"));
+
+    // The guest-side timeout kill comes back as 143.
+    app.sim.set_exec_rule("sleep", ExecRule { duration: Duration::from_secs(30), ..Default::default() });
+    let t = Instant::now();
+    let out = app.state.flintlock.exec(&host, &uid, "sleep 30", Duration::from_secs(1)).await.unwrap();
+    assert_eq!(out.exit_code, 143);
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+}
+
+#[tokio::test]
+async fn exec_error_message_is_an_exec_error() {
+    let app = TestApp::spawn().await;
+    let host = sim_host(&app).await;
+    let uid = ready_vm(&app).await;
+    app.sim.set_exec_rule("sudo", ExecRule { error: Some("unknown user ghost".into()), ..Default::default() });
+    match app.state.flintlock.exec(&host, &uid, "sudo -u ghost id", Duration::from_secs(5)).await {
+        Err(FlintlockError::Exec { host, message }) => {
+            assert_eq!(host, SIM_HOST);
+            assert_eq!(message, "unknown user ghost");
+        }
+        other => panic!("expected an exec error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn exec_output_is_capped_at_64_kib() {
+    let app = TestApp::spawn().await;
+    let host = sim_host(&app).await;
+    let uid = ready_vm(&app).await;
+    let line = format!("{}\n", "x".repeat(1023));
+    app.sim.set_exec_rule(
+        "flood",
+        ExecRule { stdout: line.repeat(100), stderr: line.repeat(80), exit_code: 2, ..Default::default() },
+    );
+    let out = app.state.flintlock.exec(&host, &uid, "flood", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(out.exit_code, 2);
+    assert_eq!(out.stdout.len(), 64 * 1024);
+    assert_eq!(out.stderr.len(), 64 * 1024);
+}
+
+#[tokio::test]
+async fn exec_errors_keep_their_kind() {
+    let app = TestApp::spawn().await;
+    let host = sim_host(&app).await;
+    let fl = &app.state.flintlock;
+
+    // Unknown uid: flintlock's "not found".
+    let err = fl.exec(&host, "01JUNKNOWNUID0000000000000", "true", Duration::from_secs(5)).await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+
+    // No guest agent.
+    let plain = app.sim.insert_vm("poolmgr-default", "plain", MicroVmState::Created);
+    match fl.exec(&host, &plain, "true", Duration::from_secs(5)).await {
+        Err(FlintlockError::Rpc { code: tonic_code, message, .. }) => {
+            assert_eq!(format!("{tonic_code:?}"), "FailedPrecondition");
+            assert_eq!(message, "microvm was not created with guest agent access enabled");
+        }
+        other => panic!("expected FAILED_PRECONDITION, got {other:?}"),
+    }
+
+    // Exec API off.
+    let uid = ready_vm(&app).await;
+    app.sim.set_exec_enabled(false);
+    assert!(matches!(
+        fl.exec(&host, &uid, "true", Duration::from_secs(5)).await,
+        Err(FlintlockError::Unsupported { .. })
+    ));
+    app.sim.set_exec_enabled(true);
+
+    // Host unavailable.
+    app.sim.set_unavailable(true);
+    assert!(matches!(
+        fl.exec(&host, &uid, "true", Duration::from_secs(5)).await,
+        Err(FlintlockError::Unavailable { .. })
+    ));
+}
+
+#[tokio::test]
+async fn exec_client_deadline_cancels_the_command() {
+    let app = TestApp::spawn().await;
+    let host = sim_host(&app).await;
+    let uid = ready_vm(&app).await;
+    app.sim.set_exec_rule("hang", ExecRule { duration: Duration::from_secs(3600), ..Default::default() });
+    let t = Instant::now();
+    // timeout 0 = no guest-side limit; the client deadline is 0 + 5 s.
+    match app.state.flintlock.exec(&host, &uid, "hang", Duration::ZERO).await {
+        Err(FlintlockError::Unavailable { .. }) => {}
+        other => panic!("expected the client deadline, got {other:?}"),
+    }
+    let took = t.elapsed();
+    assert!(took >= Duration::from_secs(5) && took < Duration::from_secs(8), "{took:?}");
+    assert_eq!(app.sim.exec_calls()[0].timeout_seconds, 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while app.sim.exec_running() != 0 {
+        assert!(Instant::now() < deadline, "the simulated command outlived the cancelled call");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn exec_and_server_info_carry_basic_auth() {
+    let app = TestApp::spawn().await;
+    let sim = Sim::new(SimConfig {
+        boot_delay: Duration::from_millis(10),
+        delete_delay: Duration::from_millis(10),
+        basic_auth_token: Some("s3cret".into()),
+    });
+    let server = sim.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let uid = sim.insert_vm("ns", "vm", MicroVmState::Created);
+    let mut host = sim_host(&app).await;
+    host.name = "authed".into();
+    host.address = server.addr.to_string();
+    host.basic_auth_token = Some("s3cret".into());
+    let fl = Flintlock::new(Duration::from_secs(3));
+
+    assert!(fl.server_info(&host).await.is_ok());
+    // Auth passed: the VM (seeded without guest agent) fails the precondition instead.
+    let err = fl.exec(&host, &uid, "true", Duration::from_secs(5)).await.unwrap_err();
+    assert!(err.to_string().contains("guest agent access"), "{err}");
+
+    host.basic_auth_token = Some("wrong".into());
+    let err = fl.server_info(&host).await.unwrap_err();
+    assert!(err.to_string().contains("Unauthenticated"), "{err}");
+    let err = fl.exec(&host, &uid, "true", Duration::from_secs(5)).await.unwrap_err();
+    assert!(err.to_string().contains("Unauthenticated"), "{err}");
+    assert_eq!(sim.calls("ExecCommand"), 2);
+}
+
+// ---- wait_ready ------------------------------------------------------------
+
+#[tokio::test]
+async fn wait_ready_is_one_probe_until_the_agent_is_up() {
+    let app = TestApp::spawn().await;
+    let host = sim_host(&app).await;
+    app.sim.set_guest_agent_delay(Duration::from_millis(400));
+    let fl = &app.state.flintlock;
+
+    // Still PENDING: not ready (seed_vm returns before the simulated boot).
+    let row = app.seed_vm("exec", Phase::Provisioning).await;
+    let uid = row.uid.unwrap();
+    let before = app.sim.calls("ExecCommand");
+    assert!(!fl.wait_ready(&host, &uid, Duration::from_secs(1)).await.unwrap());
+    assert_eq!(app.sim.calls("ExecCommand"), before + 1, "exactly one probe per call");
+
+    // CREATED but the agent is not up: still not ready, one probe each time.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut not_ready = 0;
+    loop {
+        let calls = app.sim.calls("ExecCommand");
+        let ready = fl.wait_ready(&host, &uid, Duration::from_secs(1)).await.expect("no permanent error");
+        assert_eq!(app.sim.calls("ExecCommand"), calls + 1);
+        if ready {
+            break;
+        }
+        not_ready += 1;
+        assert!(Instant::now() < deadline, "agent never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(not_ready >= 2, "probes before the agent was up: {not_ready}");
+    let probes: Vec<ExecCall> = app.sim.exec_calls();
+    assert!(probes.iter().all(|c| c.cmd == "true" && c.shell && c.uid == uid), "{probes:?}");
+
+    // Any exit code counts as ready; an agent error before it does not.
+    app.sim.set_exec_rule("true", ExecRule { exit_code: 7, ..Default::default() });
+    assert!(fl.wait_ready(&host, &uid, Duration::from_secs(1)).await.unwrap());
+    app.sim.set_exec_rule("true", ExecRule { error: Some("agent busy".into()), ..Default::default() });
+    assert!(!fl.wait_ready(&host, &uid, Duration::from_secs(1)).await.unwrap());
+
+    // A probe that hangs is cut at per_attempt and counts as not ready.
+    app.sim.set_exec_rule("true", ExecRule { duration: Duration::from_secs(60), ..Default::default() });
+    let t = Instant::now();
+    assert!(!fl.wait_ready(&host, &uid, Duration::from_millis(300)).await.unwrap());
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+
+    // An unreachable host is retried later too.
+    app.sim.clear_exec_rules();
+    app.sim.set_unavailable(true);
+    assert!(!fl.wait_ready(&host, &uid, Duration::from_secs(1)).await.unwrap());
+}
+
+#[tokio::test]
+async fn wait_ready_permanent_failures_are_errors() {
+    let app = TestApp::spawn().await;
+    let host = sim_host(&app).await;
+    let fl = &app.state.flintlock;
+
+    let err = fl.wait_ready(&host, "01JUNKNOWNUID0000000000000", Duration::from_secs(1)).await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+
+    let plain = app.sim.insert_vm("poolmgr-default", "plain", MicroVmState::Created);
+    let err = fl.wait_ready(&host, &plain, Duration::from_secs(1)).await.unwrap_err();
+    assert!(err.to_string().contains("guest agent access"), "{err}");
+
+    let uid = ready_vm(&app).await;
+    app.sim.set_exec_enabled(false);
+    assert!(matches!(
+        fl.wait_ready(&host, &uid, Duration::from_secs(1)).await,
+        Err(FlintlockError::Unsupported { .. })
+    ));
+}
