@@ -361,3 +361,19 @@ async fn the_scheduled_event_decodes_and_runs_one_pass() {
     assert_eq!(report.created, 2);
     assert_eq!(app.count_phase("ci", "PROVISIONING").await, 2);
 }
+
+#[tokio::test]
+async fn a_pool_whose_size_goes_down_sheds_available_vms() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 3).await;
+    app.settle(40, "3 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 3 }).await;
+    app.claim(CLIENT_A, "ci", None).await.assert_ok(200);
+    app.put(ADMIN, "/v1/pools/default/ci", pool_spec("ci", 1)).await.assert_ok(200);
+    app.settle(40, "shrunk", || async {
+        app.count_phase("ci", "AVAILABLE").await == 0 && app.scalar_i64("SELECT count(*) FROM vms").await == 1
+    })
+    .await;
+    assert_eq!(app.count_phase("ci", "LEASED").await, 1, "the leased VM is kept");
+    assert_eq!(app.count_events("VM_DELETED_ON_SCALE_DOWN").await, 2);
+    app.settle(40, "gone from flintlock", || async { TestApp::sim_live(&app.sim).len() == 1 }).await;
+}

@@ -164,6 +164,7 @@ string_enum!(
         VmDeletedOnRelease => "VM_DELETED_ON_RELEASE",
         VmHookFailed => "VM_HOOK_FAILED",
         VmDeletedOnPoolDelete => "VM_DELETED_ON_POOL_DELETE",
+        VmDeletedOnScaleDown => "VM_DELETED_ON_SCALE_DOWN",
         VmAdopted => "VM_ADOPTED",
         VmOrphanDeleted => "VM_ORPHAN_DELETED",
         PoolReplenishing => "POOL_REPLENISHING",

@@ -119,6 +119,16 @@ pub fn desired_new(strategy: Strategy, size: i32, min_size: Option<i32>, c: Coun
     }
 }
 
+/// How many AVAILABLE VMs a pool has beyond what its strategy keeps (after its size went
+/// down). Only AVAILABLE VMs are ever removed for this; leased ones wind down by release.
+pub fn surplus(strategy: Strategy, size: i32, c: Counts) -> i64 {
+    let kept = match strategy {
+        Strategy::ImmediateOnLease => c.available + c.claiming + c.provisioning,
+        Strategy::MinSizeThreshold | Strategy::ReplaceOnDelete => c.available + c.claiming + c.leased + c.provisioning,
+    };
+    (kept - i64::from(size)).clamp(0, c.available)
+}
+
 /// A new VM id: `<pool name>-<lowercase ULID>`, unique across pools and time.
 pub fn new_vm_id(pool: &str) -> String {
     format!("{pool}-{}", ulid::Ulid::new().to_string().to_lowercase())
@@ -333,6 +343,13 @@ async fn reconcile_pool(pass: &Pass<'_>, pool: &PoolRow, report: &mut PassReport
         store::vm_list_for_pool(&**conn, &pref).await?
     };
     let counts = Counts::of(&vms);
+    let extra = surplus(pool.strategy, pool.size, counts);
+    if extra > 0 {
+        let conn = state.db.get().await?;
+        let n = store::vm_mark_surplus(&**conn, &pref, extra).await?;
+        tracing::info!(pool = %pref, n, size = pool.size, "pool shrank: surplus VMs marked DELETING");
+        // Deleted in flintlock by the next pass.
+    }
     let mut want = desired_new(pool.strategy, pool.size, pool.min_size, counts);
     if pool.microvm_template.has_static_network() {
         // A static MAC or address may exist once: only when the pool has no VM row at all.
@@ -833,6 +850,15 @@ mod tests {
         assert_eq!(desired_new(Strategy::MinSizeThreshold, 5, Some(2), c(2, 0, 0, 0)), 0);
         assert_eq!(desired_new(Strategy::MinSizeThreshold, 5, Some(2), c(1, 0, 3, 0)), 1);
         assert_eq!(desired_new(Strategy::MinSizeThreshold, 5, Some(2), c(1, 0, 1, 1)), 2);
+    }
+
+    #[test]
+    fn surplus_only_counts_available_vms_beyond_size() {
+        assert_eq!(surplus(Strategy::ReplaceOnDelete, 1, c(3, 0, 0, 0)), 2);
+        assert_eq!(surplus(Strategy::ReplaceOnDelete, 1, c(1, 0, 3, 0)), 1, "leased VMs are never removed");
+        assert_eq!(surplus(Strategy::ReplaceOnDelete, 5, c(3, 0, 2, 0)), 0);
+        assert_eq!(surplus(Strategy::ImmediateOnLease, 2, c(3, 0, 5, 0)), 1, "leased VMs are extra");
+        assert_eq!(surplus(Strategy::MinSizeThreshold, 0, c(2, 1, 0, 1)), 2);
     }
 
     #[test]

@@ -1357,3 +1357,26 @@ pub async fn host_record_probe(
     .await?;
     Ok(())
 }
+
+/// Shrinks a pool whose size went down: up to `n` AVAILABLE VMs (oldest first) → DELETING,
+/// with VM_DELETED_ON_SCALE_DOWN. SKIP LOCKED: a VM being claimed right now is left alone.
+pub async fn vm_mark_surplus(c: &impl GenericClient, pool: &PoolRef, n: i64) -> Result<u64> {
+    Ok(c
+        .execute_typed(
+            "WITH picked AS (
+                 SELECT id FROM vms
+                 WHERE pool_namespace = $1 AND pool_name = $2 AND phase = 'AVAILABLE'
+                 ORDER BY created_at
+                 LIMIT $3
+                 FOR NO KEY UPDATE SKIP LOCKED
+             ), v AS (
+                 UPDATE vms SET phase = 'DELETING', attempts = 0, next_attempt_at = NULL, updated_at = now()
+                 FROM picked WHERE vms.id = picked.id
+                 RETURNING vms.*
+             )
+             INSERT INTO events (type, pool_namespace, pool_name, vm_id)
+             SELECT 'VM_DELETED_ON_SCALE_DOWN', v.pool_namespace, v.pool_name, v.id FROM v",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&n, Type::INT8)],
+        )
+        .await?)
+}

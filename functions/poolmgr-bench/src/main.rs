@@ -38,6 +38,16 @@ enum Cmd {
         #[arg(long)]
         request_ids: bool,
     },
+    /// Claims on a pool with a pre-lease hook of HOOK_MS, CLIENTS concurrent clients, through
+    /// the HTTP stack served in-process (DATABASE_URL must be an empty database).
+    HookClaims {
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        #[arg(long, default_value_t = 20)]
+        claims_per_client: usize,
+        #[arg(long, default_value_t = 200)]
+        hook_ms: u64,
+    },
     /// Reconcile pass time for POOLS pools of VMS VMs each (DATABASE_URL must be an empty database).
     Reconcile {
         #[arg(long, default_value_t = 100)]
@@ -161,6 +171,83 @@ async fn reconcile_bench(pools: usize, vms: i32, max_passes: usize) -> anyhow::R
     Ok(())
 }
 
+async fn hook_claims(clients: usize, per_client: usize, hook_ms: u64) -> anyhow::Result<()> {
+    let total = clients * per_client;
+    let cfg = Config::from_lookup(|k| match k {
+        "POOLMGR_ADMIN_TOKENS" => Some("bench:bench-token".into()),
+        "POOLMGR_DB_POOL_SIZE" => Some("32".into()),
+        "POOLMGR_RECONCILE_MAX_CREATES" => Some("1000".into()),
+        k => std::env::var(k).ok(),
+    })?;
+    db::migrate_url(&cfg.database_url).await?;
+    let state = AppState::new(&cfg, db::pool_from_config(&cfg)?);
+    let sim = Sim::new(SimConfig { boot_delay: Duration::from_millis(50), delete_delay: Duration::from_millis(20), basic_auth_token: None });
+    sim.set_exec_rule("prepare", flintlock_sim::ExecRule { duration: Duration::from_millis(hook_ms), ..Default::default() });
+    let server = sim.serve("127.0.0.1:0".parse()?).await?;
+    let host = json!({"address": server.addr.to_string(), "name": "sim", "tls": {"insecure": true}});
+    service::host::create(&state, serde_json::from_value(host)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let spec: PoolSpec = serde_json::from_value(json!({
+        "name": "hook", "size": total, "flintlock_hosts": ["sim"],
+        "replenishment": {"strategy": "REPLACE_ON_DELETE"},
+        "pre_lease_commands": ["prepare --for-job"],
+        "microvm_template": {
+            "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/x/root:1"}},
+            "interfaces": [{"device_id": "eth1", "type": "TAP"}]
+        }
+    }))?;
+    service::pool::create(&state, spec).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    eprintln!("==> filling pool default/hook with {total} VMs");
+    for _ in 0..200 {
+        reconcile::run_pass(&state).await?;
+        let conn = state.db.get().await?;
+        let available: i64 = conn.query_one("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'", &[]).await?.get(0);
+        if available as usize >= total {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(axum::serve(listener, poolmgr_core::http::router(state.clone())).into_future());
+    let url = format!("http://{addr}/v1/claims");
+    eprintln!("==> {clients} clients x {per_client} claims, pre-lease hook {hook_ms} ms, via {url}");
+    let client = reqwest::Client::new();
+    let workers = (0..clients).map(|_| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let mut lat = vec![];
+            for _ in 0..per_client {
+                let body = json!({"pool": {"namespace": "default", "name": "hook"}, "request_id": ulid::Ulid::new().to_string()});
+                let t = Instant::now();
+                let resp = client.post(&url).bearer_auth("bench-token").json(&body).send().await?;
+                let status = resp.status();
+                let _ = resp.bytes().await?;
+                if !status.is_success() {
+                    bail!("claim answered {status}");
+                }
+                lat.push(t.elapsed());
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }
+    });
+    let t0 = Instant::now();
+    let mut lat = vec![];
+    for r in futures::future::join_all(workers).await {
+        lat.extend(r?);
+    }
+    let wall = t0.elapsed();
+    lat.sort();
+    println!(
+        "hook_ms={hook_ms} clients={clients} claims={total} median={} p95={} p99={} max={} throughput={:.1}/s",
+        ms(percentile(&lat, 0.5)),
+        ms(percentile(&lat, 0.95)),
+        ms(percentile(&lat, 0.99)),
+        ms(*lat.last().unwrap()),
+        total as f64 / wall.as_secs_f64()
+    );
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
@@ -168,5 +255,6 @@ async fn main() -> anyhow::Result<()> {
             claim_latency(&endpoint, &token, &pool, n, request_ids).await
         }
         Cmd::Reconcile { pools, vms, max_passes } => reconcile_bench(pools, vms, max_passes).await,
+        Cmd::HookClaims { clients, claims_per_client, hook_ms } => hook_claims(clients, claims_per_client, hook_ms).await,
     }
 }
