@@ -5,6 +5,11 @@
 //! Needs `POOLMGR_TEST_DATABASE_URL` (an admin URL that may create databases); `scripts/test.sh`
 //! starts a private PostgreSQL and sets it. Each test's database is dropped when its `TestApp`
 //! drops; `scripts/test.sh` drops leftovers of crashed runs before starting.
+//!
+//! With `POOLMGR_TEST_POOLER_URL_TEMPLATE` set (a URL containing `{db}`, e.g.
+//! `postgres://postgres@127.0.0.1:6432/{db}`), the app under test reaches its database through
+//! that pooler (`scripts/test-pgbouncer.sh`), while creating, migrating and dropping databases
+//! and the tests' own SQL go straight to PostgreSQL.
 
 use std::time::Duration;
 
@@ -38,10 +43,30 @@ pub fn url_for(db_name: &str) -> String {
     format!("{base}/{db_name}{query}")
 }
 
+/// The URL the app under test uses for database `db_name`: through the pooler of
+/// `POOLMGR_TEST_POOLER_URL_TEMPLATE` if set, else [`url_for`].
+pub fn app_url_for(db_name: &str) -> String {
+    match std::env::var("POOLMGR_TEST_POOLER_URL_TEMPLATE") {
+        Ok(t) if !t.is_empty() => {
+            assert!(t.contains("{db}"), "POOLMGR_TEST_POOLER_URL_TEMPLATE must contain {{db}}: {t}");
+            t.replace("{db}", db_name)
+        }
+        _ => url_for(db_name),
+    }
+}
+
+/// Whether the app under test goes through a pooler (`POOLMGR_TEST_POOLER_URL_TEMPLATE`).
+pub fn through_pooler() -> bool {
+    std::env::var("POOLMGR_TEST_POOLER_URL_TEMPLATE").is_ok_and(|t| !t.is_empty())
+}
+
 /// A database created for one test and dropped with it.
 pub struct TestDb {
     pub name: String,
+    /// Straight to PostgreSQL: migrations, the tests' own SQL.
     pub url: String,
+    /// What the app under test connects to (the pooler, when one is configured).
+    pub app_url: String,
 }
 
 impl TestDb {
@@ -50,7 +75,7 @@ impl TestDb {
         let name = format!("poolmgr_test_{}", ulid::Ulid::new().to_string().to_lowercase());
         let admin = db::connect_one(&admin_url()).await.expect("connect to the test server");
         admin.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create test database");
-        TestDb { url: url_for(&name), name }
+        TestDb { url: url_for(&name), app_url: app_url_for(&name), name }
     }
 
     pub async fn client(&self) -> tokio_postgres::Client {
@@ -107,6 +132,8 @@ pub struct TestApp {
     pub router: Router,
     pub sim: Sim,
     pub sim_server: SimServer,
+    /// A direct pool for the tests' own SQL when the app goes through a pooler.
+    direct: Option<deadpool_postgres::Pool>,
 }
 
 /// The template used by test pools: valid for flintlock's default provider.
@@ -150,7 +177,7 @@ impl TestApp {
         let mut client = testdb.client().await;
         db::migrate(&mut client, None).await.expect("migrate test database");
         let mut env: Vec<(String, String)> = vec![
-            ("DATABASE_URL".into(), testdb.url.clone()),
+            ("DATABASE_URL".into(), testdb.app_url.clone()),
             ("POOLMGR_ADMIN_TOKENS".into(), format!("admin:{ADMIN}")),
             ("POOLMGR_CLIENT_TOKENS".into(), format!("client-a:{CLIENT_A},client-b:{CLIENT_B}")),
             ("POOLMGR_DB_POOL_SIZE".into(), "40".into()),
@@ -172,7 +199,11 @@ impl TestApp {
             basic_auth_token: None,
         });
         let sim_server = sim.serve("127.0.0.1:0".parse().unwrap()).await.expect("start flintlock-sim");
-        let app = TestApp { db: testdb, state, router, sim, sim_server };
+        let direct = through_pooler().then(|| {
+            let opts = db::PoolOptions { size: 8, ..db::PoolOptions::from_config(&cfg) };
+            db::connect_pool(&testdb.url, &opts).expect("direct pool")
+        });
+        let app = TestApp { db: testdb, state, router, sim, sim_server, direct };
         app.post(
             ADMIN,
             "/v1/hosts",
@@ -324,9 +355,10 @@ impl TestApp {
             .collect()
     }
 
-    /// A pooled connection for direct SQL.
+    /// A pooled connection for direct SQL (straight to PostgreSQL, even when the app goes
+    /// through a pooler: the tests' SQL uses named prepared statements).
     pub async fn conn(&self) -> deadpool_postgres::Object {
-        self.state.db.get().await.expect("test connection")
+        self.direct.as_ref().unwrap_or(&self.state.db).get().await.expect("test connection")
     }
 
     /// Creates a VM in the simulator and its row in `phase`, as provisioning would.

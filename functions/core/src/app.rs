@@ -32,7 +32,7 @@ impl AppState {
             db,
             auth: Arc::new(cfg.auth.clone()),
             flintlock: Flintlock::new(cfg.flintlock_timeout),
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(Metrics::with_emf(cfg.metrics_emf)),
             config: Arc::new(cfg.clone()),
         }
     }
@@ -42,18 +42,23 @@ impl AppState {
         format!("{}{pool_namespace}", self.config.flintlock_namespace_prefix)
     }
 
-    /// A pooled connection; an unreachable database is UNAVAILABLE (503, retry).
+    /// A pooled connection; an unreachable database is UNAVAILABLE (503, retry). A connection
+    /// that died while idle (a Lambda thaw, a database restart) is replaced here, transparently:
+    /// see [`crate::db::connect_pool`].
     pub async fn conn(&self) -> Result<Object, ApiError> {
         self.db.get().await.map_err(|e| ApiError::from(StoreError::from(e)))
     }
 }
 
-/// Start-up shared by every function binary: logs, configuration, the connection pool, and a
-/// schema version check (a function never migrates; the migrate step does).
+/// Start-up shared by every function binary: logs, configuration (with the secrets that
+/// `POOLMGR_*_SECRET_ARN` name, see [`crate::secrets`]), and the connection pool, whose first
+/// connection checks the schema version (a function never migrates; the migrate step does).
 pub async fn boot_function() -> Result<AppState, Box<dyn std::error::Error + Send + Sync>> {
     crate::telemetry::init();
-    let cfg = Config::from_env()?;
-    crate::db::check_schema(&cfg.database_url).await?;
+    let cfg = Config::from_lookup(crate::secrets::env_lookup().await?)?;
+    // No connection here: the pool connects on the first request and checks the schema
+    // version then (`db::connect_pool`), so an unreachable database means 503 answers, never
+    // a failed start, and a cold start opens one connection, not two.
     let pool = crate::db::pool_from_config(&cfg)?;
     Ok(AppState::new(&cfg, pool))
 }

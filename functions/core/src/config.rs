@@ -21,6 +21,21 @@ pub struct Config {
     pub db_pool_size: usize,
     /// How long to wait for a connection (`POOLMGR_DB_CONNECT_TIMEOUT_SECONDS`).
     pub db_connect_timeout: Duration,
+    /// A pooled connection unused for this long is checked with one round trip before it is
+    /// handed out, and replaced if dead (`POOLMGR_DB_CHECK_IDLE_SECONDS`, 1): after a Lambda
+    /// thaw, a database restart or a proxy's idle timeout the socket may be gone.
+    pub db_check_idle: Duration,
+    /// Client-side limit of every store statement; past it the request answers 503 and a
+    /// cancel is sent (`POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS`, 10; 0 = none).
+    pub db_statement_timeout: Option<Duration>,
+    /// Whether a statement past the timeout gets a cancel request
+    /// (`POOLMGR_DB_CANCEL_ON_TIMEOUT`, true; set false in front of PgBouncer < 1.19).
+    pub db_cancel_on_timeout: bool,
+    /// Running on AWS Lambda (`AWS_LAMBDA_FUNCTION_NAME` is set).
+    pub on_lambda: bool,
+    /// Counters and histograms are also written as CloudWatch Embedded Metric Format lines on
+    /// stdout (`POOLMGR_METRICS_FORMAT=emf`; the default on Lambda, else `prometheus`).
+    pub metrics_emf: bool,
     /// Timeout of every flintlock RPC (`POOLMGR_FLINTLOCK_TIMEOUT_SECONDS`).
     pub flintlock_timeout: Duration,
     pub auth: AuthConfig,
@@ -117,14 +132,33 @@ impl Config {
                 "no API tokens: set POOLMGR_ADMIN_TOKENS and/or POOLMGR_CLIENT_TOKENS (comma-separated, each `token` or `name:token`), or POOLMGR_AUTH=disabled for local development".into(),
             ));
         }
-        let db_pool_size = parse_num(&lookup, "POOLMGR_DB_POOL_SIZE", 16usize)?;
+        let on_lambda = lookup("AWS_LAMBDA_FUNCTION_NAME").is_some_and(|s| !s.trim().is_empty());
+        // A Lambda execution environment serves one request at a time: one connection each.
+        let db_pool_size = parse_num(&lookup, "POOLMGR_DB_POOL_SIZE", if on_lambda { 1usize } else { 16 })?;
         if db_pool_size == 0 {
             return Err(ConfigError("POOLMGR_DB_POOL_SIZE must be at least 1".into()));
         }
+        let metrics_emf = match lookup("POOLMGR_METRICS_FORMAT").as_deref().map(str::trim) {
+            None | Some("") => on_lambda,
+            Some("emf") => true,
+            Some("prometheus") => false,
+            Some(other) => {
+                return Err(ConfigError(format!("POOLMGR_METRICS_FORMAT={other:?}: use \"emf\" or \"prometheus\"")));
+            }
+        };
+        let statement_timeout = parse_num(&lookup, "POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS", 10u64)?;
         Ok(Config {
             database_url,
             db_pool_size,
             db_connect_timeout: Duration::from_secs(parse_num(&lookup, "POOLMGR_DB_CONNECT_TIMEOUT_SECONDS", 5u64)?),
+            db_check_idle: Duration::from_secs(parse_num(&lookup, "POOLMGR_DB_CHECK_IDLE_SECONDS", 1u64)?),
+            db_statement_timeout: (statement_timeout > 0).then(|| Duration::from_secs(statement_timeout)),
+            db_cancel_on_timeout: !matches!(
+                lookup("POOLMGR_DB_CANCEL_ON_TIMEOUT").as_deref().map(str::trim),
+                Some("false" | "0" | "no")
+            ),
+            on_lambda,
+            metrics_emf,
             flintlock_timeout: Duration::from_secs(parse_num(&lookup, "POOLMGR_FLINTLOCK_TIMEOUT_SECONDS", 10u64)?),
             auth: AuthConfig { disabled, tokens },
             flintlock_namespace_prefix: lookup("POOLMGR_FLINTLOCK_NAMESPACE_PREFIX")
@@ -179,5 +213,30 @@ mod tests {
         assert_eq!(c.auth.tokens.len(), 2);
         assert!(cfg(&[("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "off")]).is_err());
         assert!(cfg(&[("POOLMGR_AUTH", "disabled")]).is_err());
+    }
+
+    #[test]
+    fn lambda_defaults_to_one_connection_and_emf_metrics() {
+        let base = [("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "disabled")];
+        let local = cfg(&base).unwrap();
+        assert_eq!(local.db_pool_size, 16);
+        assert!(!local.on_lambda && !local.metrics_emf);
+        assert_eq!(local.db_statement_timeout, Some(Duration::from_secs(10)));
+        let lambda = cfg(&[base[0], base[1], ("AWS_LAMBDA_FUNCTION_NAME", "claims")]).unwrap();
+        assert_eq!(lambda.db_pool_size, 1);
+        assert!(lambda.on_lambda && lambda.metrics_emf);
+        let tuned = cfg(&[
+            base[0],
+            base[1],
+            ("AWS_LAMBDA_FUNCTION_NAME", "reconcile"),
+            ("POOLMGR_DB_POOL_SIZE", "4"),
+            ("POOLMGR_METRICS_FORMAT", "prometheus"),
+            ("POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS", "0"),
+        ])
+        .unwrap();
+        assert_eq!(tuned.db_pool_size, 4);
+        assert!(!tuned.metrics_emf);
+        assert_eq!(tuned.db_statement_timeout, None);
+        assert!(cfg(&[base[0], base[1], ("POOLMGR_METRICS_FORMAT", "statsd")]).is_err());
     }
 }

@@ -3,11 +3,20 @@
 //!
 //! No connection carries session state (no `SET`, no advisory locks, no named prepared
 //! statements from the store), so everything here works through RDS Proxy or PgBouncer in
-//! transaction mode.
+//! transaction mode (`scripts/test-pgbouncer.sh` checks). Migrations are the exception:
+//! refinery prepares named statements, so the migrate step should connect to PostgreSQL
+//! directly (through RDS Proxy it works, pinned to one connection).
+//!
+//! Lambda: the pool opens connections lazily and replaces ones that died while idle (see
+//! [`connect_pool`]); `Config` sizes it to one connection per execution environment.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime, Timeouts};
+use deadpool_postgres::{
+    ClientWrapper, Hook, HookError, Manager, ManagerConfig, Metrics, Pool, RecyclingMethod, Runtime, Timeouts,
+};
 use refinery::Target;
 
 use crate::config::Config;
@@ -40,33 +49,141 @@ pub fn latest_version() -> i32 {
     embedded::migrations::runner().get_migrations().iter().map(|m| m.version()).max().unwrap_or(0)
 }
 
-/// Builds the connection pool. Connections are opened lazily, on first use.
-pub fn connect_pool(url: &str, size: usize, connect_timeout: Duration) -> Result<Pool, DbError> {
+/// How [`connect_pool`] builds a pool; [`PoolOptions::from_config`] reads it from `Config`.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    pub size: usize,
+    /// Limit of opening a connection and of waiting for a free one.
+    pub connect_timeout: Duration,
+    /// A connection idle at least this long is pinged before it is handed out.
+    pub check_idle: Duration,
+    /// Client-side limit of each store statement (see [`crate::store::set_statement_timeout`]).
+    pub statement_timeout: Option<Duration>,
+    /// Send a cancel request for a statement past `statement_timeout`.
+    pub cancel_on_timeout: bool,
+}
+
+impl PoolOptions {
+    pub fn from_config(cfg: &Config) -> PoolOptions {
+        PoolOptions {
+            size: cfg.db_pool_size,
+            connect_timeout: cfg.db_connect_timeout,
+            check_idle: cfg.db_check_idle,
+            statement_timeout: cfg.db_statement_timeout,
+            cancel_on_timeout: cfg.db_cancel_on_timeout,
+        }
+    }
+}
+
+/// Longest the liveness ping of an idle connection may take before the connection is
+/// replaced. Short: a healthy database answers an empty query in milliseconds, and a dead
+/// socket after a Lambda thaw must not eat the request's budget.
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Builds the connection pool. Connections are opened lazily, on first use, so a function
+/// starts (and answers 503) while the database is unreachable.
+///
+/// Stale connections: every checkout drops a connection whose socket is known closed, and a
+/// connection idle for `check_idle` or longer is first pinged (an empty simple query, one
+/// round trip); a dead one is discarded and the checkout transparently takes or opens
+/// another. Idle is what a Lambda freeze looks like from here, so the first request after a
+/// thaw never runs on a socket that died meanwhile; back-to-back requests pay nothing.
+///
+/// Schema check: the first connection the pool opens checks the schema version (once per
+/// pool, until it passes). A mismatch fails the checkout (503, logged) instead of the start.
+pub fn connect_pool(url: &str, opts: &PoolOptions) -> Result<Pool, DbError> {
     let mut pg: tokio_postgres::Config =
         url.parse().map_err(|e: tokio_postgres::Error| DbError::BadUrl(e.to_string()))?;
     if pg.get_connect_timeout().is_none() {
-        pg.connect_timeout(connect_timeout);
+        pg.connect_timeout(opts.connect_timeout);
     }
     if pg.get_application_name().is_none() {
         pg.application_name("poolmgr");
     }
-    // `Fast` recycling checks the socket is open; a dead one is replaced on the next get.
+    crate::store::set_statement_timeout(opts.statement_timeout, opts.cancel_on_timeout);
+    // `Fast` recycling only checks the socket is open; the pre-recycle hook adds the ping.
     let mgr =
         Manager::from_config(pg, tokio_postgres::NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let check_idle = opts.check_idle;
+    let schema_ok = Arc::new(AtomicBool::new(false));
     Pool::builder(mgr)
-        .max_size(size)
+        .max_size(opts.size)
         .runtime(Runtime::Tokio1)
         .timeouts(Timeouts {
-            wait: Some(connect_timeout),
-            create: Some(connect_timeout),
-            recycle: Some(connect_timeout),
+            wait: Some(opts.connect_timeout),
+            create: Some(opts.connect_timeout),
+            recycle: Some(opts.connect_timeout),
         })
+        .pre_recycle(Hook::async_fn(move |client: &mut ClientWrapper, metrics: &Metrics| {
+            Box::pin(async move { check_alive(client, metrics.last_used(), check_idle).await })
+        }))
+        .post_create(Hook::async_fn(move |client: &mut ClientWrapper, _: &Metrics| {
+            let schema_ok = schema_ok.clone();
+            Box::pin(async move {
+                if schema_ok.load(Ordering::Acquire) {
+                    return Ok(());
+                }
+                let binary = latest_version();
+                let database = schema_version_of(client).await.map_err(HookError::Backend)?;
+                schema_matches(database, binary).map_err(|e| {
+                    tracing::error!(error = %e, "schema version check failed; requests answer 503 until it passes");
+                    HookError::message(e.to_string())
+                })?;
+                schema_ok.store(true, Ordering::Release);
+                Ok(())
+            })
+        }))
         .build()
         .map_err(|e| DbError::Pool(e.to_string()))
 }
 
+/// The pre-recycle check: `Err` discards the connection and the checkout moves on.
+async fn check_alive(client: &ClientWrapper, idle: Duration, check_idle: Duration) -> Result<(), HookError> {
+    if client.is_closed() {
+        tracing::info!("discarding a closed database connection");
+        return Err(HookError::message("connection closed"));
+    }
+    if idle < check_idle {
+        return Ok(());
+    }
+    match tokio::time::timeout(PING_TIMEOUT, client.simple_query("")).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => {
+            tracing::info!(idle_ms = idle.as_millis() as u64, error = %e, "idle database connection is dead; reconnecting");
+            Err(HookError::Backend(e))
+        }
+        Err(_) => {
+            tracing::info!(
+                idle_ms = idle.as_millis() as u64,
+                "idle database connection did not answer a ping; reconnecting"
+            );
+            Err(HookError::message("liveness ping timed out"))
+        }
+    }
+}
+
+/// The applied schema version, through any client (unnamed statements only, so it works
+/// through a transaction-mode pooler).
+async fn schema_version_of(client: &tokio_postgres::Client) -> Result<i32, tokio_postgres::Error> {
+    let exists: bool =
+        client.query_typed_one("SELECT to_regclass('refinery_schema_history') IS NOT NULL", &[]).await?.get(0);
+    if !exists {
+        return Ok(0);
+    }
+    let v: Option<i32> = client.query_typed_one("SELECT max(version) FROM refinery_schema_history", &[]).await?.get(0);
+    Ok(v.unwrap_or(0))
+}
+
+fn schema_matches(database: i32, binary: i32) -> Result<(), DbError> {
+    match database.cmp(&binary) {
+        std::cmp::Ordering::Greater => Err(DbError::SchemaTooNew { database, binary }),
+        std::cmp::Ordering::Less => Err(DbError::SchemaTooOld { database, binary }),
+        std::cmp::Ordering::Equal => Ok(()),
+    }
+}
+
 pub fn pool_from_config(cfg: &Config) -> Result<Pool, DbError> {
-    connect_pool(&cfg.database_url, cfg.db_pool_size, cfg.db_connect_timeout)
+    connect_pool(&cfg.database_url, &PoolOptions::from_config(cfg))
 }
 
 /// Opens one dedicated connection (migrations need `&mut Client`).
@@ -130,9 +247,5 @@ pub async fn check_schema(url: &str) -> Result<(), DbError> {
     let mut client = connect_one(url).await?;
     let binary = latest_version();
     let database = applied_version(&mut client).await?;
-    match database.cmp(&binary) {
-        std::cmp::Ordering::Greater => Err(DbError::SchemaTooNew { database, binary }),
-        std::cmp::Ordering::Less => Err(DbError::SchemaTooOld { database, binary }),
-        std::cmp::Ordering::Equal => Ok(()),
-    }
+    schema_matches(database, binary)
 }

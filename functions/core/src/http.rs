@@ -11,6 +11,7 @@ use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -568,12 +569,21 @@ fn ops_routes() -> Router<AppState> {
     Router::new().route("/healthz", get(healthz)).route("/metrics", get(metrics))
 }
 
+/// Writes the request's metrics as EMF lines once it is answered (on Lambda; a no-op with
+/// Prometheus only).
+async fn flush_metrics(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    state.metrics.flush();
+    resp
+}
+
 /// Wraps routes with what every function shares: health and metrics, JSON 404s, the body
-/// limit, request ids and request logs.
+/// limit, request ids, request logs and the EMF metrics flush.
 fn finish(routes: Router<AppState>, state: AppState) -> Router {
     routes
         .merge(ops_routes())
         .fallback(no_route)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), flush_metrics))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {

@@ -13,9 +13,11 @@
 //! - [`service`]: claim, lease, pool and host operations.
 //! - [`http`]: the Routers and extractors of the HTTP contract; [`api`]: its JSON objects;
 //!   [`error`]: its error shape.
-//! - [`auth`]: bearer tokens and principals; [`config`]: environment configuration.
+//! - [`auth`]: bearer tokens and principals; [`config`]: environment configuration;
+//!   [`secrets`]: secrets named by AWS Secrets Manager ARN, resolved into that configuration.
 //! - [`flintlock`]: the gRPC client for flintlock hosts.
-//! - [`metrics`]: Prometheus counters; [`telemetry`]: JSON logs.
+//! - [`metrics`]: Prometheus counters, and their CloudWatch EMF lines on Lambda;
+//!   [`telemetry`]: JSON logs.
 
 pub mod api;
 pub mod app;
@@ -28,6 +30,7 @@ pub mod flintlock;
 pub mod http;
 pub mod metrics;
 pub mod reconcile;
+pub mod secrets;
 pub mod service;
 pub mod store;
 pub mod telemetry;

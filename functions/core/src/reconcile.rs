@@ -195,7 +195,8 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, PassError> {
     let rc = &state.config.reconcile;
     let started_db: DateTime<Utc> = {
         let conn = state.db.get().await.map_err(|e| PassError::Retryable(e.to_string()))?;
-        conn.query_one("SELECT now()", &[]).await.map_err(|e| PassError::Retryable(e.to_string()))?.get(0)
+        // query_typed: an unnamed statement, safe through a transaction-mode pooler.
+        conn.query_typed_one("SELECT now()", &[]).await.map_err(|e| PassError::Retryable(e.to_string()))?.get(0)
     };
     let pass = Arc::new(Pass {
         state,
@@ -507,7 +508,7 @@ async fn create_or_adopt(
                 Some(uid) => {
                     let conn = state.db.get().await?;
                     if store::vm_set_uid(&**conn, &vm.id, &uid, EventType::VmAdopted).await? {
-                        state.metrics.orphans.with_label_values(&[&pool.namespace, &pool.name, "adopted"]).inc();
+                        state.metrics.orphan(&pool.namespace, &pool.name, "adopted");
                         report.adopted += 1;
                         tracing::info!(vm = %vm.id, %uid, "adopted a microVM whose create reply was lost");
                     }
@@ -567,7 +568,7 @@ async fn poll_provisioning(
         .await?
         {
             let secs = (Utc::now() - vm.created_at).as_seconds_f64();
-            state.metrics.provision_duration.with_label_values(&[&pool.namespace, &pool.name]).observe(secs.max(0.0));
+            state.metrics.provisioned(&pool.namespace, &pool.name, secs);
             report.available += 1;
         }
         Ok(())
@@ -654,17 +655,8 @@ async fn hook_done(
     )
     .await?;
     if moved {
-        let labels = [pool.namespace.as_str(), pool.name.as_str()];
-        state
-            .metrics
-            .provision_duration
-            .with_label_values(&labels)
-            .observe((Utc::now() - vm.created_at).as_seconds_f64().max(0.0));
-        state
-            .metrics
-            .hook_duration
-            .with_label_values(&[labels[0], labels[1], "create"])
-            .observe((Utc::now() - started).as_seconds_f64().max(0.0));
+        state.metrics.provisioned(&pool.namespace, &pool.name, (Utc::now() - vm.created_at).as_seconds_f64());
+        state.metrics.hook_succeeded(&pool.namespace, &pool.name, "create", (Utc::now() - started).as_seconds_f64());
         report.available += 1;
     }
     Ok(())
@@ -693,7 +685,7 @@ async fn fail_vm(
     if !moved {
         return Ok(());
     }
-    state.metrics.hook_failures.with_label_values(&[&pool.namespace, &pool.name, "create"]).inc();
+    state.metrics.hook_failed(&pool.namespace, &pool.name, "create");
     report.failed += 1;
     tracing::warn!(vm = %vm.id, %reason, policy = %pool.hook_failure_policy, "VM failed to provision");
     Ok(())
@@ -804,7 +796,7 @@ async fn scan_host(pass: &Pass<'_>, host: &HostRow, prefix: &str, report: &mut P
             continue;
         }
         let pool = pool_of_orphan(prefix, &spec.namespace, &spec.id);
-        state.metrics.orphans.with_label_values(&[&pool.namespace, &pool.name, "deleted"]).inc();
+        state.metrics.orphan(&pool.namespace, &pool.name, "deleted");
         report.orphans_deleted += 1;
         tracing::warn!(host = %host.name, id = %spec.id, %uid, "deleted an orphaned microVM");
         let conn = state.conn().await?;

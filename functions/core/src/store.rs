@@ -10,6 +10,14 @@
 //! no named prepared statements and no session state, so a transaction-mode pooler (RDS
 //! Proxy, PgBouncer) can move the connection between transactions freely. Database errors are
 //! translated into `StoreError` in exactly one place, [`interpret`].
+//!
+//! Every statement is issued through [`Timed`] (`timed_query`, `timed_query_one`, …), which
+//! bounds it by the client-side statement timeout: a server-side `statement_timeout` would
+//! need session state or a startup parameter that transaction poolers drop or refuse.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
@@ -68,6 +76,101 @@ impl From<deadpool_postgres::PoolError> for StoreError {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Statement timeout
+// ---------------------------------------------------------------------------------------
+
+/// The client-side statement timeout in milliseconds, 0 for none. Process-wide: a process
+/// serves one configuration, and [`crate::db::connect_pool`] sets it from that.
+static STATEMENT_TIMEOUT_MS: AtomicU64 = AtomicU64::new(0);
+/// Whether a timed-out statement gets a cancel request.
+static CANCEL_ON_TIMEOUT: AtomicBool = AtomicBool::new(true);
+
+/// Sets the limit [`Timed`] applies to every statement (`None`: no limit), and whether a
+/// statement past it is cancelled on the server. Turn cancelling off in front of PgBouncer
+/// older than 1.19: it can crash on the cancel request of a client that closes the cancel
+/// socket right away, as tokio-postgres does (PgBouncer issue #801).
+pub fn set_statement_timeout(limit: Option<Duration>, cancel: bool) {
+    let ms = limit.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1));
+    STATEMENT_TIMEOUT_MS.store(ms, Ordering::Relaxed);
+    CANCEL_ON_TIMEOUT.store(cancel, Ordering::Relaxed);
+}
+
+/// The current limit of [`Timed`] statements.
+pub fn statement_timeout() -> Option<Duration> {
+    match STATEMENT_TIMEOUT_MS.load(Ordering::Relaxed) {
+        0 => None,
+        ms => Some(Duration::from_millis(ms)),
+    }
+}
+
+/// Runs one statement under the statement timeout. Past it the statement's future is
+/// dropped (tokio-postgres discards the late answer), a cancel request is sent so the server
+/// stops working on it (poolers forward cancels; see [`set_statement_timeout`]), and the
+/// caller gets `Unavailable`: the request answers 503 and a transaction it was part of
+/// rolls back.
+async fn timed<C: GenericClient + ?Sized, T>(
+    c: &C,
+    statement: impl Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+) -> Result<T> {
+    let Some(limit) = statement_timeout() else {
+        return statement.await.map_err(interpret);
+    };
+    match tokio::time::timeout(limit, statement).await {
+        Ok(r) => r.map_err(interpret),
+        Err(_) => {
+            let cancel = c.client().cancel_token();
+            tokio::spawn(async move {
+                if !CANCEL_ON_TIMEOUT.load(Ordering::Relaxed) {
+                    return;
+                }
+                if let Err(e) = cancel.cancel_query(tokio_postgres::NoTls).await {
+                    tracing::debug!(error = %e, "cancel request after a statement timeout failed");
+                }
+            });
+            Err(StoreError::Unavailable(format!(
+                "statement timed out after {} ms (POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS)",
+                limit.as_millis()
+            )))
+        }
+    }
+}
+
+type Params<'a> = &'a [(&'a (dyn ToSql + Sync), Type)];
+
+/// `query_typed` and friends under the statement timeout, answering in `StoreError`.
+pub trait Timed: GenericClient {
+    fn timed_query<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<Vec<Row>>> + 'a
+    where
+        Self: Sized,
+    {
+        timed(self, self.query_typed(sql, params))
+    }
+
+    fn timed_query_one<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<Row>> + 'a
+    where
+        Self: Sized,
+    {
+        timed(self, self.query_typed_one(sql, params))
+    }
+
+    fn timed_query_opt<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<Option<Row>>> + 'a
+    where
+        Self: Sized,
+    {
+        timed(self, self.query_typed_opt(sql, params))
+    }
+
+    fn timed_execute<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<u64>> + 'a
+    where
+        Self: Sized,
+    {
+        timed(self, self.execute_typed(sql, params))
+    }
+}
+
+impl<C: GenericClient> Timed for C {}
 
 /// Decodes a `to_jsonb(...)` column; NULL (an outer join that found nothing) is `None`.
 fn json_col<T: DeserializeOwned>(row: &Row, col: &str) -> Result<Option<T>> {
@@ -255,7 +358,7 @@ fn pool_with_status(row: &Row) -> Result<(PoolRow, PoolStatus)> {
 /// concurrent RemoveHost until the caller's transaction ends.
 pub async fn host_missing_for_pool(c: &impl GenericClient, names: &[String]) -> Result<Vec<String>> {
     let rows = c
-        .query_typed(
+        .timed_query(
             "WITH present AS (
                  SELECT name FROM hosts WHERE name = ANY($1) FOR KEY SHARE
              )
@@ -270,7 +373,7 @@ pub async fn host_missing_for_pool(c: &impl GenericClient, names: &[String]) -> 
 pub async fn pool_insert(c: &impl GenericClient, spec: &PoolSpec) -> Result<Option<PoolRow>> {
     let template = serde_json::to_value(&spec.microvm_template).map_err(|e| StoreError::Db(e.to_string()))?;
     let row = c
-        .query_typed_opt(
+        .timed_query_opt(
             "INSERT INTO pools AS p (namespace, name, size, flintlock_hosts, strategy, min_size,
                  microvm_template, create_commands, pre_lease_commands, hook_failure_policy,
                  heartbeat_interval_seconds, heartbeat_expiry_seconds)
@@ -300,7 +403,7 @@ pub async fn pool_insert(c: &impl GenericClient, spec: &PoolSpec) -> Result<Opti
 pub async fn pool_update(c: &impl GenericClient, spec: &PoolSpec) -> Result<bool> {
     let template = serde_json::to_value(&spec.microvm_template).map_err(|e| StoreError::Db(e.to_string()))?;
     let n = c
-        .execute_typed(
+        .timed_execute(
             "UPDATE pools SET size = $3, flintlock_hosts = $4, strategy = $5, min_size = $6,
                  microvm_template = $7, create_commands = $8, pre_lease_commands = $9,
                  hook_failure_policy = $10, heartbeat_interval_seconds = $11,
@@ -327,7 +430,7 @@ pub async fn pool_update(c: &impl GenericClient, spec: &PoolSpec) -> Result<bool
 
 pub async fn pool_get(c: &impl GenericClient, pool: &PoolRef) -> Result<Option<(PoolRow, PoolStatus)>> {
     let sql = format!("SELECT to_jsonb(p) AS pool, {POOL_STATUS} FROM pools p WHERE p.namespace = $1 AND p.name = $2");
-    let row = c.query_typed_opt(&sql, &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)]).await?;
+    let row = c.timed_query_opt(&sql, &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)]).await?;
     row.as_ref().map(pool_with_status).transpose()
 }
 
@@ -337,7 +440,7 @@ pub async fn pool_list(c: &impl GenericClient, namespace: Option<&str>) -> Resul
          WHERE $1::text IS NULL OR p.namespace = $1
          ORDER BY p.namespace, p.name"
     );
-    let rows = c.query_typed(&sql, &[(&namespace, Type::TEXT)]).await?;
+    let rows = c.timed_query(&sql, &[(&namespace, Type::TEXT)]).await?;
     rows.iter().map(pool_with_status).collect()
 }
 
@@ -357,14 +460,14 @@ pub enum PoolDelete {
 /// check and the marking.
 pub async fn pool_delete_and_mark_vms(c: &impl GenericClient, pool: &PoolRef, force: bool) -> Result<PoolDelete> {
     let p: &[(&(dyn ToSql + Sync), Type)] = &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)];
-    let deleted = c.execute_typed("DELETE FROM pools WHERE namespace = $1 AND name = $2", p).await?;
+    let deleted = c.timed_execute("DELETE FROM pools WHERE namespace = $1 AND name = $2", p).await?;
     if deleted == 0 {
         return Ok(PoolDelete::NotFound);
     }
     // FOR UPDATE waits for in-flight claims on these rows (they hold FOR NO KEY UPDATE), so
     // the count below sees every lease that committed.
     let leased: i64 = c
-        .query_typed_one(
+        .timed_query_one(
             "WITH locked AS (
                  SELECT id, phase FROM vms WHERE pool_namespace = $1 AND pool_name = $2 FOR UPDATE
              )
@@ -377,7 +480,7 @@ pub async fn pool_delete_and_mark_vms(c: &impl GenericClient, pool: &PoolRef, fo
         return Ok(PoolDelete::HasLeasedVms(leased));
     }
     let row = c
-        .query_typed_one(
+        .timed_query_one(
             "WITH marked AS (
                  UPDATE vms SET phase = 'DELETING', lease_id = NULL, updated_at = now()
                  WHERE pool_namespace = $1 AND pool_name = $2
@@ -421,7 +524,7 @@ fn host_with_count(row: &Row) -> Result<(HostRow, i64)> {
 /// Inserts a host, uncordoned; `None` if the name is taken.
 pub async fn host_insert(c: &impl GenericClient, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
     let row = c
-        .query_typed_opt(
+        .timed_query_opt(
             "INSERT INTO hosts AS h (name, address, tls_insecure, ca_pem, cert_pem, key_pem, basic_auth_token)
              VALUES ($1, $2, $3, $4, $5, $6, $7)
              ON CONFLICT (name) DO NOTHING
@@ -449,7 +552,7 @@ pub async fn host_update(c: &impl GenericClient, h: &HostWrite<'_>) -> Result<Op
          RETURNING to_jsonb(h) AS host, {HOST_VM_COUNT}"
     );
     let row = c
-        .query_typed_opt(
+        .timed_query_opt(
             &sql,
             &[
                 (&h.name, Type::TEXT),
@@ -467,13 +570,13 @@ pub async fn host_update(c: &impl GenericClient, h: &HostWrite<'_>) -> Result<Op
 
 pub async fn host_get(c: &impl GenericClient, name: &str) -> Result<Option<(HostRow, i64)>> {
     let sql = format!("SELECT to_jsonb(h) AS host, {HOST_VM_COUNT} FROM hosts h WHERE h.name = $1");
-    let row = c.query_typed_opt(&sql, &[(&name, Type::TEXT)]).await?;
+    let row = c.timed_query_opt(&sql, &[(&name, Type::TEXT)]).await?;
     row.as_ref().map(host_with_count).transpose()
 }
 
 pub async fn host_list(c: &impl GenericClient) -> Result<Vec<(HostRow, i64)>> {
     let sql = format!("SELECT to_jsonb(h) AS host, {HOST_VM_COUNT} FROM hosts h ORDER BY h.name");
-    let rows = c.query_typed(&sql, &[]).await?;
+    let rows = c.timed_query(&sql, &[]).await?;
     rows.iter().map(host_with_count).collect()
 }
 
@@ -490,7 +593,7 @@ pub async fn host_set_cordon(
          RETURNING to_jsonb(h) AS host, {HOST_VM_COUNT}"
     );
     let cordoned = cordon.is_some();
-    let row = c.query_typed_opt(&sql, &[(&name, Type::TEXT), (&cordoned, Type::BOOL), (&cordon, Type::TEXT)]).await?;
+    let row = c.timed_query_opt(&sql, &[(&name, Type::TEXT), (&cordoned, Type::BOOL), (&cordon, Type::TEXT)]).await?;
     row.as_ref().map(host_with_count).transpose()
 }
 
@@ -500,13 +603,19 @@ pub enum HostDelete {
     Deleted,
 }
 
+/// Locks host `name`'s row (FOR UPDATE) until the transaction ends; a no-op if it is missing.
+pub async fn host_lock(c: &impl GenericClient, name: &str) -> Result<()> {
+    c.timed_query_opt("SELECT 1 FROM hosts WHERE name = $1 FOR UPDATE", &[(&name, Type::TEXT)]).await?;
+    Ok(())
+}
+
 /// Removes a host unless a pool names it or a VM row is on it. Must run inside a
 /// transaction: the host row is locked first, which conflicts with the KEY SHARE lock a
 /// concurrent pool create/update takes on the hosts it names.
 pub async fn host_delete(c: &impl GenericClient, name: &str) -> Result<HostDelete> {
     let p: &[(&(dyn ToSql + Sync), Type)] = &[(&name, Type::TEXT)];
     let row = c
-        .query_typed_opt(
+        .timed_query_opt(
             "SELECT (SELECT coalesce(array_agg(namespace || '/' || name ORDER BY namespace, name), '{}')
                      FROM pools WHERE $1 = ANY(flintlock_hosts)) AS pools,
                     (SELECT count(*) FROM vms WHERE flintlock_host = $1) AS vm_count
@@ -520,7 +629,7 @@ pub async fn host_delete(c: &impl GenericClient, name: &str) -> Result<HostDelet
     if !pools.is_empty() || vm_count > 0 {
         return Ok(HostDelete::InUse { pools, vm_count });
     }
-    c.execute_typed("DELETE FROM hosts WHERE name = $1", p).await?;
+    c.timed_execute("DELETE FROM hosts WHERE name = $1", p).await?;
     Ok(HostDelete::Deleted)
 }
 
@@ -529,7 +638,7 @@ pub async fn host_delete(c: &impl GenericClient, name: &str) -> Result<HostDelet
 // ---------------------------------------------------------------------------------------
 
 pub async fn vm_get(c: &impl GenericClient, id: &str) -> Result<Option<VmRow>> {
-    let row = c.query_typed_opt("SELECT to_jsonb(v) AS vm FROM vms v WHERE v.id = $1", &[(&id, Type::TEXT)]).await?;
+    let row = c.timed_query_opt("SELECT to_jsonb(v) AS vm FROM vms v WHERE v.id = $1", &[(&id, Type::TEXT)]).await?;
     row.as_ref().map(|r| json_req(r, "vm")).transpose()
 }
 
@@ -541,7 +650,7 @@ pub async fn vm_list(
 ) -> Result<Vec<VmRow>> {
     let phase = phase.map(Phase::as_str);
     let rows = c
-        .query_typed(
+        .timed_query(
             "SELECT to_jsonb(v) AS vm FROM vms v
              WHERE ($1::text IS NULL OR v.pool_namespace = $1)
                AND ($2::text IS NULL OR v.pool_name = $2)
@@ -566,7 +675,7 @@ pub struct VmInsert<'a> {
 pub async fn vm_insert(c: &impl GenericClient, vm: &VmInsert<'_>) -> Result<VmRow> {
     let phase = vm.phase.as_str();
     let row = c
-        .query_typed_one(
+        .timed_query_one(
             "INSERT INTO vms AS v (id, uid, pool_namespace, pool_name, flintlock_host, phase, network_interfaces)
              VALUES ($1, $2, $3, $4, $5, $6, $7)
              RETURNING to_jsonb(v) AS vm",
@@ -597,7 +706,7 @@ pub enum VmFinish {
 /// marked the VM.
 pub async fn vm_finish_delete(c: &impl GenericClient, vm_id: &str) -> Result<VmFinish> {
     let row = c
-        .query_typed_one(
+        .timed_query_one(
             "WITH v AS (
                  DELETE FROM vms WHERE id = $1 AND phase = 'DELETING' RETURNING *
              ), l AS (
@@ -635,7 +744,7 @@ pub async fn lease_lookup_for_claim(
     request_id: &str,
 ) -> Result<ClaimLookup> {
     let row = c
-        .query_typed_one(
+        .timed_query_one(
             "SELECT EXISTS (SELECT 1 FROM pools WHERE namespace = $1 AND name = $2) AS pool_found,
                     to_jsonb(l) AS lease, to_jsonb(v) AS vm, to_jsonb(h) AS host
              FROM (SELECT 1) AS one
@@ -660,6 +769,8 @@ pub async fn lease_lookup_for_claim(
 
 pub enum ClaimOutcome {
     PoolNotFound,
+    /// The request_id already has a live lease (maybe on another pool): nothing was claimed.
+    Existing(Box<LeaseView>),
     NoVmAvailable,
     /// A concurrent claim with the same (principal, request_id) committed its lease first.
     /// Nothing was changed: the VM this claim picked is still AVAILABLE.
@@ -683,13 +794,19 @@ pub async fn lease_claim(
     principal: &str,
 ) -> Result<ClaimOutcome> {
     let row = c
-        .query_typed_one(
+        .timed_query_one(
             "WITH pool AS (
                  SELECT namespace, name, heartbeat_expiry_seconds FROM pools
                  WHERE namespace = $1 AND name = $2
+             ), existing AS (
+                 -- The lease this principal's request_id already created, on any pool: a
+                 -- replay. Looked up in the same statement, so a retried claim costs one
+                 -- round trip like a fresh one.
+                 SELECT * FROM leases WHERE $4::text IS NOT NULL AND principal = $5 AND request_id = $4
              ), picked AS (
                  SELECT v.id FROM vms v
                  WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'
+                   AND NOT EXISTS (SELECT 1 FROM existing)
                    -- A pool with pre-lease hooks claims in two phases (vm_claim_for_hook).
                    AND (SELECT cardinality(pre_lease_commands) FROM pools
                         WHERE namespace = $1 AND name = $2) = 0
@@ -721,12 +838,16 @@ pub async fn lease_claim(
              SELECT EXISTS (SELECT 1 FROM pool) AS pool_found, picked.id AS picked,
                     EXISTS (SELECT 1 FROM pools WHERE namespace = $1 AND name = $2
                             AND cardinality(pre_lease_commands) > 0) AS has_hooks,
-                    to_jsonb(ins) AS lease, to_jsonb(upd) AS vm, to_jsonb(h) AS host
+                    to_jsonb(ins) AS lease, to_jsonb(upd) AS vm, to_jsonb(h) AS host,
+                    to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm, to_jsonb(ev_h) AS existing_host
              FROM (SELECT 1) AS one
              LEFT JOIN picked ON true
              LEFT JOIN ins ON true
              LEFT JOIN upd ON true
-             LEFT JOIN hosts h ON h.name = upd.flintlock_host",
+             LEFT JOIN hosts h ON h.name = upd.flintlock_host
+             LEFT JOIN existing e ON true
+             LEFT JOIN vms ev_vm ON ev_vm.id = e.vm_id
+             LEFT JOIN hosts ev_h ON ev_h.name = ev_vm.flintlock_host",
             &[
                 (&pool.namespace, Type::TEXT),
                 (&pool.name, Type::TEXT),
@@ -738,6 +859,10 @@ pub async fn lease_claim(
         .await?;
     if !row.try_get::<_, bool>("pool_found")? {
         return Ok(ClaimOutcome::PoolNotFound);
+    }
+    if let Some(lease) = json_col::<LeaseRow>(&row, "existing_lease")? {
+        let view = LeaseView { lease, vm: json_col(&row, "existing_vm")?, host: json_col(&row, "existing_host")? };
+        return Ok(ClaimOutcome::Existing(Box::new(view)));
     }
     if row.try_get::<_, bool>("has_hooks")? {
         return Ok(ClaimOutcome::NeedsPreLeaseHook);
@@ -758,7 +883,7 @@ const LEASE_VIEW_SELECT: &str = "SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm,
 
 pub async fn lease_get(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseView>> {
     let sql = format!("{LEASE_VIEW_SELECT} WHERE l.lease_id = $1");
-    let row = c.query_typed_opt(&sql, &[(&lease_id, Type::TEXT)]).await?;
+    let row = c.timed_query_opt(&sql, &[(&lease_id, Type::TEXT)]).await?;
     row.as_ref().map(lease_view).transpose()
 }
 
@@ -767,7 +892,7 @@ pub async fn lease_get(c: &impl GenericClient, lease_id: &str) -> Result<Option<
 /// delete its VM).
 pub async fn lease_heartbeat(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseView>> {
     let row = c
-        .query_typed_opt(
+        .timed_query_opt(
             "WITH l AS (
                  UPDATE leases l
                  SET expires_at = now() + make_interval(secs => p.heartbeat_expiry_seconds),
@@ -807,7 +932,7 @@ pub async fn lease_list(
          LIMIT $5"
     );
     let rows = c
-        .query_typed(
+        .timed_query(
             &sql,
             &[
                 (&ns, Type::TEXT),
@@ -825,7 +950,7 @@ pub async fn lease_list(
 /// until flintlock confirms the delete. `None` for an unknown lease.
 pub async fn lease_begin_release(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseView>> {
     let row = c
-        .query_typed_opt(
+        .timed_query_opt(
             "WITH l AS (
                  SELECT * FROM leases WHERE lease_id = $1
              ), v AS (
@@ -846,7 +971,7 @@ pub async fn lease_begin_release(c: &impl GenericClient, lease_id: &str) -> Resu
 /// Removes a lease whose VM row is already gone.
 pub async fn lease_delete(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseRow>> {
     let row = c
-        .query_typed_opt(
+        .timed_query_opt(
             "DELETE FROM leases l WHERE lease_id = $1 RETURNING to_jsonb(l) AS lease",
             &[(&lease_id, Type::TEXT)],
         )
@@ -868,7 +993,7 @@ pub async fn event_insert(
 ) -> Result<i64> {
     let kind = kind.as_str();
     let row = c
-        .query_typed_one(
+        .timed_query_one(
             "INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id, payload)
              VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
             &[
@@ -892,7 +1017,7 @@ pub async fn event_list(
     limit: i64,
 ) -> Result<Vec<EventRow>> {
     let rows = c
-        .query_typed(
+        .timed_query(
             "SELECT to_jsonb(e) AS event FROM events e
              WHERE e.id > $1
                AND ($2::text IS NULL OR e.pool_namespace = $2)
@@ -915,7 +1040,7 @@ pub async fn pool_gauges(c: &impl GenericClient) -> Result<Vec<(PoolRow, PoolSta
 }
 
 pub async fn ping(c: &impl GenericClient) -> Result<()> {
-    c.query_typed("SELECT 1", &[]).await?;
+    c.timed_query("SELECT 1", &[]).await?;
     Ok(())
 }
 
@@ -933,7 +1058,7 @@ pub async fn pool_take_reconcile_lease(
     lease_seconds: f64,
 ) -> Result<Option<PoolRow>> {
     let row = c
-        .query_typed_opt(
+        .timed_query_opt(
             "UPDATE pools p SET reconcile_owner = $1, reconcile_until = now() + make_interval(secs => $3)
              WHERE (p.namespace, p.name) = (
                  SELECT namespace, name FROM pools
@@ -951,7 +1076,7 @@ pub async fn pool_take_reconcile_lease(
 
 /// Gives a pool's reconcile lease back (only if this owner still holds it).
 pub async fn pool_release_reconcile_lease(c: &impl GenericClient, pool: &PoolRef, owner: &str) -> Result<()> {
-    c.execute_typed(
+    c.timed_execute(
         "UPDATE pools SET reconcile_owner = NULL, reconcile_until = now()
          WHERE namespace = $1 AND name = $2 AND reconcile_owner = $3",
         &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&owner, Type::TEXT)],
@@ -963,7 +1088,7 @@ pub async fn pool_release_reconcile_lease(c: &impl GenericClient, pool: &PoolRef
 /// Every VM row of a pool with whether it has a committed lease.
 pub async fn vm_list_for_pool(c: &impl GenericClient, pool: &PoolRef) -> Result<Vec<(VmRow, bool)>> {
     let rows = c
-        .query_typed(
+        .timed_query(
             "SELECT to_jsonb(v) AS vm, EXISTS (SELECT 1 FROM leases l WHERE l.vm_id = v.id) AS has_lease
              FROM vms v WHERE v.pool_namespace = $1 AND v.pool_name = $2 ORDER BY v.created_at, v.id",
             &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)],
@@ -977,7 +1102,7 @@ pub async fn vm_list_for_pool(c: &impl GenericClient, pool: &PoolRef) -> Result<
 /// (and the lease is no longer expired when this re-checks it) or finds the lease gone.
 pub async fn lease_expire_for_pool(c: &impl GenericClient, pool: &PoolRef) -> Result<Vec<LeaseRow>> {
     let rows = c
-        .query_typed(
+        .timed_query(
             "WITH exp AS (
                  DELETE FROM leases WHERE pool_namespace = $1 AND pool_name = $2 AND expires_at <= now()
                  RETURNING *
@@ -998,7 +1123,7 @@ pub async fn lease_expire_for_pool(c: &impl GenericClient, pool: &PoolRef) -> Re
 
 /// Writes VM_EXPIRING_SOON once per expiry deadline for leases expiring within `window`.
 pub async fn lease_warn_expiring_for_pool(c: &impl GenericClient, pool: &PoolRef, window_seconds: f64) -> Result<u64> {
-    Ok(c.execute_typed(
+    c.timed_execute(
         "WITH w AS (
                  UPDATE leases SET warned_expires_at = expires_at
                  WHERE pool_namespace = $1 AND pool_name = $2
@@ -1012,7 +1137,7 @@ pub async fn lease_warn_expiring_for_pool(c: &impl GenericClient, pool: &PoolRef
              FROM w",
         &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&window_seconds, Type::FLOAT8)],
     )
-    .await?)
+    .await
 }
 
 /// Inserts a PROVISIONING intent row on the least-loaded eligible host of the pool, in one
@@ -1027,7 +1152,7 @@ pub async fn vm_place_and_insert(
     skip: &[String],
 ) -> Result<Option<VmRow>> {
     let row = c
-        .query_typed_opt(
+        .timed_query_opt(
             "WITH p AS (
                  SELECT flintlock_hosts FROM pools WHERE namespace = $1 AND name = $2
              ), eligible AS (
@@ -1056,7 +1181,7 @@ pub async fn vm_place_and_insert(
 pub async fn vm_set_uid(c: &impl GenericClient, vm_id: &str, uid: &str, event: EventType) -> Result<bool> {
     let kind = event.as_str();
     let n = c
-        .execute_typed(
+        .timed_execute(
             "WITH v AS (
                  UPDATE vms SET uid = $2, attempts = 0, next_attempt_at = NULL, updated_at = now()
                  WHERE id = $1 AND uid IS NULL AND phase = 'PROVISIONING'
@@ -1088,7 +1213,7 @@ pub async fn vm_transition(
         None => (None, None),
     };
     let row = c
-        .query_typed_one(
+        .timed_query_one(
             "WITH v AS (
                  UPDATE vms SET phase = $3, network_interfaces = coalesce($4, network_interfaces),
                      attempts = 0, next_attempt_at = NULL, updated_at = now(),
@@ -1120,7 +1245,7 @@ pub async fn vm_transition(
 /// Backs a VM off after a failed step: attempts + 1, next try after an exponential delay
 /// (`base * 2^attempts`, at most `cap`).
 pub async fn vm_backoff(c: &impl GenericClient, vm_id: &str, base_seconds: f64, cap_seconds: f64) -> Result<()> {
-    c.execute_typed(
+    c.timed_execute(
         "UPDATE vms SET attempts = attempts + 1,
              next_attempt_at = now() + make_interval(secs => least($3, $2 * power(2, least(attempts, 20))))
          WHERE id = $1",
@@ -1134,7 +1259,7 @@ pub async fn vm_backoff(c: &impl GenericClient, vm_id: &str, base_seconds: f64, 
 /// deletes the microVM should the create have reached flintlock after all.
 pub async fn vm_delete_intent(c: &impl GenericClient, vm_id: &str) -> Result<bool> {
     let n = c
-        .execute_typed(
+        .timed_execute(
             "DELETE FROM vms WHERE id = $1 AND uid IS NULL AND phase = 'PROVISIONING'",
             &[(&vm_id, Type::TEXT)],
         )
@@ -1146,7 +1271,7 @@ pub async fn vm_delete_intent(c: &impl GenericClient, vm_id: &str) -> Result<boo
 /// returned VM's next attempt is pushed back first, so an overlapping pass skips it.
 pub async fn vm_take_orphaned_deletions(c: &impl GenericClient, limit: i64) -> Result<Vec<VmRow>> {
     let rows = c
-        .query_typed(
+        .timed_query(
             "UPDATE vms v SET next_attempt_at = now() + interval '30 seconds'
              WHERE v.id IN (
                  SELECT id FROM vms x
@@ -1172,7 +1297,7 @@ pub async fn host_take_scan(
 ) -> Result<Option<HostRow>> {
     // `scan_until` before the pass started: a pass scans each host at most once.
     let row = c
-        .query_typed_opt(
+        .timed_query_opt(
             "UPDATE hosts h SET scan_until = now() + make_interval(secs => $1)
              WHERE h.name = (
                  SELECT name FROM hosts WHERE scan_until < least(now(), $2)
@@ -1188,7 +1313,7 @@ pub async fn host_take_scan(
 /// The rows of the given VM ids: (id, host, uid).
 pub async fn vm_identities(c: &impl GenericClient, ids: &[String]) -> Result<Vec<(String, String, Option<String>)>> {
     let rows = c
-        .query_typed("SELECT id, flintlock_host, uid FROM vms WHERE id = ANY ($1)", &[(&ids, Type::TEXT_ARRAY)])
+        .timed_query("SELECT id, flintlock_host, uid FROM vms WHERE id = ANY ($1)", &[(&ids, Type::TEXT_ARRAY)])
         .await?;
     rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))).collect()
 }
@@ -1208,7 +1333,7 @@ pub struct HookClaim {
 
 pub async fn vm_claim_for_hook(c: &impl GenericClient, pool: &PoolRef) -> Result<HookClaim> {
     let row = c
-        .query_typed_one(
+        .timed_query_one(
             "WITH pool AS (
                  SELECT pre_lease_commands FROM pools WHERE namespace = $1 AND name = $2
              ), picked AS (
@@ -1261,7 +1386,7 @@ pub async fn lease_insert_after_hook(
     principal: &str,
 ) -> Result<HookLease> {
     let row = c
-        .query_typed_one(
+        .timed_query_one(
             "WITH vm AS (
                  SELECT v.id, v.pool_namespace, v.pool_name FROM vms v
                  WHERE v.id = $1 AND v.phase = 'PRE_LEASE_HOOK_RUNNING'
@@ -1306,7 +1431,7 @@ pub async fn lease_insert_after_hook(
 /// Records that a CREATE_HOOK_RUNNING VM finished create command `step - 1`.
 pub async fn vm_set_hook_step(c: &impl GenericClient, vm_id: &str, step: i32) -> Result<bool> {
     let n = c
-        .execute_typed(
+        .timed_execute(
             "UPDATE vms SET hook_step = $2, attempts = 0, next_attempt_at = NULL, updated_at = now()
              WHERE id = $1 AND phase = 'CREATE_HOOK_RUNNING'",
             &[(&vm_id, Type::TEXT), (&step, Type::INT4)],
@@ -1324,7 +1449,7 @@ pub async fn vm_recover_abandoned_claims(
     older_than_seconds: f64,
 ) -> Result<Vec<String>> {
     let rows = c
-        .query_typed(
+        .timed_query(
             "WITH v AS (
                  UPDATE vms SET phase = 'DELETING', attempts = 0, next_attempt_at = NULL, updated_at = now()
                  WHERE pool_namespace = $1 AND pool_name = $2 AND phase = 'PRE_LEASE_HOOK_RUNNING'
@@ -1350,7 +1475,7 @@ pub async fn host_record_probe(
     version: Option<&str>,
     exec_unavailable: Option<&str>,
 ) -> Result<()> {
-    c.execute_typed(
+    c.timed_execute(
         "UPDATE hosts SET flintlock_version = $2, exec_unavailable_reason = $3, checked_at = now() WHERE name = $1",
         &[(&name, Type::TEXT), (&version, Type::TEXT), (&exec_unavailable, Type::TEXT)],
     )
@@ -1361,9 +1486,8 @@ pub async fn host_record_probe(
 /// Shrinks a pool whose size went down: up to `n` AVAILABLE VMs (oldest first) → DELETING,
 /// with VM_DELETED_ON_SCALE_DOWN. SKIP LOCKED: a VM being claimed right now is left alone.
 pub async fn vm_mark_surplus(c: &impl GenericClient, pool: &PoolRef, n: i64) -> Result<u64> {
-    Ok(c
-        .execute_typed(
-            "WITH picked AS (
+    c.timed_execute(
+        "WITH picked AS (
                  SELECT id FROM vms
                  WHERE pool_namespace = $1 AND pool_name = $2 AND phase = 'AVAILABLE'
                  ORDER BY created_at
@@ -1376,7 +1500,7 @@ pub async fn vm_mark_surplus(c: &impl GenericClient, pool: &PoolRef, n: i64) -> 
              )
              INSERT INTO events (type, pool_namespace, pool_name, vm_id)
              SELECT 'VM_DELETED_ON_SCALE_DOWN', v.pool_namespace, v.pool_name, v.id FROM v",
-            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&n, Type::INT8)],
-        )
-        .await?)
+        &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&n, Type::INT8)],
+    )
+    .await
 }

@@ -181,8 +181,15 @@ async fn hook_claims(clients: usize, per_client: usize, hook_ms: u64) -> anyhow:
     })?;
     db::migrate_url(&cfg.database_url).await?;
     let state = AppState::new(&cfg, db::pool_from_config(&cfg)?);
-    let sim = Sim::new(SimConfig { boot_delay: Duration::from_millis(50), delete_delay: Duration::from_millis(20), basic_auth_token: None });
-    sim.set_exec_rule("prepare", flintlock_sim::ExecRule { duration: Duration::from_millis(hook_ms), ..Default::default() });
+    let sim = Sim::new(SimConfig {
+        boot_delay: Duration::from_millis(50),
+        delete_delay: Duration::from_millis(20),
+        basic_auth_token: None,
+    });
+    sim.set_exec_rule(
+        "prepare",
+        flintlock_sim::ExecRule { duration: Duration::from_millis(hook_ms), ..Default::default() },
+    );
     let server = sim.serve("127.0.0.1:0".parse()?).await?;
     let host = json!({"address": server.addr.to_string(), "name": "sim", "tls": {"insecure": true}});
     service::host::create(&state, serde_json::from_value(host)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -255,6 +262,8 @@ async fn main() -> anyhow::Result<()> {
             claim_latency(&endpoint, &token, &pool, n, request_ids).await
         }
         Cmd::Reconcile { pools, vms, max_passes } => reconcile_bench(pools, vms, max_passes).await,
-        Cmd::HookClaims { clients, claims_per_client, hook_ms } => hook_claims(clients, claims_per_client, hook_ms).await,
+        Cmd::HookClaims { clients, claims_per_client, hook_ms } => {
+            hook_claims(clients, claims_per_client, hook_ms).await
+        }
     }
 }

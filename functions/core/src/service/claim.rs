@@ -48,15 +48,6 @@ fn replay(state: &AppState, req: &ClaimRequest, rid: &RequestId, view: LeaseView
 
 pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -> Result<ClaimResponse, ApiError> {
     let conn = state.conn().await?;
-    if let Some(rid) = &req.request_id {
-        let found = store::lease_lookup_for_claim(&**conn, &req.pool, &principal.name, rid.as_str()).await?;
-        if !found.pool_found {
-            return Err(pool_not_found(&req.pool));
-        }
-        if let Some(view) = found.existing {
-            return replay(state, &req, rid, view);
-        }
-    }
     let lease_id = LeaseId::generate();
     let outcome = store::lease_claim(
         &**conn,
@@ -68,6 +59,10 @@ pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -
     .await?;
     match outcome {
         ClaimOutcome::PoolNotFound => Err(pool_not_found(&req.pool)),
+        ClaimOutcome::Existing(view) => {
+            let rid = req.request_id.as_ref().ok_or_else(|| ApiError::internal("a replay needs a request_id"))?;
+            replay(state, &req, rid, *view)
+        }
         ClaimOutcome::NoVmAvailable => {
             state.metrics.claim_failure(&req.pool, "exhausted");
             Err(exhausted(&req.pool))
@@ -183,11 +178,12 @@ async fn finish_hook_claim(
         }
         HookLease::Claimed(view) => {
             state.metrics.claim(&req.pool, false);
-            state
-                .metrics
-                .hook_duration
-                .with_label_values(&[req.pool.namespace.as_str(), req.pool.name.as_str(), "pre_lease"])
-                .observe(started.elapsed().as_secs_f64());
+            state.metrics.hook_succeeded(
+                &req.pool.namespace,
+                &req.pool.name,
+                "pre_lease",
+                started.elapsed().as_secs_f64(),
+            );
             let vm = view.vm.as_ref().ok_or_else(|| ApiError::internal("claimed lease without its VM"))?;
             Ok(ClaimResponse::new(&view, vm, false))
         }
@@ -252,11 +248,7 @@ async fn pre_lease_hook_failed(
         Ok(false) => return vm_taken(state, req, vm),
         Err(e) => return e,
     }
-    state
-        .metrics
-        .hook_failures
-        .with_label_values(&[req.pool.namespace.as_str(), req.pool.name.as_str(), "pre_lease"])
-        .inc();
+    state.metrics.hook_failed(&req.pool.namespace, &req.pool.name, "pre_lease");
     state.metrics.claim_failure(&req.pool, "hook_failed");
     tracing::warn!(vm = %vm.id, %reason, %policy, "pre-lease hook failed");
     if to == Phase::Deleting {

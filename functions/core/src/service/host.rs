@@ -147,7 +147,7 @@ pub async fn remove(state: &AppState, name: &str) -> Result<(), ApiError> {
     // check below then takes its snapshot after the lock is granted, so it sees a pool that a
     // concurrent create/update (holding KEY SHARE on this row) has just committed. Checking
     // in the locking statement itself would use a snapshot from before the wait and miss it.
-    tx.query_opt("SELECT 1 FROM hosts WHERE name = $1 FOR UPDATE", &[&name]).await.map_err(store::StoreError::from)?;
+    store::host_lock(&*tx, name).await?;
     match store::host_delete(&*tx, name).await? {
         HostDelete::NotFound => Err(not_found(name)),
         HostDelete::InUse { pools, vm_count } => Err(ApiError::FailedPrecondition(format!(

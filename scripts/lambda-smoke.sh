@@ -1,0 +1,344 @@
+#!/usr/bin/env bash
+# Smoke test of the functions as AWS Lambda functions, through cargo-lambda's emulator:
+#
+#   scripts/lambda-smoke.sh
+#
+# Installs cargo-lambda when missing (PyPI, into a venv under .dev/), starts a private
+# PostgreSQL (.dev/lambda-pg) and migrates it, starts flintlock-sim, then
+# `cargo lambda watch` on a free port with the functions' environment, and drives:
+#   hosts function      register the simulator
+#   pools function      create a pool of 3
+#   reconcile function  `cargo lambda invoke reconcile --data-file functions/reconcile/events/scheduled.json`
+#                       until the pool has 3 AVAILABLE VMs
+#   claims function     claim, then the same request_id again (replay: same lease)
+#   leases function     release it (204), then GET (404)
+# checking every answer, measures the cold start (first request after `watch` starts a
+# function) and warm claim latency, checks the EMF metric lines, prints a summary, and stops
+# everything it started.
+#
+# Environment (optional): LAMBDA_SMOKE_PORT (default: a free port), CARGO_LAMBDA (path to
+# cargo-lambda).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DEV=$ROOT/.dev
+# shellcheck source=lib/pg.sh
+. "$ROOT/scripts/lib/pg.sh"
+
+PG_DIR_OURS=$DEV/lambda-pg
+WORK=$DEV/lambda-smoke
+VENV=$DEV/cargo-lambda-venv
+SIM_LOG=$WORK/flintlock-sim.log
+WATCH_LOG=$WORK/cargo-lambda-watch.log
+FUNCTIONS=(claims leases pools hosts events reconcile)
+
+log() { printf '==> %s\n' "$*" >&2; }
+show_tail() {
+    local file=$1
+    if [[ -f "$file" ]]; then
+        printf -- '--- last lines of %s ---\n' "$file" >&2
+        tail -n "${2:-40}" "$file" >&2 || true
+        printf -- '--- end of %s ---\n' "$file" >&2
+    fi
+}
+die() {
+    printf 'error: %s\n' "$*" >&2
+    show_tail "$WATCH_LOG"
+    exit 1
+}
+
+SIM_PID=""
+WATCH_PID=""
+STARTED_PG=0
+
+alive() { [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null; }
+
+# stop_group PID NAME: TERM the process group PID leads (setsid), then KILL after 10 s.
+stop_group() {
+    local pid=$1 name=$2 i
+    alive "$pid" || return 0
+    log "stopping $name (pid $pid)"
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 1 100); do
+        alive "$pid" || return 0
+        sleep 0.1
+        : "$i"
+    done
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+}
+
+# shellcheck disable=SC2317  # invoked via trap
+cleanup() {
+    local status=$?
+    trap - EXIT INT TERM
+    stop_group "$WATCH_PID" "cargo lambda watch"
+    stop_group "$SIM_PID" flintlock-sim
+    if [[ $STARTED_PG == 1 ]]; then
+        pg_stop "$PG_DIR_OURS" || true
+    fi
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+command -v curl >/dev/null 2>&1 || die "curl is required (apt-get install curl)"
+command -v python3 >/dev/null 2>&1 || die "python3 is required"
+mkdir -p "$WORK"
+
+# --- cargo-lambda ---------------------------------------------------------------
+CARGO_LAMBDA=${CARGO_LAMBDA:-}
+if [[ -z "$CARGO_LAMBDA" ]]; then
+    if command -v cargo-lambda >/dev/null 2>&1; then
+        CARGO_LAMBDA=$(command -v cargo-lambda)
+    elif [[ -x "$VENV/bin/cargo-lambda" ]]; then
+        CARGO_LAMBDA=$VENV/bin/cargo-lambda
+    else
+        log "installing cargo-lambda 1.9 from PyPI into $VENV"
+        python3 -m venv "$VENV" || die "python3 -m venv failed; install python3-venv (apt-get install python3-venv) or cargo-lambda yourself"
+        "$VENV/bin/python" -m pip install -q 'cargo-lambda==1.9.*' ||
+            die "pip install cargo-lambda failed; install it yourself (pip install 'cargo-lambda==1.9.*') and rerun"
+        CARGO_LAMBDA=$VENV/bin/cargo-lambda
+    fi
+fi
+# cargo finds `cargo lambda` as cargo-lambda on PATH.
+PATH="$(dirname "$CARGO_LAMBDA"):$PATH"
+export PATH
+log "using $(cargo lambda --version 2>/dev/null || echo cargo-lambda)"
+
+# --- build ------------------------------------------------------------------------
+cd "$ROOT"
+log "building migrate and flintlock-sim"
+cargo build -q --bin migrate --bin flintlock-sim || die "build failed"
+# One binary at a time, as `cargo lambda watch` runs them (`cargo run --bin NAME`), so the
+# cold starts below measure the function, not the compiler.
+for f in "${FUNCTIONS[@]}"; do
+    log "building the $f function (cargo build --bin $f)"
+    cargo build -q --bin "$f" || die "building $f failed"
+done
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
+# What `cargo run` itself adds to every cold start under watch (its freshness check and
+# the process start): the claims binary without DATABASE_URL exits right after reading its
+# configuration.
+t0=$(date +%s.%N)
+env -u DATABASE_URL cargo run -q --bin claims >/dev/null 2>&1 || true
+t1=$(date +%s.%N)
+CARGO_RUN_MS=$(python3 -c "print(round(($t1 - $t0) * 1000, 1))")
+
+# --- PostgreSQL ---------------------------------------------------------------------
+if [[ -d "$PG_DIR_OURS/data" ]]; then
+    pg_stop "$PG_DIR_OURS" || die "could not stop the old PostgreSQL in $PG_DIR_OURS"
+fi
+rm -rf "$PG_DIR_OURS"
+STARTED_PG=1
+PG_FAST=1 pg_start "$PG_DIR_OURS" || die "could not start PostgreSQL"
+DATABASE_URL=$(pg_create_db poolmgr) || die "could not create database poolmgr"
+export DATABASE_URL
+log "migrating $DATABASE_URL"
+"$BIN/migrate" >"$WORK/migrate.log" 2>&1 || {
+    show_tail "$WORK/migrate.log"
+    die "migrate failed"
+}
+
+# --- flintlock-sim --------------------------------------------------------------------
+: >"$SIM_LOG"
+setsid "$BIN/flintlock-sim" --listen 127.0.0.1:0 --boot-delay-ms 200 --delete-delay-ms 50 >>"$SIM_LOG" 2>&1 </dev/null &
+SIM_PID=$!
+SIM_ADDR=""
+for _ in $(seq 1 100); do
+    SIM_ADDR=$(grep -m 1 -oE 'flintlock-sim listening on [0-9.]+:[0-9]+' "$SIM_LOG" | awk '{print $4}' || true)
+    [[ -n "$SIM_ADDR" ]] && break
+    alive "$SIM_PID" || break
+    sleep 0.1
+done
+[[ -n "$SIM_ADDR" ]] || {
+    show_tail "$SIM_LOG"
+    die "flintlock-sim did not start"
+}
+log "flintlock-sim on $SIM_ADDR"
+
+# --- cargo lambda watch -----------------------------------------------------------------
+PORT=${LAMBDA_SMOKE_PORT:-$(pg_free_port)}
+ADMIN_TOKEN=smoke-admin-$RANDOM$RANDOM
+CLIENT_TOKEN=smoke-client-$RANDOM$RANDOM
+export POOLMGR_ADMIN_TOKENS="admin:$ADMIN_TOKEN" POOLMGR_CLIENT_TOKENS="ci:$CLIENT_TOKEN"
+export RUST_LOG=${RUST_LOG:-info}
+# The reconcile pass must finish well inside the emulator's invoke timeout.
+export POOLMGR_RECONCILE_DEADLINE_SECONDS=20
+: >"$WATCH_LOG"
+log "starting cargo lambda watch on 127.0.0.1:$PORT (log: $WATCH_LOG)"
+setsid cargo lambda watch --ignore-changes -A 127.0.0.1 -P "$PORT" >>"$WATCH_LOG" 2>&1 </dev/null &
+WATCH_PID=$!
+URL=http://127.0.0.1:$PORT/lambda-url
+up=0
+for _ in $(seq 1 300); do
+    alive "$WATCH_PID" || die "cargo lambda watch exited"
+    if curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$PORT/"; then
+        up=1
+        break
+    fi
+    sleep 0.2
+done
+[[ $up == 1 ]] || die "cargo lambda watch did not listen on 127.0.0.1:$PORT within 60 s"
+
+# --- HTTP helpers -------------------------------------------------------------------------
+# call METHOD FUNCTION PATH TOKEN [BODY]: sets CODE, BODY (file), HEADERS (file), SECS.
+BODY=$WORK/body.json
+HEADERS=$WORK/headers.txt
+call() {
+    local method=$1 fn=$2 path=$3 token=$4 data=${5:-} out
+    local args=(-sS -X "$method" -o "$BODY" -D "$HEADERS" --max-time 300
+        -w '%{http_code} %{time_total}' -H "Authorization: Bearer $token")
+    if [[ -n "$data" ]]; then
+        args+=(-H 'content-type: application/json' --data "$data")
+    fi
+    out=$(curl "${args[@]}" "$URL/$fn$path") || die "$method /lambda-url/$fn$path: no answer"
+    CODE=${out% *}
+    SECS=${out#* }
+}
+expect() {
+    local want=$1 what=$2
+    if [[ "$CODE" != "$want" ]]; then
+        printf 'answer body: %s\n' "$(cat "$BODY" 2>/dev/null)" >&2
+        die "$what: expected HTTP $want, got $CODE"
+    fi
+}
+# json EXPR: evaluates a Python expression over the last body, bound to `b`.
+json() {
+    python3 -c 'import json, sys
+b = json.load(open(sys.argv[1]))
+v = eval(sys.argv[2])
+print(json.dumps(v) if isinstance(v, (dict, list, bool)) or v is None else v)' "$BODY" "$1"
+}
+check() {
+    local expr=$1 what=$2
+    [[ "$(json "$expr")" == true ]] || {
+        printf 'answer body: %s\n' "$(cat "$BODY")" >&2
+        die "$what"
+    }
+}
+ms() { python3 -c 'import sys; print(round(float(sys.argv[1]) * 1000, 1))' "$1"; }
+
+# --- hosts, pools --------------------------------------------------------------------------
+call POST hosts /v1/hosts "$ADMIN_TOKEN" "{\"name\":\"sim\",\"address\":\"$SIM_ADDR\",\"tls\":{\"insecure\":true}}"
+expect 201 "POST /v1/hosts through the hosts function"
+COLD_HOSTS=$(ms "$SECS")
+check 'b["name"] == "sim"' "the hosts function did not answer the host"
+log "hosts: registered flintlock-sim (cold start ${COLD_HOSTS} ms)"
+
+POOL='{"namespace":"default","name":"smoke","size":3,"flintlock_hosts":["sim"],
+ "replenishment":{"strategy":"REPLACE_ON_DELETE"},
+ "microvm_template":{"kernel":{"image":"ghcr.io/liquidmetal-dev/flintlock-kernel:5.10.77","filename":"boot/vmlinux"},
+  "root_volume":{"id":"root","source":{"container_source":"ghcr.io/liquidmetal-dev/ubuntu:22.04"}},
+  "interfaces":[{"device_id":"eth1","type":"TAP"}]}}'
+call POST pools /v1/pools "$ADMIN_TOKEN" "$POOL"
+expect 201 "POST /v1/pools through the pools function"
+COLD_POOLS=$(ms "$SECS")
+log "pools: created default/smoke, size 3 (cold start ${COLD_POOLS} ms)"
+
+# --- reconcile ------------------------------------------------------------------------------
+available=0
+COLD_RECONCILE=""
+for i in $(seq 1 40); do
+    t0=$(date +%s.%N)
+    if ! cargo lambda invoke reconcile --invoke-address 127.0.0.1 --invoke-port "$PORT" \
+        --data-file functions/reconcile/events/scheduled.json >"$WORK/reconcile.json" 2>"$WORK/reconcile.err"; then
+        show_tail "$WORK/reconcile.err"
+        die "cargo lambda invoke reconcile failed (invoke $i)"
+    fi
+    t1=$(date +%s.%N)
+    [[ -n "$COLD_RECONCILE" ]] || COLD_RECONCILE=$(python3 -c "import sys; print(round(($t1 - $t0) * 1000, 1))")
+    python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); assert "pools" in r and "created" in r, r' \
+        "$WORK/reconcile.json" || {
+        cat "$WORK/reconcile.json" >&2
+        die "the reconcile function did not answer a pass report"
+    }
+    call GET pools /v1/pools/default/smoke "$ADMIN_TOKEN"
+    expect 200 "GET /v1/pools/default/smoke"
+    available=$(json 'b["status"]["available"]')
+    log "reconcile invoke $i: $(tr -d '\n' <"$WORK/reconcile.json" | cut -c1-160); available=$available"
+    [[ "$available" -ge 3 ]] && break
+    sleep 0.3
+done
+[[ "$available" -ge 3 ]] || die "the pool did not reach 3 AVAILABLE VMs after 40 reconcile invokes"
+
+# --- claims: claim, replay ---------------------------------------------------------------------
+CLAIM='{"pool":{"namespace":"default","name":"smoke"},"request_id":"smoke-1"}'
+call POST claims /v1/claims "$CLIENT_TOKEN" "$CLAIM"
+expect 200 "POST /v1/claims (first claim)"
+COLD_CLAIM=$(ms "$SECS")
+check 'b["replayed"] is False' "the first claim must not be a replay"
+check 'b["lease"]["request_id"] == "smoke-1" and b["vm"]["flintlock_host"]["name"] == "sim"' "claim answer lacks the lease or VM"
+LEASE=$(json 'b["lease"]["lease_id"]')
+log "claims: leased $LEASE (cold start ${COLD_CLAIM} ms)"
+
+call POST claims /v1/claims "$CLIENT_TOKEN" "$CLAIM"
+expect 200 "POST /v1/claims (replay)"
+check "b['replayed'] is True and b['lease']['lease_id'] == '$LEASE'" "the replay must return the same lease with replayed=true"
+grep -qi '^idempotent-replayed: *true' "$HEADERS" || {
+    cat "$HEADERS" >&2
+    die "the replay lacks the Idempotent-Replayed: true header"
+}
+log "claims: replay returned the same lease, replayed=true, Idempotent-Replayed: true ($(ms "$SECS") ms)"
+
+# --- leases: release ------------------------------------------------------------------------------
+call DELETE leases "/v1/leases/$LEASE" "$CLIENT_TOKEN"
+expect 204 "DELETE /v1/leases/$LEASE"
+COLD_RELEASE=$(ms "$SECS")
+call GET leases "/v1/leases/$LEASE" "$CLIENT_TOKEN"
+expect 404 "GET /v1/leases/$LEASE after the release"
+check 'b["error"]["status"] == "NOT_FOUND"' "a released lease answers NOT_FOUND"
+log "leases: released (cold start ${COLD_RELEASE} ms), then 404"
+
+# --- warm latency ------------------------------------------------------------------------------------
+WARM=()
+for n in 2 3; do
+    call POST claims /v1/claims "$CLIENT_TOKEN" "{\"pool\":{\"namespace\":\"default\",\"name\":\"smoke\"},\"request_id\":\"smoke-$n\"}"
+    expect 200 "POST /v1/claims (warm claim smoke-$n)"
+    check 'b["replayed"] is False' "a fresh claim must not be a replay"
+    WARM+=("$(ms "$SECS")")
+done
+REPLAYS=()
+for _ in $(seq 1 20); do
+    call POST claims /v1/claims "$CLIENT_TOKEN" '{"pool":{"namespace":"default","name":"smoke"},"request_id":"smoke-2"}'
+    expect 200 "POST /v1/claims (warm replay)"
+    REPLAYS+=("$(ms "$SECS")")
+done
+REPLAY_STATS=$(python3 -c 'import statistics, sys
+v = sorted(float(x) for x in sys.argv[1:])
+print(f"median {statistics.median(v):.1f} ms, p90 {v[int(len(v) * 0.9) - 1]:.1f} ms, min {v[0]:.1f} ms")' "${REPLAYS[@]}")
+
+# --- EMF metrics on the functions' stdout ---------------------------------------------------------------
+python3 - "$WATCH_LOG" <<'PY' || die "no CloudWatch EMF line for poolmgr_vm_claims_total in the watch log"
+import json, sys
+found = False
+for line in open(sys.argv[1], errors="replace"):
+    line = line.strip()
+    if not line.startswith("{") or '"_aws"' not in line:
+        continue
+    doc = json.loads(line)
+    d = doc["_aws"]["CloudWatchMetrics"][0]
+    if d["Namespace"] == "poolmgr" and any(m["Name"] == "poolmgr_vm_claims_total" for m in d["Metrics"]):
+        assert d["Dimensions"] == [["pool_namespace", "pool_name", "replayed"]], d
+        assert isinstance(doc["_aws"]["Timestamp"], int)
+        found = True
+sys.exit(0 if found else 1)
+PY
+log "EMF: claims metrics found on the functions' stdout"
+if grep -q 'Compiling' <(sed -n '/starting Runtime server/,$p' "$WATCH_LOG"); then
+    log "note: cargo compiled something after watch started; the cold starts above include it"
+fi
+
+cat <<EOF
+
+lambda smoke test passed (cargo lambda watch on 127.0.0.1:$PORT, debug build)
+  cold start, first request to a function (cargo run + process start + init + first DB connection + request;
+  cargo run alone, to a configuration error: ${CARGO_RUN_MS} ms):
+    hosts     POST /v1/hosts            ${COLD_HOSTS} ms
+    pools     POST /v1/pools            ${COLD_POOLS} ms
+    reconcile invoke (whole CLI call)   ${COLD_RECONCILE} ms
+    claims    POST /v1/claims           ${COLD_CLAIM} ms
+    leases    DELETE /v1/leases/ID      ${COLD_RELEASE} ms
+  warm claims (fresh VM):               ${WARM[*]} ms
+  warm claim replays (20):              ${REPLAY_STATS}
+EOF

@@ -1,0 +1,223 @@
+//! The Lambda-aware database runtime: a connection whose server side died between two
+//! requests is replaced transparently, an unreachable database answers 503 with Retry-After
+//! (never a crash), and EMF metrics carry the pool gauges.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use poolmgr_core::config::Config;
+use poolmgr_core::{AppState, db, http};
+use poolmgr_tests::*;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+/// Terminates every backend of the test database except the admin connection's own, and
+/// waits until they are gone. Returns how many there were.
+async fn terminate_backends(app: &TestApp) -> i64 {
+    let admin = db::connect_one(&admin_url()).await.expect("admin connection");
+    admin
+        .query_one(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))
+             FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&app.db.name],
+        )
+        .await
+        .expect("pg_terminate_backend")
+        .get(0)
+}
+
+fn config_for(url: &str, extra: &[(&str, &str)]) -> Config {
+    let mut env: Vec<(String, String)> = vec![
+        ("DATABASE_URL".into(), url.into()),
+        ("POOLMGR_ADMIN_TOKENS".into(), format!("admin:{ADMIN}")),
+        ("POOLMGR_CLIENT_TOKENS".into(), format!("client-a:{CLIENT_A}")),
+        ("POOLMGR_DB_CONNECT_TIMEOUT_SECONDS".into(), "2".into()),
+    ];
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    Config::from_lookup(|k| env.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone())).expect("config")
+}
+
+async fn send(router: &Router, method: Method, path: &str, token: &str, body: Option<Value>) -> (StatusCode, Value) {
+    let b = Request::builder().method(method).uri(path).header("authorization", format!("Bearer {token}"));
+    let req = match body {
+        Some(v) => b.header("content-type", "application/json").body(Body::from(v.to_string())),
+        None => b.body(Body::empty()),
+    }
+    .unwrap();
+    let resp = router.clone().oneshot(req).await.expect("router is infallible");
+    let status = resp.status();
+    let retry_after = resp.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let mut body: Value = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap() };
+    if let Some(r) = retry_after {
+        body["retry_after_header"] = json!(r);
+    }
+    (status, body)
+}
+
+#[tokio::test]
+async fn a_request_after_the_backend_was_terminated_still_succeeds() {
+    // One connection, so the second request reuses the one whose backend was killed.
+    let app = TestApp::spawn_with(|env| env.push(("POOLMGR_DB_POOL_SIZE".into(), "1".into()))).await;
+    app.create_pool("ci", 1).await;
+    app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200);
+
+    assert!(terminate_backends(&app).await >= 1, "the pooled connection's backend was terminated");
+
+    let r = app.get(ADMIN, "/v1/pools/default/ci").await;
+    assert_eq!(r.assert_ok(200)["spec"]["name"], json!("ci"), "body: {}", r.body);
+    app.claim(CLIENT_A, "ci", Some("after-terminate")).await;
+    assert_eq!(app.get(ADMIN, "/healthz").await.status, StatusCode::OK);
+}
+
+/// A router on a runtime of its own that runs only while it serves a request, like a Lambda
+/// execution environment: between requests it is frozen, and its connection tasks do not
+/// see what happens to their sockets until the next request thaws it.
+type Invocation = (Method, String, mpsc::Sender<(StatusCode, Value)>);
+
+#[derive(Clone)]
+struct FrozenFunction {
+    tx: mpsc::Sender<Invocation>,
+}
+
+impl FrozenFunction {
+    fn start(cfg: Config) -> FrozenFunction {
+        let (tx, rx) = mpsc::channel::<Invocation>();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let router = rt.block_on(async {
+                let pool = db::pool_from_config(&cfg).expect("pool");
+                http::pools_router(AppState::new(&cfg, pool))
+            });
+            // Blocking here, outside `block_on`, freezes the runtime.
+            while let Ok((method, path, answer)) = rx.recv() {
+                let resp = rt.block_on(send(&router, method, &path, ADMIN, None));
+                let _ = answer.send(resp);
+            }
+        });
+        FrozenFunction { tx }
+    }
+
+    fn invoke(&self, method: Method, path: &str) -> (StatusCode, Value) {
+        let (atx, arx) = mpsc::channel();
+        self.tx.send((method, path.to_owned(), atx)).unwrap();
+        arx.recv_timeout(Duration::from_secs(30)).expect("the frozen function answers")
+    }
+}
+
+#[tokio::test]
+async fn a_connection_that_died_while_the_function_was_frozen_is_replaced_on_thaw() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    // Defaults except one connection: the connection check runs as on Lambda.
+    let cfg = config_for(&app.db.app_url, &[("POOLMGR_DB_POOL_SIZE", "1")]);
+    let f = FrozenFunction::start(cfg);
+    let invoke = |f: &FrozenFunction| {
+        let f = f.clone();
+        tokio::task::spawn_blocking(move || f.invoke(Method::GET, "/v1/pools/default/ci"))
+    };
+    let first = invoke(&f).await.unwrap();
+    assert_eq!(first.0, StatusCode::OK, "{}", first.1);
+
+    // While frozen, the server side of its connection goes away.
+    assert!(terminate_backends(&app).await >= 1);
+
+    // Frozen for longer than POOLMGR_DB_CHECK_IDLE_SECONDS (1 s by default). The thawed
+    // runtime has not read the close from the socket yet, so only the checkout's ping finds
+    // the connection dead; it reconnects and the request succeeds.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let second = invoke(&f).await.unwrap();
+    assert_eq!(second.0, StatusCode::OK, "{}", second.1);
+    assert_eq!(second.1["spec"]["name"], json!("ci"));
+}
+
+#[tokio::test]
+async fn an_unreachable_database_answers_503_with_retry_after_on_every_route() {
+    // A port nothing listens on.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let cfg = config_for(&format!("postgres://postgres@127.0.0.1:{port}/poolmgr"), &[]);
+    let state = AppState::new(&cfg, db::pool_from_config(&cfg).expect("building the pool needs no database"));
+    let router = http::router(state.clone());
+
+    let t0 = Instant::now();
+    let claim = json!({"pool": {"namespace": "default", "name": "ci"}, "request_id": "r-1"});
+    let (status, body) = send(&router, Method::POST, "/v1/claims", CLIENT_A, Some(claim)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["status"], json!("UNAVAILABLE"));
+    assert_eq!(body["error"]["code"], json!(503));
+    assert_eq!(body["retry_after_header"], json!("1"));
+    assert!(!body["error"]["message"].as_str().unwrap().contains(&port.to_string()), "no internals: {body}");
+
+    let (status, body) = send(&router, Method::GET, "/healthz", ADMIN, None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["status"], json!("UNAVAILABLE"));
+    assert_eq!(body["retry_after_header"], json!("1"));
+    assert!(t0.elapsed() < Duration::from_secs(5), "a refused connection fails fast: {:?}", t0.elapsed());
+
+    // The reconcile function reports a retryable error instead of crashing.
+    let err = poolmgr_core::reconcile::run_pass(&state).await.expect_err("no database");
+    assert!(matches!(err, poolmgr_core::reconcile::PassError::Retryable(_)), "{err}");
+}
+
+#[tokio::test]
+async fn a_schema_version_mismatch_answers_503_until_it_is_fixed() {
+    let app = TestApp::spawn().await;
+    // Pretend a newer poolmgr migrated the database.
+    app.conn()
+        .await
+        .batch_execute(
+            "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
+             VALUES (9999, 'from_the_future', '2030-01-01T00:00:00Z', '0')",
+        )
+        .await
+        .unwrap();
+    let cfg = config_for(&app.db.app_url, &[]);
+    let router = http::router(AppState::new(&cfg, db::pool_from_config(&cfg).unwrap()));
+    let (status, body) = send(&router, Method::GET, "/v1/pools", ADMIN, None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["status"], json!("UNAVAILABLE"));
+
+    app.conn().await.batch_execute("DELETE FROM refinery_schema_history WHERE version = 9999").await.unwrap();
+    let (status, body) = send(&router, Method::GET, "/v1/pools", ADMIN, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+#[tokio::test]
+async fn emf_metrics_carry_request_counters_and_the_pool_gauges_of_a_reconcile_pass() {
+    let app = TestApp::spawn_with(|env| env.push(("POOLMGR_METRICS_FORMAT".into(), "emf".into()))).await;
+    app.create_pool("ci", 2).await;
+    app.seed_available("ci", 1).await;
+    app.claim(CLIENT_A, "ci", Some("emf-1")).await.assert_ok(200);
+    // The HTTP layer flushed the claim's line to stdout already; the gauges are recorded
+    // by the reconcile function after its pass.
+    assert!(app.state.metrics.take_emf_lines(1).is_empty(), "each request flushes its metrics");
+    reconcile_fn::record_pool_gauges(&app.state).await.unwrap();
+    let lines = app.state.metrics.take_emf_lines(1_700_000_000_000);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let doc: Value = serde_json::from_str(&lines[0]).unwrap();
+    let directive = &doc["_aws"]["CloudWatchMetrics"][0];
+    assert_eq!(directive["Namespace"], json!("poolmgr"));
+    assert_eq!(directive["Dimensions"], json!([["pool_namespace", "pool_name"]]));
+    let names: Vec<&str> =
+        directive["Metrics"].as_array().unwrap().iter().map(|m| m["Name"].as_str().unwrap()).collect();
+    for g in [
+        "poolmgr_pool_size",
+        "poolmgr_pool_available",
+        "poolmgr_pool_leased",
+        "poolmgr_pool_provisioning",
+        "poolmgr_pool_quarantined",
+    ] {
+        assert!(names.contains(&g), "{g} in {names:?}");
+    }
+    assert_eq!(doc["pool_name"], json!("ci"));
+    assert_eq!(doc["poolmgr_pool_size"], json!(2));
+    assert_eq!(doc["poolmgr_pool_leased"], json!(1));
+    assert_eq!(doc["poolmgr_pool_available"], json!(0));
+}
