@@ -5,7 +5,8 @@
 #   scripts/bench-claim-latency.sh [N]      (default 1000)
 #
 # Prints median/p95/p99/max for claims without and with a request_id. The VMs are seeded as
-# AVAILABLE rows directly (a claim never calls flintlock, so no simulator is needed).
+# AVAILABLE rows directly (a claim never calls flintlock, so no simulator is needed); the pool's
+# size matches the seeded rows so the reconciler neither adds nor sheds VMs meanwhile.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=lib/pg.sh
@@ -41,7 +42,7 @@ curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null || { log "poolmgr-local di
 
 log "creating pool default/bench and seeding $((2 * N)) AVAILABLE VMs"
 curl -fsS -o /dev/null -X POST "http://127.0.0.1:$PORT/v1/pools" -H "Authorization: Bearer $TOKEN" \
-    -H 'content-type: application/json' -d '{"name": "bench", "size": 0, "replenishment": {"strategy": "REPLACE_ON_DELETE"},
+    -H 'content-type: application/json' -d '{"name": "bench", "size": '"$((2 * N))"', "replenishment": {"strategy": "REPLACE_ON_DELETE"},
       "microvm_template": {"root_volume": {"id": "root", "source": {"container_source": "img"}}, "interfaces": [{"device_id": "eth1"}]}}'
 "$PG_BINDIR/psql" -X -q -v ON_ERROR_STOP=1 -d "$DB_URL" -c "
     INSERT INTO hosts (name, address) VALUES ('bench-host', '127.0.0.1:1');
