@@ -377,3 +377,28 @@ async fn a_pool_whose_size_goes_down_sheds_available_vms() {
     assert_eq!(app.count_events("VM_DELETED_ON_SCALE_DOWN").await, 2);
     app.settle(40, "gone from flintlock", || async { TestApp::sim_live(&app.sim).len() == 1 }).await;
 }
+
+/// Passes provisioning a pool race its forced delete: whatever the interleaving, no VM row
+/// outlives the pool and no microVM is left in flintlock once passes settle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_deleted_while_passes_provision_it_leaves_nothing_behind() {
+    let app = Arc::new(TestApp::spawn().await);
+    for round in 0..6u64 {
+        let name = format!("r{round}");
+        app.create_pool(&name, 8).await;
+        let passes: Vec<_> = (0..2)
+            .map(|_| {
+                let app = app.clone();
+                tokio::spawn(async move { app.pass().await })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(round * 4)).await;
+        app.delete(ADMIN, &format!("/v1/pools/default/{name}?force=true")).await.assert_ok(204);
+        for p in passes {
+            p.await.unwrap();
+        }
+    }
+    app.settle(80, "every row gone", || async { app.scalar_i64("SELECT count(*) FROM vms").await == 0 }).await;
+    app.settle(80, "every microVM gone", || async { TestApp::sim_live(&app.sim).is_empty() }).await;
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM pools").await, 0);
+}

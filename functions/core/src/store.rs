@@ -1154,7 +1154,10 @@ pub async fn vm_place_and_insert(
     let row = c
         .timed_query_opt(
             "WITH p AS (
-                 SELECT flintlock_hosts FROM pools WHERE namespace = $1 AND name = $2
+                 -- KEY SHARE conflicts with a concurrent pool delete: either the delete waits
+                 -- and then marks this new row DELETING too, or this insert waits and finds
+                 -- the pool gone. A PROVISIONING row can never outlive its pool.
+                 SELECT flintlock_hosts FROM pools WHERE namespace = $1 AND name = $2 FOR KEY SHARE
              ), eligible AS (
                  SELECT h.name, array_position(p.flintlock_hosts, h.name) AS ord
                  FROM hosts h, p
