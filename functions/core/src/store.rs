@@ -729,42 +729,16 @@ pub async fn vm_finish_delete(c: &impl GenericClient, vm_id: &str) -> Result<VmF
 // Leases and the claim
 // ---------------------------------------------------------------------------------------
 
-/// What a claim with a `request_id` finds before claiming.
-pub struct ClaimLookup {
-    pub pool_found: bool,
-    /// The live lease this principal created with this request_id, on any pool.
-    pub existing: Option<LeaseView>,
-}
-
-/// Looks up the pool and, in the same round trip, the lease a `request_id` already created.
-pub async fn lease_lookup_for_claim(
+/// The live lease this principal created with this request_id, on any pool: how a claim that
+/// lost a concurrent request_id race finds the winner's lease.
+pub async fn lease_get_by_request_id(
     c: &impl GenericClient,
-    pool: &PoolRef,
     principal: &str,
     request_id: &str,
-) -> Result<ClaimLookup> {
-    let row = c
-        .timed_query_one(
-            "SELECT EXISTS (SELECT 1 FROM pools WHERE namespace = $1 AND name = $2) AS pool_found,
-                    to_jsonb(l) AS lease, to_jsonb(v) AS vm, to_jsonb(h) AS host
-             FROM (SELECT 1) AS one
-             LEFT JOIN leases l ON l.principal = $3 AND l.request_id = $4
-             LEFT JOIN vms v ON v.id = l.vm_id
-             LEFT JOIN hosts h ON h.name = v.flintlock_host",
-            &[
-                (&pool.namespace, Type::TEXT),
-                (&pool.name, Type::TEXT),
-                (&principal, Type::TEXT),
-                (&request_id, Type::TEXT),
-            ],
-        )
-        .await?;
-    let pool_found: bool = row.try_get("pool_found")?;
-    let existing = match json_col::<LeaseRow>(&row, "lease")? {
-        None => None,
-        Some(lease) => Some(LeaseView { lease, vm: json_col(&row, "vm")?, host: json_col(&row, "host")? }),
-    };
-    Ok(ClaimLookup { pool_found, existing })
+) -> Result<Option<LeaseView>> {
+    let sql = format!("{LEASE_VIEW_SELECT} WHERE l.principal = $1 AND l.request_id = $2");
+    let row = c.timed_query_opt(&sql, &[(&principal, Type::TEXT), (&request_id, Type::TEXT)]).await?;
+    row.as_ref().map(lease_view).transpose()
 }
 
 pub enum ClaimOutcome {
@@ -796,8 +770,9 @@ pub async fn lease_claim(
     let row = c
         .timed_query_one(
             "WITH pool AS (
-                 SELECT namespace, name, heartbeat_expiry_seconds FROM pools
-                 WHERE namespace = $1 AND name = $2
+                 SELECT namespace, name, heartbeat_expiry_seconds,
+                        cardinality(pre_lease_commands) > 0 AS has_hooks
+                 FROM pools WHERE namespace = $1 AND name = $2
              ), existing AS (
                  -- The lease this principal's request_id already created, on any pool: a
                  -- replay. Looked up in the same statement, so a retried claim costs one
@@ -808,8 +783,7 @@ pub async fn lease_claim(
                  WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'
                    AND NOT EXISTS (SELECT 1 FROM existing)
                    -- A pool with pre-lease hooks claims in two phases (vm_claim_for_hook).
-                   AND (SELECT cardinality(pre_lease_commands) FROM pools
-                        WHERE namespace = $1 AND name = $2) = 0
+                   AND NOT (SELECT has_hooks FROM pool)
                  ORDER BY v.created_at
                  LIMIT 1
                  -- SKIP LOCKED: concurrent claimers each take a different row instead of
@@ -836,8 +810,7 @@ pub async fn lease_claim(
                  SELECT 'VM_CLAIMED', ins.pool_namespace, ins.pool_name, ins.vm_id, ins.lease_id FROM ins
              )
              SELECT EXISTS (SELECT 1 FROM pool) AS pool_found, picked.id AS picked,
-                    EXISTS (SELECT 1 FROM pools WHERE namespace = $1 AND name = $2
-                            AND cardinality(pre_lease_commands) > 0) AS has_hooks,
+                    coalesce((SELECT has_hooks FROM pool), false) AS has_hooks,
                     to_jsonb(ins) AS lease, to_jsonb(upd) AS vm, to_jsonb(h) AS host,
                     to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm, to_jsonb(ev_h) AS existing_host
              FROM (SELECT 1) AS one

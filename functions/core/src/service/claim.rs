@@ -90,8 +90,7 @@ fn exhausted(pool: &PoolRef) -> ApiError {
 async fn replay_winner(state: &AppState, principal: &Principal, req: &ClaimRequest) -> Result<ClaimResponse, ApiError> {
     let rid = req.request_id.as_ref().ok_or_else(|| ApiError::internal("a duplicate needs a request_id"))?;
     let conn = state.conn().await?;
-    let found = store::lease_lookup_for_claim(&**conn, &req.pool, &principal.name, rid.as_str()).await?;
-    match found.existing {
+    match store::lease_get_by_request_id(&**conn, &principal.name, rid.as_str()).await? {
         Some(view) => replay(state, req, rid, view),
         None => {
             state.metrics.claim_failure(&req.pool, "aborted");
