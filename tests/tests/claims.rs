@@ -260,6 +260,34 @@ async fn claim_needs_a_token_and_accepts_client_and_admin_roles() {
 }
 
 /// 64 claimers released at once on 20 AVAILABLE VMs: exactly 20 leases on 20 distinct VMs.
+/// A claim starts its scan at a random claim slot and wraps around (V5): a VM in the lowest or
+/// the highest slot is found whatever slot the scan starts at. Twelve claims per slot make a
+/// start on either side of the VM all but certain (a start at 0 has odds 1/64 per claim).
+#[tokio::test]
+async fn a_claim_finds_the_only_vm_whatever_its_claim_slot() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    let vm = app.seed_available("ci", 1).await.remove(0);
+    for slot in [0i16, 63] {
+        app.conn().await.execute("UPDATE vms SET claim_slot = $1 WHERE id = $2", &[&slot, &vm.id]).await.unwrap();
+        for i in 0..12 {
+            let r = app.claim(CLIENT_A, "ci", None).await;
+            assert_eq!(r.status, 200, "slot {slot}, claim {i}: {}", r.body);
+            assert_eq!(r.body["vm"]["id"], vm.id.as_str());
+            // Back to AVAILABLE for the next claim, the way the reconciler never would but a
+            // test may: drop the lease and the claim's event.
+            app.conn()
+                .await
+                .batch_execute(&format!(
+                    "DELETE FROM leases; UPDATE vms SET phase = 'AVAILABLE', lease_id = NULL WHERE id = '{}'",
+                    vm.id
+                ))
+                .await
+                .unwrap();
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_claims_never_hand_out_a_vm_twice() {
     let app = Arc::new(TestApp::spawn().await);

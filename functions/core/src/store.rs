@@ -754,6 +754,92 @@ pub enum ClaimOutcome {
     Claimed(Box<LeaseView>),
 }
 
+/// CTEs `slot`, `picked_hi`, `picked_lo` and `picked`: one AVAILABLE VM of pool ($1, $2), row
+/// locked, when the CTE `go` has a row. Shared by both claim statements.
+///
+/// SKIP LOCKED: concurrent claimers each take a different row instead of queueing on the
+/// first. NO KEY UPDATE: we never change the key, so the lock is no stronger than needed.
+/// Slots (V5): a scan starts at a random `claim_slot` and wraps around, so N concurrent
+/// claimers start in different places of `vms_pool_available` instead of all stepping over
+/// the same N-1 locked rows at its head; within a slot the oldest VM goes first. The low half
+/// is scanned only when the high half had no free row.
+macro_rules! pick_available_vm {
+    () => {
+        "slot AS MATERIALIZED (
+         SELECT (floor(random() * 64))::smallint AS s
+     ), picked_hi AS (
+         SELECT v.id FROM vms v
+         WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'
+           AND v.claim_slot >= (SELECT s FROM slot) AND EXISTS (SELECT 1 FROM go)
+         ORDER BY v.claim_slot, v.created_at
+         LIMIT 1
+         FOR NO KEY UPDATE SKIP LOCKED
+     ), picked_lo AS (
+         SELECT v.id FROM vms v
+         WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'
+           AND v.claim_slot < (SELECT s FROM slot) AND EXISTS (SELECT 1 FROM go)
+           AND NOT EXISTS (SELECT 1 FROM picked_hi)
+         ORDER BY v.claim_slot, v.created_at
+         LIMIT 1
+         FOR NO KEY UPDATE SKIP LOCKED
+     ), picked AS (
+         SELECT id FROM picked_hi UNION ALL SELECT id FROM picked_lo"
+    };
+}
+
+/// The claim: replay lookup, pick, lease insert, VM update and event in one statement.
+/// Parameters: $1 namespace, $2 pool name, $3 new lease id, $4 request_id (NULL for none),
+/// $5 principal. Public so `poolmgr-bench` can run the very same statement through pgbench.
+pub const LEASE_CLAIM_SQL: &str = concat!(
+    "WITH pool AS (
+         SELECT namespace, name, heartbeat_expiry_seconds,
+                cardinality(pre_lease_commands) > 0 AS has_hooks
+         FROM pools WHERE namespace = $1 AND name = $2
+     ), existing AS (
+         -- The lease this principal's request_id already created, on any pool: a
+         -- replay. Looked up in the same statement, so a retried claim costs one
+         -- round trip like a fresh one.
+         SELECT * FROM leases WHERE $4::text IS NOT NULL AND principal = $5 AND request_id = $4
+     ), go AS (
+         -- Pick only for a fresh claim (no replay) on a pool without pre-lease hooks (those
+         -- claim in two phases: vm_claim_for_hook).
+         SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM existing) AND NOT (SELECT has_hooks FROM pool)
+     ), ",
+    pick_available_vm!(),
+    "
+     ), ins AS (
+         INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at,
+                             last_heartbeat_at, expires_at, request_id, principal)
+         SELECT $3, picked.id, pool.namespace, pool.name, now(), now(),
+                now() + make_interval(secs => pool.heartbeat_expiry_seconds), $4, $5
+         FROM picked, pool
+         -- The conflict target repeats the partial index's predicate so PostgreSQL
+         -- infers leases_principal_request_id as the arbiter. A concurrent insert of
+         -- the same key makes this wait for that transaction, then do nothing.
+         ON CONFLICT (principal, request_id) WHERE request_id IS NOT NULL DO NOTHING
+         RETURNING *
+     ), upd AS (
+         UPDATE vms v SET phase = 'LEASED', lease_id = ins.lease_id, updated_at = now()
+         FROM ins WHERE v.id = ins.vm_id
+         RETURNING v.*
+     ), ev AS (
+         INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
+         SELECT 'VM_CLAIMED', ins.pool_namespace, ins.pool_name, ins.vm_id, ins.lease_id FROM ins
+     )
+     SELECT EXISTS (SELECT 1 FROM pool) AS pool_found, picked.id AS picked,
+            coalesce((SELECT has_hooks FROM pool), false) AS has_hooks,
+            to_jsonb(ins) AS lease, to_jsonb(upd) AS vm, to_jsonb(h) AS host,
+            to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm, to_jsonb(ev_h) AS existing_host
+     FROM (SELECT 1) AS one
+     LEFT JOIN picked ON true
+     LEFT JOIN ins ON true
+     LEFT JOIN upd ON true
+     LEFT JOIN hosts h ON h.name = upd.flintlock_host
+     LEFT JOIN existing e ON true
+     LEFT JOIN vms ev_vm ON ev_vm.id = e.vm_id
+     LEFT JOIN hosts ev_h ON ev_h.name = ev_vm.flintlock_host"
+);
+
 /// The claim: pick one AVAILABLE VM, write its lease and VM_CLAIMED, mark it LEASED — one
 /// statement, so one round trip and one implicit transaction.
 ///
@@ -769,58 +855,7 @@ pub async fn lease_claim(
 ) -> Result<ClaimOutcome> {
     let row = c
         .timed_query_one(
-            "WITH pool AS (
-                 SELECT namespace, name, heartbeat_expiry_seconds,
-                        cardinality(pre_lease_commands) > 0 AS has_hooks
-                 FROM pools WHERE namespace = $1 AND name = $2
-             ), existing AS (
-                 -- The lease this principal's request_id already created, on any pool: a
-                 -- replay. Looked up in the same statement, so a retried claim costs one
-                 -- round trip like a fresh one.
-                 SELECT * FROM leases WHERE $4::text IS NOT NULL AND principal = $5 AND request_id = $4
-             ), picked AS (
-                 SELECT v.id FROM vms v
-                 WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'
-                   AND NOT EXISTS (SELECT 1 FROM existing)
-                   -- A pool with pre-lease hooks claims in two phases (vm_claim_for_hook).
-                   AND NOT (SELECT has_hooks FROM pool)
-                 ORDER BY v.created_at
-                 LIMIT 1
-                 -- SKIP LOCKED: concurrent claimers each take a different row instead of
-                 -- queueing on the first. NO KEY UPDATE: we never change the key, so the
-                 -- lock is no stronger than needed.
-                 FOR NO KEY UPDATE SKIP LOCKED
-             ), ins AS (
-                 INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at,
-                                     last_heartbeat_at, expires_at, request_id, principal)
-                 SELECT $3, picked.id, pool.namespace, pool.name, now(), now(),
-                        now() + make_interval(secs => pool.heartbeat_expiry_seconds), $4, $5
-                 FROM picked, pool
-                 -- The conflict target repeats the partial index's predicate so PostgreSQL
-                 -- infers leases_principal_request_id as the arbiter. A concurrent insert of
-                 -- the same key makes this wait for that transaction, then do nothing.
-                 ON CONFLICT (principal, request_id) WHERE request_id IS NOT NULL DO NOTHING
-                 RETURNING *
-             ), upd AS (
-                 UPDATE vms v SET phase = 'LEASED', lease_id = ins.lease_id, updated_at = now()
-                 FROM ins WHERE v.id = ins.vm_id
-                 RETURNING v.*
-             ), ev AS (
-                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
-                 SELECT 'VM_CLAIMED', ins.pool_namespace, ins.pool_name, ins.vm_id, ins.lease_id FROM ins
-             )
-             SELECT EXISTS (SELECT 1 FROM pool) AS pool_found, picked.id AS picked,
-                    coalesce((SELECT has_hooks FROM pool), false) AS has_hooks,
-                    to_jsonb(ins) AS lease, to_jsonb(upd) AS vm, to_jsonb(h) AS host,
-                    to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm, to_jsonb(ev_h) AS existing_host
-             FROM (SELECT 1) AS one
-             LEFT JOIN picked ON true
-             LEFT JOIN ins ON true
-             LEFT JOIN upd ON true
-             LEFT JOIN hosts h ON h.name = upd.flintlock_host
-             LEFT JOIN existing e ON true
-             LEFT JOIN vms ev_vm ON ev_vm.id = e.vm_id
-             LEFT JOIN hosts ev_h ON ev_h.name = ev_vm.flintlock_host",
+            LEASE_CLAIM_SQL,
             &[
                 (&pool.namespace, Type::TEXT),
                 (&pool.name, Type::TEXT),
@@ -1310,14 +1345,14 @@ pub struct HookClaim {
 pub async fn vm_claim_for_hook(c: &impl GenericClient, pool: &PoolRef) -> Result<HookClaim> {
     let row = c
         .timed_query_one(
-            "WITH pool AS (
+            concat!(
+                "WITH pool AS (
                  SELECT pre_lease_commands FROM pools WHERE namespace = $1 AND name = $2
-             ), picked AS (
-                 SELECT v.id FROM vms v
-                 WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'
-                 ORDER BY v.created_at
-                 LIMIT 1
-                 FOR NO KEY UPDATE SKIP LOCKED
+             ), go AS (
+                 SELECT 1 FROM pool
+             ), ",
+                pick_available_vm!(),
+                "
              ), upd AS (
                  UPDATE vms v SET phase = 'PRE_LEASE_HOOK_RUNNING', hook_started_at = now(), updated_at = now()
                  FROM picked, pool WHERE v.id = picked.id
@@ -1328,7 +1363,8 @@ pub async fn vm_claim_for_hook(c: &impl GenericClient, pool: &PoolRef) -> Result
                     to_jsonb(upd) AS vm, to_jsonb(h) AS host
              FROM (SELECT 1) AS one
              LEFT JOIN upd ON true
-             LEFT JOIN hosts h ON h.name = upd.flintlock_host",
+             LEFT JOIN hosts h ON h.name = upd.flintlock_host"
+            ),
             &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)],
         )
         .await?;

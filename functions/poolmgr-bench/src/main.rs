@@ -1,11 +1,18 @@
 //! `poolmgr-bench`: the measurements behind `docs/benchmarks.md`, driven by `scripts/bench-*.sh`.
 //!
+//! - `claims-load`, `pgbench-script`, `pgbench-summary`, `claims-seed`, `claims-verify`,
+//!   `claims-report`: claims at a given concurrency for a fixed duration through the HTTP stack
+//!   and through pgbench running the same statement; driven by `scripts/bench-claims.sh`.
 //! - `claim-latency`: sequential claims through the HTTP stack, one client, latency percentiles.
 //! - `reconcile`: pools × VMs against an in-process flintlock-sim; time of the passes that fill
 //!   them and of a settled pass.
 //!
 //! Measurements only: nothing here asserts a time.
 
+mod load;
+mod report;
+
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -24,6 +31,83 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// CONCURRENCY clients claiming (or replaying, or claiming and releasing) through a running
+    /// poolmgr for DURATION seconds after a warm-up; appends one JSON line to --out. Exits 1 if
+    /// a VM was handed out twice or a replay answered another lease.
+    ClaimsLoad {
+        #[arg(long, env = "POOLMGR_ENDPOINT")]
+        endpoint: String,
+        #[arg(long, env = "POOLMGR_TOKEN")]
+        token: String,
+        #[arg(long, default_value = "default/bench")]
+        pool: String,
+        #[arg(long)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 10.0)]
+        duration_secs: f64,
+        #[arg(long, default_value_t = 1.0)]
+        warmup_secs: f64,
+        #[arg(long, value_enum, default_value = "claim")]
+        mode: load::Mode,
+        #[arg(long, default_value = "run")]
+        label: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Print the pgbench script running the service's claim statement (`claim` or `replay`).
+    PgbenchScript {
+        #[arg(long, value_enum, default_value = "claim")]
+        mode: load::Mode,
+    },
+    /// Summarize pgbench's per-transaction logs (--log --log-prefix=PREFIX) into --out.
+    PgbenchSummary {
+        #[arg(long)]
+        log_prefix: PathBuf,
+        #[arg(long)]
+        concurrency: usize,
+        #[arg(long)]
+        duration_secs: f64,
+        #[arg(long, value_enum, default_value = "claim")]
+        mode: load::Mode,
+        #[arg(long, default_value = "run")]
+        label: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Empty the pool and seed it with VMS AVAILABLE rows on HOST.
+    ClaimsSeed {
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long, default_value = "default/bench")]
+        pool: String,
+        #[arg(long, default_value = "bench-host")]
+        host: String,
+        #[arg(long)]
+        vms: i64,
+    },
+    /// Check that no VM is leased twice (and, with --expect-leases, that the database holds
+    /// exactly the leases the clients got). Exits 1 on a violation.
+    ClaimsVerify {
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        #[arg(long)]
+        expect_leases: Option<i64>,
+    },
+    /// Write the results of LABEL into the generated section of --doc and the chart --svg.
+    ClaimsReport {
+        #[arg(long)]
+        results: PathBuf,
+        #[arg(long)]
+        label: String,
+        #[arg(long)]
+        machine: String,
+        #[arg(long)]
+        settings: String,
+        #[arg(long)]
+        doc: PathBuf,
+        #[arg(long)]
+        svg: PathBuf,
+    },
     /// Sequential claims against a running poolmgr (one client).
     ClaimLatency {
         #[arg(long, env = "POOLMGR_ENDPOINT")]
@@ -255,9 +339,74 @@ async fn hook_claims(clients: usize, per_client: usize, hook_ms: u64) -> anyhow:
     Ok(())
 }
 
+fn print_run(r: &load::RunResult) {
+    let errors: u64 = r.errors.values().sum();
+    eprintln!(
+        "    {} {:?} x{}: {:.0}/s, p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {} ok, {errors} errors {:?}",
+        r.path, r.mode, r.concurrency, r.throughput, r.p50_ms, r.p95_ms, r.p99_ms, r.max_ms, r.ok, r.errors
+    );
+}
+
+fn fail_on(violations: Vec<String>) -> anyhow::Result<()> {
+    if violations.is_empty() {
+        return Ok(());
+    }
+    for v in &violations {
+        eprintln!("VIOLATION: {v}");
+    }
+    bail!("{} violations; see above", violations.len())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
+        Cmd::ClaimsLoad { endpoint, token, pool, concurrency, duration_secs, warmup_secs, mode, label, out } => {
+            let (ns, name) = pool.split_once('/').context("--pool is NAMESPACE/NAME")?;
+            let (r, violations) = load::http_load(load::HttpLoad {
+                endpoint,
+                token,
+                namespace: ns.into(),
+                pool: name.into(),
+                concurrency,
+                duration: Duration::from_secs_f64(duration_secs),
+                warmup: Duration::from_secs_f64(warmup_secs),
+                mode,
+                label,
+            })
+            .await?;
+            print_run(&r);
+            load::append_result(&out, &r)?;
+            println!("{}", r.leases_created);
+            fail_on(violations)
+        }
+        Cmd::PgbenchScript { mode } => {
+            print!("{}", load::pgbench_script(mode)?);
+            Ok(())
+        }
+        Cmd::PgbenchSummary { log_prefix, concurrency, duration_secs, mode, label, out } => {
+            let r =
+                load::pgbench_summary(&log_prefix, &label, mode, concurrency, Duration::from_secs_f64(duration_secs))?;
+            print_run(&r);
+            load::append_result(&out, &r)?;
+            println!("{}", r.leases_created);
+            Ok(())
+        }
+        Cmd::ClaimsSeed { database_url, pool, host, vms } => {
+            let (ns, name) = pool.split_once('/').context("--pool is NAMESPACE/NAME")?;
+            load::seed(&database_url, ns, name, &host, vms).await
+        }
+        Cmd::ClaimsVerify { database_url, expect_leases } => fail_on(load::verify(&database_url, expect_leases).await?),
+        Cmd::ClaimsReport { results, label, machine, settings, doc, svg } => {
+            let rs = report::read_results(&results)?;
+            let chart_name = svg.file_name().context("--svg needs a file name")?.to_string_lossy().to_string();
+            let section = report::markdown(&rs, &label, &machine, &settings, &chart_name)?;
+            let old = std::fs::read_to_string(&doc).unwrap_or_default();
+            std::fs::write(&doc, report::splice(&old, &section))
+                .with_context(|| format!("writing {}", doc.display()))?;
+            report::chart(&rs, &label, &svg)?;
+            eprintln!("==> wrote {} and {}", doc.display(), svg.display());
+            Ok(())
+        }
         Cmd::ClaimLatency { endpoint, token, pool, n, request_ids } => {
             claim_latency(&endpoint, &token, &pool, n, request_ids).await
         }

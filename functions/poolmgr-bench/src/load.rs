@@ -1,0 +1,486 @@
+//! Concurrent claim load through the HTTP stack for a fixed duration (`claims-load`), the
+//! pgbench side of the same measurement (`pgbench-script`, `pgbench-summary`), and the
+//! database chores between runs (`claims-seed`, `claims-verify`).
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio_postgres::NoTls;
+
+/// What one run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Fresh claims, each with a new request_id.
+    Claim,
+    /// One claim per client, then the same request_id again and again (replays).
+    Replay,
+    /// Claim (untimed) then release (timed), repeatedly. HTTP only: release calls flintlock.
+    Release,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Claim => "claim",
+            Mode::Replay => "replay",
+            Mode::Release => "release",
+        }
+    }
+}
+
+/// One line of the results file: one path × mode × concurrency.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunResult {
+    pub label: String,
+    /// `http` (poolmgr-local) or `pgbench` (the claim statement straight on PostgreSQL).
+    pub path: String,
+    pub mode: Mode,
+    pub concurrency: usize,
+    pub duration_s: f64,
+    /// Timed operations that succeeded.
+    pub ok: u64,
+    /// Failed operations by cause (HTTP status, `transport`, `pgbench-failed`, ...).
+    pub errors: BTreeMap<String, u64>,
+    pub throughput: f64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// Leases this run created in total (warm-up included), for the after-run check.
+    pub leases_created: u64,
+}
+
+pub fn percentile_us(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+/// Which run a result belongs to.
+struct RunKey<'a> {
+    label: &'a str,
+    path: &'a str,
+    mode: Mode,
+    concurrency: usize,
+}
+
+fn summarize(
+    RunKey { label, path, mode, concurrency }: RunKey,
+    wall: Duration,
+    mut lat_us: Vec<u64>,
+    errors: BTreeMap<String, u64>,
+    leases_created: u64,
+) -> RunResult {
+    lat_us.sort_unstable();
+    let ms = |us: u64| us as f64 / 1000.0;
+    RunResult {
+        label: label.to_string(),
+        path: path.to_string(),
+        mode,
+        concurrency,
+        duration_s: wall.as_secs_f64(),
+        ok: lat_us.len() as u64,
+        errors,
+        throughput: lat_us.len() as f64 / wall.as_secs_f64(),
+        p50_ms: ms(percentile_us(&lat_us, 0.50)),
+        p95_ms: ms(percentile_us(&lat_us, 0.95)),
+        p99_ms: ms(percentile_us(&lat_us, 0.99)),
+        max_ms: ms(lat_us.last().copied().unwrap_or(0)),
+        leases_created,
+    }
+}
+
+pub fn append_result(out: &Path, r: &RunResult) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(out)
+        .with_context(|| format!("opening {}", out.display()))?;
+    writeln!(f, "{}", serde_json::to_string(r)?)?;
+    Ok(())
+}
+
+pub struct HttpLoad {
+    pub endpoint: String,
+    pub token: String,
+    pub namespace: String,
+    pub pool: String,
+    pub concurrency: usize,
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub mode: Mode,
+    pub label: String,
+}
+
+#[derive(Default)]
+struct WorkerOut {
+    lat_us: Vec<u64>,
+    errors: BTreeMap<String, u64>,
+    /// VM ids handed out to this worker (claim mode), for the "never twice" check.
+    vms: Vec<String>,
+    leases_created: u64,
+    violations: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct ClaimBody {
+    lease: LeaseBody,
+    vm: VmBody,
+    replayed: bool,
+}
+#[derive(Deserialize)]
+struct LeaseBody {
+    lease_id: String,
+}
+#[derive(Deserialize)]
+struct VmBody {
+    id: String,
+}
+
+enum Outcome {
+    Ok(ClaimBody),
+    Err(String),
+}
+
+struct Http {
+    client: reqwest::Client,
+    claims_url: String,
+    leases_url: String,
+    token: String,
+    pool: serde_json::Value,
+}
+
+impl Http {
+    async fn claim(&self, request_id: &str) -> Outcome {
+        let body = json!({"pool": self.pool, "request_id": request_id});
+        let resp = match self.client.post(&self.claims_url).bearer_auth(&self.token).json(&body).send().await {
+            Ok(r) => r,
+            Err(_) => return Outcome::Err("transport".into()),
+        };
+        let status = resp.status();
+        let bytes = match resp.bytes().await {
+            Ok(b) => b,
+            Err(_) => return Outcome::Err("transport".into()),
+        };
+        if !status.is_success() {
+            return Outcome::Err(status.as_u16().to_string());
+        }
+        match serde_json::from_slice::<ClaimBody>(&bytes) {
+            Ok(b) => Outcome::Ok(b),
+            Err(_) => Outcome::Err("bad-body".into()),
+        }
+    }
+
+    async fn release(&self, lease_id: &str) -> Result<(), String> {
+        let url = format!("{}/{lease_id}", self.leases_url);
+        let resp =
+            self.client.delete(&url).bearer_auth(&self.token).send().await.map_err(|_| "transport".to_string())?;
+        let status = resp.status();
+        let _ = resp.bytes().await;
+        if status.is_success() { Ok(()) } else { Err(status.as_u16().to_string()) }
+    }
+}
+
+fn request_id() -> String {
+    format!("bench-{}", ulid::Ulid::new())
+}
+
+async fn worker(http: Arc<Http>, mode: Mode, start_timing: Instant, stop: Instant) -> WorkerOut {
+    let mut out = WorkerOut::default();
+    let bump = |errors: &mut BTreeMap<String, u64>, e: String| *errors.entry(e).or_default() += 1;
+    // Replay: the one lease this client keeps asking for.
+    let mut replay_of: Option<(String, String)> = None;
+    if mode == Mode::Replay {
+        let rid = request_id();
+        match http.claim(&rid).await {
+            Outcome::Ok(b) => {
+                out.leases_created += 1;
+                replay_of = Some((rid, b.lease.lease_id));
+            }
+            Outcome::Err(e) => {
+                out.violations.push(format!("replay setup claim failed: {e}"));
+                return out;
+            }
+        }
+    }
+    loop {
+        let now = Instant::now();
+        if now >= stop {
+            break;
+        }
+        let timed = now >= start_timing;
+        match mode {
+            Mode::Claim => {
+                let t = Instant::now();
+                let r = http.claim(&request_id()).await;
+                let us = t.elapsed().as_micros() as u64;
+                match r {
+                    Outcome::Ok(b) => {
+                        out.leases_created += 1;
+                        out.vms.push(b.vm.id);
+                        if b.replayed {
+                            out.violations
+                                .push(format!("a fresh request_id was answered as a replay ({})", b.lease.lease_id));
+                        }
+                        if timed {
+                            out.lat_us.push(us);
+                        }
+                    }
+                    Outcome::Err(e) if timed => bump(&mut out.errors, e),
+                    Outcome::Err(_) => {}
+                }
+            }
+            Mode::Replay => {
+                let (rid, lease_id) = replay_of.as_ref().expect("set up above");
+                let t = Instant::now();
+                let r = http.claim(rid).await;
+                let us = t.elapsed().as_micros() as u64;
+                match r {
+                    Outcome::Ok(b) => {
+                        if !b.replayed || &b.lease.lease_id != lease_id {
+                            out.violations.push(format!(
+                                "request_id {rid} gave lease {} (replayed={}) after lease {lease_id}",
+                                b.lease.lease_id, b.replayed
+                            ));
+                        }
+                        if timed {
+                            out.lat_us.push(us);
+                        }
+                    }
+                    Outcome::Err(e) if timed => bump(&mut out.errors, e),
+                    Outcome::Err(_) => {}
+                }
+            }
+            Mode::Release => {
+                let lease_id = match http.claim(&request_id()).await {
+                    Outcome::Ok(b) => {
+                        out.leases_created += 1;
+                        b.lease.lease_id
+                    }
+                    Outcome::Err(e) => {
+                        bump(&mut out.errors, format!("claim-{e}"));
+                        continue;
+                    }
+                };
+                let t = Instant::now();
+                let r = http.release(&lease_id).await;
+                let us = t.elapsed().as_micros() as u64;
+                match r {
+                    Ok(()) if timed => out.lat_us.push(us),
+                    Ok(()) => {}
+                    Err(e) if timed => bump(&mut out.errors, e),
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Runs the load; returns the result and the client-side violations (a VM handed out twice,
+/// a replay answered with another lease).
+pub async fn http_load(cfg: HttpLoad) -> anyhow::Result<(RunResult, Vec<String>)> {
+    let endpoint = cfg.endpoint.trim_end_matches('/');
+    let http = Arc::new(Http {
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(cfg.concurrency)
+            .timeout(Duration::from_secs(60))
+            .build()?,
+        claims_url: format!("{endpoint}/v1/claims"),
+        leases_url: format!("{endpoint}/v1/leases"),
+        token: cfg.token.clone(),
+        pool: json!({"namespace": cfg.namespace, "name": cfg.pool}),
+    });
+    let start_timing = Instant::now() + cfg.warmup;
+    let stop = start_timing + cfg.duration;
+    let handles: Vec<_> =
+        (0..cfg.concurrency).map(|_| tokio::spawn(worker(http.clone(), cfg.mode, start_timing, stop))).collect();
+    let mut lat = vec![];
+    let mut errors = BTreeMap::new();
+    let mut vms = HashSet::new();
+    let mut violations = vec![];
+    let mut leases_created = 0;
+    for h in handles {
+        let out = h.await.context("load worker panicked")?;
+        lat.extend(out.lat_us);
+        for (k, v) in out.errors {
+            *errors.entry(k).or_default() += v;
+        }
+        for vm in out.vms {
+            if !vms.insert(vm.clone()) {
+                violations.push(format!("VM {vm} was handed out twice"));
+            }
+        }
+        violations.extend(out.violations);
+        leases_created += out.leases_created;
+    }
+    // Operations still running at `stop` finished after it: count the wall until the last one.
+    let wall = Instant::now().saturating_duration_since(start_timing).max(cfg.duration);
+    let r = summarize(
+        RunKey { label: &cfg.label, path: "http", mode: cfg.mode, concurrency: cfg.concurrency },
+        wall,
+        lat,
+        errors,
+        leases_created,
+    );
+    Ok((r, violations))
+}
+
+/// The pgbench script for `mode`: the service's own claim statement with pgbench variables
+/// in place of its parameters. Comments are dropped (pgbench would read `name:` in them as
+/// nothing, but a stray `:word` would be substituted).
+pub fn pgbench_script(mode: Mode) -> anyhow::Result<String> {
+    let sql: String = poolmgr_core::store::LEASE_CLAIM_SQL
+        .lines()
+        .map(|l| match l.find("--") {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .filter(|l| !l.trim().is_empty())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let request_id = match mode {
+        Mode::Claim => ":rid",
+        // Every transaction of a client reuses the client's id: the first claims, the rest replay.
+        Mode::Replay => ":client_id",
+        Mode::Release => bail!("release is measured through HTTP only (it calls flintlock)"),
+    };
+    let sql = sql
+        .replace("$1", ":ns")
+        .replace("$2", ":pool")
+        .replace("$3", ":lid")
+        .replace("$4", request_id)
+        .replace("$5", ":principal");
+    if sql.contains('$') {
+        bail!("the claim statement has a parameter this script does not map");
+    }
+    Ok(format!(
+        "-- Generated by `poolmgr-bench pgbench-script --mode {}` from poolmgr_core::store::LEASE_CLAIM_SQL.\n\
+         -- Define ns, pool and principal with pgbench -D.\n\
+         \\set lid random(1, 9000000000000000000)\n\
+         \\set rid random(1, 9000000000000000000)\n\
+         {sql};\n",
+        mode.name()
+    ))
+}
+
+/// Reads pgbench's per-transaction logs (`--log --log-prefix=PREFIX`): `client_id
+/// transaction_no time script_no time_epoch time_us`, `time` in µs or `failed`/`skipped`.
+pub fn pgbench_summary(
+    log_prefix: &Path,
+    label: &str,
+    mode: Mode,
+    concurrency: usize,
+    duration: Duration,
+) -> anyhow::Result<RunResult> {
+    let dir = log_prefix.parent().unwrap_or(Path::new("."));
+    let stem = log_prefix.file_name().context("--log-prefix needs a file name")?.to_string_lossy().to_string();
+    let mut lat = vec![];
+    let mut errors = BTreeMap::new();
+    let mut files = 0;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+        if !name.starts_with(&format!("{stem}.")) {
+            continue;
+        }
+        files += 1;
+        let text = std::fs::read_to_string(&path)?;
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 6 {
+                continue;
+            }
+            match f[2].parse::<u64>() {
+                Ok(us) => lat.push(us),
+                Err(_) => *errors.entry(format!("pgbench-{}", f[2])).or_default() += 1,
+            }
+        }
+    }
+    if files == 0 {
+        bail!("no pgbench log files {}.*: run pgbench with --log --log-prefix", log_prefix.display());
+    }
+    // A claim transaction creates a lease; in replay mode only each client's first one does.
+    let n = match mode {
+        Mode::Replay => concurrency.min(lat.len()) as u64,
+        _ => lat.len() as u64,
+    };
+    Ok(summarize(RunKey { label, path: "pgbench", mode, concurrency }, duration, lat, errors, n))
+}
+
+/// Empties the pool and seeds it with `vms` AVAILABLE rows on `host`; every run starts from
+/// the same state.
+pub async fn seed(database_url: &str, namespace: &str, pool: &str, host: &str, vms: i64) -> anyhow::Result<()> {
+    let (client, conn) = tokio_postgres::connect(database_url, NoTls).await.context("connecting to PostgreSQL")?;
+    tokio::spawn(conn);
+    client.batch_execute("DELETE FROM events; DELETE FROM leases;").await.context("clearing leases and events")?;
+    client
+        .execute("DELETE FROM vms WHERE pool_namespace = $1 AND pool_name = $2", &[&namespace, &pool])
+        .await
+        .context("clearing VMs")?;
+    client
+        .execute(
+            "INSERT INTO vms (id, uid, pool_namespace, pool_name, flintlock_host, phase, network_interfaces)
+             SELECT 'bench-' || g, 'UID' || g, $1, $2, $3, 'AVAILABLE',
+                    '{\"eth1\": {\"host_device_name\": \"fltap0000001\", \"index\": 3, \"mac_address\": \"aa:bb:cc:dd:ee:ff\"}}'
+             FROM generate_series(1, $4::bigint) g",
+            &[&namespace, &pool, &host, &vms],
+        )
+        .await
+        .context("seeding VMs")?;
+    // One at a time: VACUUM cannot run in the implicit transaction of a multi-statement batch.
+    for sql in ["VACUUM ANALYZE vms", "VACUUM ANALYZE leases", "VACUUM ANALYZE events", "CHECKPOINT"] {
+        client.batch_execute(sql).await.with_context(|| sql.to_string())?;
+    }
+    Ok(())
+}
+
+/// After a run: every lease on its own VM, every LEASED VM with exactly one lease, and (when
+/// given) exactly `expect_leases` leases.
+pub async fn verify(database_url: &str, expect_leases: Option<i64>) -> anyhow::Result<Vec<String>> {
+    let (client, conn) = tokio_postgres::connect(database_url, NoTls).await.context("connecting to PostgreSQL")?;
+    tokio::spawn(conn);
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM leases) AS leases,
+                    (SELECT count(*) FROM (SELECT vm_id FROM leases GROUP BY vm_id HAVING count(*) > 1) d) AS shared_vms,
+                    (SELECT count(*) FROM vms v WHERE v.phase = 'LEASED'
+                       AND (SELECT count(*) FROM leases l WHERE l.vm_id = v.id) <> 1) AS leased_not_one,
+                    (SELECT count(*) FROM leases l JOIN vms v ON v.id = l.vm_id
+                       WHERE v.phase <> 'LEASED' OR v.lease_id IS DISTINCT FROM l.lease_id) AS lease_vm_mismatch,
+                    (SELECT count(*) FROM events WHERE type = 'VM_CLAIMED') AS claimed_events",
+            &[],
+        )
+        .await?;
+    let (leases, shared, not_one, mismatch, events): (i64, i64, i64, i64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let mut v = vec![];
+    if shared > 0 {
+        v.push(format!("{shared} VMs carry more than one lease"));
+    }
+    if not_one > 0 {
+        v.push(format!("{not_one} LEASED VMs do not have exactly one lease"));
+    }
+    if mismatch > 0 {
+        v.push(format!("{mismatch} leases point at a VM that is not LEASED by them"));
+    }
+    if let Some(want) = expect_leases {
+        if leases != want {
+            v.push(format!("{leases} leases in the database, the clients got {want}"));
+        }
+        if events != want {
+            v.push(format!("{events} VM_CLAIMED events, the clients got {want} leases"));
+        }
+    }
+    eprintln!("    verify: {leases} leases, {events} VM_CLAIMED events, {} violations", v.len());
+    Ok(v)
+}
