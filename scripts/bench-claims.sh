@@ -139,7 +139,7 @@ for c in $LEVELS; do
         log "[$LABEL] HTTP $mode, $c clients, ${DURATION}s (+${WARMUP}s warm-up)"
         seed
         got=$("$BENCH" claims-load --endpoint "$URL" --token "$TOKEN" --concurrency "$c" --duration-secs "$DURATION" \
-            --warmup-secs "$WARMUP" --mode "$mode" --label "$LABEL" --out "$RESULTS")
+            --warmup-secs "$WARMUP" --mode "$mode" --label "$LABEL" --out "$RESULTS" --server-pid "$APP_PID")
         case $mode in
             claim) "$BENCH" claims-verify --database-url "$DB_URL" --expect-leases "$got" ;;
             replay) "$BENCH" claims-verify --database-url "$DB_URL" --expect-leases "$c" ;;
@@ -151,14 +151,22 @@ for c in $LEVELS; do
         seed
         rm -f "$WORK"/pgb.*
         threads=$((c < 2 ? c : 2))
-        if ! "$PGBENCH" -n -M extended -c "$c" -j "$threads" -T "$DURATION" \
+        # CPU accounting: the machine's busy time around pgbench, and pgbench's own (bash's time).
+        cpu0=$("$BENCH" machine-cpu-ms)
+        status=0
+        TIMEFORMAT='%U %S'
+        { time "$PGBENCH" -n -M extended -c "$c" -j "$threads" -T "$DURATION" \
             -D ns=default -D pool=bench -D principal=bench -f "$WORK/$mode.sql" \
-            --log --log-prefix="$WORK/pgb" "$DB_URL" >"$WORK/pgbench.out" 2>&1; then
+            --log --log-prefix="$WORK/pgb" "$DB_URL" >"$WORK/pgbench.out" 2>&1; } 2>"$WORK/pgbench.time" || status=$?
+        cpu1=$("$BENCH" machine-cpu-ms)
+        if [[ $status -ne 0 ]]; then
             tail -n 20 "$WORK/pgbench.out" >&2
-            die "pgbench failed; its output is above and in $WORK/pgbench.out"
+            die "pgbench failed (exit $status); its output is above and in $WORK/pgbench.out"
         fi
+        client_ms=$(awk '{printf "%.0f", ($1 + $2) * 1000}' "$WORK/pgbench.time")
         got=$("$BENCH" pgbench-summary --log-prefix "$WORK/pgb" --concurrency "$c" --duration-secs "$DURATION" \
-            --mode "$mode" --label "$LABEL" --out "$RESULTS")
+            --mode "$mode" --label "$LABEL" --out "$RESULTS" \
+            --machine-cpu-ms "$((cpu1 - cpu0))" --client-cpu-ms "$client_ms")
         case $mode in
             claim) "$BENCH" claims-verify --database-url "$DB_URL" --expect-leases "$got" ;;
             replay) "$BENCH" claims-verify --database-url "$DB_URL" --expect-leases "$c" ;;
@@ -184,7 +192,9 @@ max_connections = 400. HTTP: release-built poolmgr-local (database pool $POOL_SI
 generator (\`poolmgr-bench claims-load\`, reqwest, one keep-alive connection per client) on the same machine. \
 pgbench: \`-M extended -j 2\` (the protocol the service uses: one unnamed statement per claim) running \
 \`poolmgr-bench pgbench-script\`, i.e. \`store::LEASE_CLAIM_SQL\` with pgbench variables. Latencies are per \
-operation as the client sees them. After every run the database is checked: no VM leased twice, every LEASED VM \
+operation as the client sees them. CPU per operation: the machine's busy time (/proc/stat) over the timed \
+window, the client's and poolmgr-local's own (/proc/PID/stat); the rest is PostgreSQL (pgbench's window also \
+covers its connection set-up). After every run the database is checked: no VM leased twice, every LEASED VM \
 with exactly one lease, exactly as many leases and VM_CLAIMED events as the clients were given."
     "$BENCH" claims-report --results "$RESULTS" --label "$LABEL" --machine "$MACHINE" --settings "$SETTINGS" \
         --doc "$ROOT/docs/benchmarks.md" --svg "$ROOT/docs/bench-claims.svg"

@@ -54,6 +54,74 @@ pub struct RunResult {
     pub max_ms: f64,
     /// Leases this run created in total (warm-up included), for the after-run check.
     pub leases_created: u64,
+    /// Where the CPU went during the timed window, per successful operation.
+    #[serde(default)]
+    pub cpu: Option<CpuPerOp>,
+}
+
+/// CPU microseconds per operation: the whole machine's busy time, the client's (load
+/// generator or pgbench) and the server's (poolmgr-local; none for pgbench). What is left is
+/// PostgreSQL's (and, on a shared machine, everything else's).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CpuPerOp {
+    pub total_us: f64,
+    pub client_us: f64,
+    pub server_us: Option<f64>,
+}
+
+impl CpuPerOp {
+    pub fn new(ops: u64, total_ms: f64, client_ms: f64, server_ms: Option<f64>) -> Option<CpuPerOp> {
+        (ops > 0).then(|| {
+            let per = |ms: f64| ms * 1000.0 / ops as f64;
+            CpuPerOp { total_us: per(total_ms), client_us: per(client_ms), server_us: server_ms.map(per) }
+        })
+    }
+}
+
+/// Jiffies are 1/100 s on Linux (USER_HZ).
+const MS_PER_TICK: f64 = 10.0;
+
+/// Busy CPU time of the whole machine since boot (`/proc/stat`), in ms.
+pub fn machine_busy_ms() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let f: Vec<f64> = stat.lines().next()?.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal
+    let busy = f.first()? + f.get(1)? + f.get(2)? + f.get(5)? + f.get(6)? + f.get(7).unwrap_or(&0.0);
+    Some(busy * MS_PER_TICK)
+}
+
+/// User + system CPU time of process `pid` (or `self`), in ms.
+pub fn process_cpu_ms(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name's closing parenthesis; utime and stime are fields 14, 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) * MS_PER_TICK)
+}
+
+struct CpuMark {
+    machine: Option<f64>,
+    client: Option<f64>,
+    server: Option<f64>,
+}
+
+impl CpuMark {
+    fn now(server_pid: Option<&str>) -> CpuMark {
+        CpuMark {
+            machine: machine_busy_ms(),
+            client: process_cpu_ms("self"),
+            server: server_pid.and_then(process_cpu_ms),
+        }
+    }
+
+    fn per_op(&self, later: &CpuMark, ops: u64) -> Option<CpuPerOp> {
+        let d = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
+        let server = match (self.server, later.server) {
+            (Some(a), Some(b)) => Some(b - a),
+            _ => None,
+        };
+        CpuPerOp::new(ops, d(self.machine, later.machine)?, d(self.client, later.client)?, server)
+    }
 }
 
 pub fn percentile_us(sorted: &[u64], p: f64) -> u64 {
@@ -95,6 +163,7 @@ fn summarize(
         p99_ms: ms(percentile_us(&lat_us, 0.99)),
         max_ms: ms(lat_us.last().copied().unwrap_or(0)),
         leases_created,
+        cpu: None,
     }
 }
 
@@ -119,6 +188,8 @@ pub struct HttpLoad {
     pub warmup: Duration,
     pub mode: Mode,
     pub label: String,
+    /// poolmgr-local's pid, to account its CPU time.
+    pub server_pid: Option<String>,
 }
 
 #[derive(Default)]
@@ -304,6 +375,8 @@ pub async fn http_load(cfg: HttpLoad) -> anyhow::Result<(RunResult, Vec<String>)
     let stop = start_timing + cfg.duration;
     let handles: Vec<_> =
         (0..cfg.concurrency).map(|_| tokio::spawn(worker(http.clone(), cfg.mode, start_timing, stop))).collect();
+    tokio::time::sleep_until(start_timing.into()).await;
+    let cpu_start = CpuMark::now(cfg.server_pid.as_deref());
     let mut lat = vec![];
     let mut errors = BTreeMap::new();
     let mut vms = HashSet::new();
@@ -325,13 +398,15 @@ pub async fn http_load(cfg: HttpLoad) -> anyhow::Result<(RunResult, Vec<String>)
     }
     // Operations still running at `stop` finished after it: count the wall until the last one.
     let wall = Instant::now().saturating_duration_since(start_timing).max(cfg.duration);
-    let r = summarize(
+    let cpu_end = CpuMark::now(cfg.server_pid.as_deref());
+    let mut r = summarize(
         RunKey { label: &cfg.label, path: "http", mode: cfg.mode, concurrency: cfg.concurrency },
         wall,
         lat,
         errors,
         leases_created,
     );
+    r.cpu = cpu_start.per_op(&cpu_end, r.ok);
     Ok((r, violations))
 }
 
@@ -381,6 +456,7 @@ pub fn pgbench_summary(
     mode: Mode,
     concurrency: usize,
     duration: Duration,
+    cpu_ms: Option<(f64, f64)>,
 ) -> anyhow::Result<RunResult> {
     let dir = log_prefix.parent().unwrap_or(Path::new("."));
     let stem = log_prefix.file_name().context("--log-prefix needs a file name")?.to_string_lossy().to_string();
@@ -414,7 +490,9 @@ pub fn pgbench_summary(
         Mode::Replay => concurrency.min(lat.len()) as u64,
         _ => lat.len() as u64,
     };
-    Ok(summarize(RunKey { label, path: "pgbench", mode, concurrency }, duration, lat, errors, n))
+    let mut r = summarize(RunKey { label, path: "pgbench", mode, concurrency }, duration, lat, errors, n);
+    r.cpu = cpu_ms.and_then(|(machine, client)| CpuPerOp::new(r.ok, machine, client, None));
+    Ok(r)
 }
 
 /// Empties the pool and seeds it with `vms` AVAILABLE rows on `host`; every run starts from

@@ -53,6 +53,9 @@ enum Cmd {
         label: String,
         #[arg(long)]
         out: PathBuf,
+        /// poolmgr-local's pid: its CPU time per operation goes into the result.
+        #[arg(long)]
+        server_pid: Option<String>,
     },
     /// Print the pgbench script running the service's claim statement (`claim` or `replay`).
     PgbenchScript {
@@ -73,7 +76,14 @@ enum Cmd {
         label: String,
         #[arg(long)]
         out: PathBuf,
+        /// The machine's busy CPU ms during the run (from /proc/stat) and pgbench's own user+sys ms.
+        #[arg(long, requires = "client_cpu_ms")]
+        machine_cpu_ms: Option<f64>,
+        #[arg(long, requires = "machine_cpu_ms")]
+        client_cpu_ms: Option<f64>,
     },
+    /// Print the machine's busy CPU time since boot in ms (for the pgbench side's accounting).
+    MachineCpuMs,
     /// Empty the pool and seed it with VMS AVAILABLE rows on HOST.
     ClaimsSeed {
         #[arg(long, env = "DATABASE_URL")]
@@ -360,7 +370,18 @@ fn fail_on(violations: Vec<String>) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
-        Cmd::ClaimsLoad { endpoint, token, pool, concurrency, duration_secs, warmup_secs, mode, label, out } => {
+        Cmd::ClaimsLoad {
+            endpoint,
+            token,
+            pool,
+            concurrency,
+            duration_secs,
+            warmup_secs,
+            mode,
+            label,
+            out,
+            server_pid,
+        } => {
             let (ns, name) = pool.split_once('/').context("--pool is NAMESPACE/NAME")?;
             let (r, violations) = load::http_load(load::HttpLoad {
                 endpoint,
@@ -372,6 +393,7 @@ async fn main() -> anyhow::Result<()> {
                 warmup: Duration::from_secs_f64(warmup_secs),
                 mode,
                 label,
+                server_pid,
             })
             .await?;
             print_run(&r);
@@ -383,12 +405,26 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", load::pgbench_script(mode)?);
             Ok(())
         }
-        Cmd::PgbenchSummary { log_prefix, concurrency, duration_secs, mode, label, out } => {
-            let r =
-                load::pgbench_summary(&log_prefix, &label, mode, concurrency, Duration::from_secs_f64(duration_secs))?;
+        Cmd::PgbenchSummary {
+            log_prefix,
+            concurrency,
+            duration_secs,
+            mode,
+            label,
+            out,
+            machine_cpu_ms,
+            client_cpu_ms,
+        } => {
+            let cpu = machine_cpu_ms.zip(client_cpu_ms);
+            let duration = Duration::from_secs_f64(duration_secs);
+            let r = load::pgbench_summary(&log_prefix, &label, mode, concurrency, duration, cpu)?;
             print_run(&r);
             load::append_result(&out, &r)?;
             println!("{}", r.leases_created);
+            Ok(())
+        }
+        Cmd::MachineCpuMs => {
+            println!("{:.0}", load::machine_busy_ms().context("cannot read /proc/stat")?);
             Ok(())
         }
         Cmd::ClaimsSeed { database_url, pool, host, vms } => {
