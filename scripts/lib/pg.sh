@@ -23,6 +23,8 @@
 #
 # Environment:
 #   PG_FAST=1            start with fsync/synchronous_commit/full_page_writes off
+#   PG_WANT_PORT=P       pg_start listens on port P instead of a free one (to restart a
+#                        stopped cluster where its clients expect it)
 #   PG_BINDIR            override the PostgreSQL bin directory
 #
 # When running as root the cluster is owned and run by the `postgres` user.
@@ -236,7 +238,11 @@ pg_start() {
 
     local attempt port opts
     for attempt in 1 2 3; do
-        port=$(pg_free_port) || return 1
+        if [[ -n "${PG_WANT_PORT:-}" ]]; then
+            port=$PG_WANT_PORT
+        else
+            port=$(pg_free_port) || return 1
+        fi
         opts="-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories='$sockdir' -c max_connections=400"
         if [[ "${PG_FAST:-}" == 1 ]]; then
             opts+=" -c fsync=off -c synchronous_commit=off -c full_page_writes=off"

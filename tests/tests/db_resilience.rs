@@ -221,3 +221,66 @@ async fn emf_metrics_carry_request_counters_and_the_pool_gauges_of_a_reconcile_p
     assert_eq!(doc["poolmgr_pool_leased"], json!(1));
     assert_eq!(doc["poolmgr_pool_available"], json!(0));
 }
+
+/// Regression (scripts/chaos.sh, pg-restart): a database outage that failed a pool's reconcile
+/// step also failed the release of its reconcile lease, so no pass touched the pool for the
+/// whole lease (~2 minutes) after the database was back, and claims answered 429 meanwhile.
+/// The pass now retries the release until its deadline.
+#[tokio::test]
+async fn a_database_blip_during_a_pool_step_does_not_leave_the_reconcile_lease_behind() {
+    let app = TestApp::spawn().await;
+    // A create hook of 2 s keeps the pass inside the pool's step while the database goes away.
+    app.sim
+        .set_exec_rule("prepare", flintlock_sim::ExecRule { duration: Duration::from_secs(2), ..Default::default() });
+    let mut spec = pool_spec("ci", 1);
+    spec["create_commands"] = json!(["prepare"]);
+    app.post(ADMIN, "/v1/pools", spec).await.assert_ok(201);
+    app.settle(50, "the VM is booted and its hook due", || async {
+        app.sim.vms().iter().any(|m| m.status.as_ref().is_some_and(|s| s.state == 1))
+    })
+    .await;
+
+    let state = app.state.clone();
+    let pass = tokio::spawn(async move { poolmgr_core::reconcile::run_pass(&state).await });
+    let t0 = Instant::now();
+    while app.sim.exec_running() == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the create hook never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The database "goes away": its name stops existing for new connections, open ones die.
+    let admin = db::connect_one(&admin_url()).await.expect("admin connection");
+    let (name, away) = (app.db.name.clone(), format!("{}_away", app.db.name));
+    let mut renamed = false;
+    for _ in 0..50 {
+        terminate_backends(&app).await;
+        if admin.batch_execute(&format!("ALTER DATABASE {name} RENAME TO {away}")).await.is_ok() {
+            renamed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(renamed, "could not take the test database away");
+    // Down past the end of the hook, so the step and the lease release both fail at first.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    admin.batch_execute(&format!("ALTER DATABASE {away} RENAME TO {name}")).await.expect("bring the database back");
+
+    let report = tokio::time::timeout(Duration::from_secs(60), pass).await.expect("pass ends").unwrap().expect("pass");
+    assert!(
+        report.errors.iter().any(|e| e.contains("default/ci")),
+        "the pool's step failed during the outage: {:?}",
+        report.errors
+    );
+    let lease_free: bool = app
+        .conn()
+        .await
+        .query_one("SELECT reconcile_until <= now() FROM pools WHERE name = 'ci'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(lease_free, "the reconcile lease was left behind: the pool is stuck until it expires");
+    // And the next passes finish the VM at once, not minutes later.
+    app.settle(50, "the VM became AVAILABLE after the outage", || async {
+        app.count_phase("ci", "AVAILABLE").await == 1
+    })
+    .await;
+}

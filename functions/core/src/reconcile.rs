@@ -254,13 +254,36 @@ async fn pool_worker(pass: &Pass<'_>) -> PassReport {
             tracing::warn!(pool = %pref, error = %e, "pool reconcile step failed; the next pass retries");
             report.errors.push(format!("{pref}: {e}"));
         }
-        if let Ok(conn) = pass.state.db.get().await
-            && let Err(e) = store::pool_release_reconcile_lease(&**conn, &pref, &pass.owner).await
-        {
-            report.errors.push(format!("{pref}: releasing the reconcile lease: {e}"));
-        }
+        release_reconcile_lease(pass, &pref, &mut report).await;
     }
     report
+}
+
+/// Gives a pool's reconcile lease back, retrying until the pass deadline. A lease left behind
+/// keeps every pass away from the pool for the whole lease (deadline + hook timeout + 30 s,
+/// close to two minutes by default), so a database blip of a few seconds that failed the
+/// pool's step must not also leave the lease: that stalled replenishment long after the
+/// database was back (found by scripts/chaos.sh, scenario pg-restart).
+async fn release_reconcile_lease(pass: &Pass<'_>, pref: &PoolRef, report: &mut PassReport) {
+    let mut delay = std::time::Duration::from_millis(100);
+    loop {
+        let released = match pass.state.db.get().await {
+            Ok(conn) => store::pool_release_reconcile_lease(&**conn, pref, &pass.owner).await,
+            Err(e) => Err(e.into()),
+        };
+        match released {
+            Ok(()) => return,
+            Err(e) if pass.past_deadline() => {
+                report.errors.push(format!("{pref}: releasing the reconcile lease: {e}; it expires by itself"));
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(pool = %pref, error = %e, retry_in_ms = delay.as_millis() as u64, "cannot release the reconcile lease yet");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(2));
+            }
+        }
+    }
 }
 
 async fn hosts_by_name(state: &AppState) -> Result<HashMap<String, HostRow>, StoreError> {

@@ -21,6 +21,28 @@
 //! Records created through [`Sim::insert_vm`] keep the state they were given
 //! (no background boot), which also makes them usable as "stuck" VMs; only a
 //! Delete RPC moves them (to DELETING, then gone after the delete delay).
+//!
+//! # Persistence
+//!
+//! Real flintlock keeps its VMs across a restart (containerd holds the specs).
+//! [`Sim::open`] gives the simulator the same property: every change of the
+//! stored records (create, boot, fail, delete, removal, seed) rewrites a state
+//! file atomically (write `PATH.tmp`, then rename), *before* the RPC that made
+//! the change answers, and a restarted simulator loads it. So:
+//!
+//! - a CreateMicroVM whose reply the client saw survives a kill;
+//! - a create killed before its record was written is lost, and its client saw
+//!   an error (the connection broke), exactly like a flintlockd killed before
+//!   containerd stored the spec;
+//! - a VM still PENDING at the kill boots after the restart (flintlock resumes
+//!   reconciling it), one boot delay after the load; a DELETING one is removed
+//!   one delete delay after the load;
+//! - faults, counters, exec rules and delays are runtime settings, not state,
+//!   and start from their defaults; the guest agent of a CREATED VM counts as
+//!   booted at load time (its guest-agent delay starts again).
+//!
+//! The write survives the process being killed (SIGKILL), not a power loss:
+//! there is no fsync.
 
 mod create;
 mod exec;
@@ -28,6 +50,7 @@ mod service;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -39,6 +62,7 @@ use flintlock_proto::types::{
     Kernel, MicroVm, MicroVmSpec, Mount, NetworkInterface, NetworkInterfaceStatus, Volume, VolumeSource, VolumeStatus,
 };
 use flintlock_proto::v1alpha1::micro_vm_server::MicroVmServer;
+use prost::Message;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -126,6 +150,20 @@ struct Inner {
     /// The address last passed to [`Sim::serve`] (ServerInfo's exec address).
     listen_addr: Option<SocketAddr>,
     exec: exec::ExecState,
+    /// Where every change of `vms` is written ([`Sim::open`]); `None` = memory only.
+    state_file: Option<PathBuf>,
+}
+
+/// The state file's content: the records and the counters that keep new device names and
+/// snapshot numbers unique across restarts.
+#[derive(Clone, PartialEq, prost::Message)]
+struct PersistedState {
+    #[prost(message, repeated, tag = "1")]
+    vms: Vec<MicroVm>,
+    #[prost(int32, tag = "2")]
+    next_ifindex: i32,
+    #[prost(uint64, tag = "3")]
+    next_snapshot: u64,
 }
 
 /// The fake server's shared state. Cheap to clone; all clones share state.
@@ -186,8 +224,74 @@ impl Sim {
                 started_at: Instant::now(),
                 listen_addr: None,
                 exec: exec::ExecState::default(),
+                state_file: None,
             })),
         }
+    }
+
+    /// A simulator whose records persist in `path` (see the crate docs, *Persistence*):
+    /// loads the file if it exists (VMs PENDING in it resume booting, DELETING ones resume
+    /// their removal), and rewrites it atomically on every change from now on. Must be called
+    /// inside a Tokio runtime (the resumed transitions are spawned tasks).
+    pub fn open(config: SimConfig, path: impl AsRef<Path>) -> std::io::Result<Sim> {
+        let path = path.as_ref().to_path_buf();
+        let sim = Sim::new(config);
+        let loaded = match std::fs::read(&path) {
+            Ok(bytes) => Some(PersistedState::decode(bytes.as_slice()).map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{} is not a flintlock-sim state file ({e}); remove it to start empty", path.display()),
+                )
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        let (pending, deleting) = {
+            let mut inner = sim.lock();
+            inner.state_file = Some(path);
+            let (mut pending, mut deleting) = (vec![], vec![]);
+            if let Some(state) = loaded {
+                inner.next_ifindex = state.next_ifindex.max(2);
+                inner.next_snapshot = state.next_snapshot.max(1);
+                for vm in state.vms {
+                    let uid = vm_uid(&vm).to_string();
+                    match vm_state(&vm) {
+                        MicroVmState::Pending => pending.push(uid.clone()),
+                        MicroVmState::Deleting => deleting.push(uid.clone()),
+                        MicroVmState::Created => {
+                            inner.booted_at.insert(uid.clone(), Instant::now());
+                        }
+                        MicroVmState::Failed => {}
+                    }
+                    inner.vms.insert(uid, vm);
+                }
+            }
+            // Written at once: an unreadable or unwritable path fails here, not on the first RPC.
+            inner.persist()?;
+            (pending, deleting)
+        };
+        let (boot_delay, delete_delay) = {
+            let inner = sim.lock();
+            (inner.boot_delay, inner.delete_delay)
+        };
+        tracing::info!(
+            vms = sim.lock().vms.len(),
+            resumed_boots = pending.len(),
+            resumed_deletes = deleting.len(),
+            "flintlock-sim state loaded"
+        );
+        for uid in pending {
+            sim.schedule_boot(uid, boot_delay, false);
+        }
+        for uid in deleting {
+            sim.schedule_removal(uid, delete_delay);
+        }
+        Ok(sim)
+    }
+
+    /// The state file given to [`Sim::open`], if any.
+    pub fn state_file(&self) -> Option<PathBuf> {
+        self.lock().state_file.clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -403,6 +507,7 @@ impl Sim {
             MicroVmState::Deleting => set_state(&mut vm, MicroVmState::Deleting, 0),
         }
         inner.vms.insert(uid.clone(), vm);
+        inner.persist_or_log();
         uid
     }
 
@@ -435,6 +540,7 @@ impl Sim {
                 booted_at.insert(uid.clone(), Instant::now());
                 tracing::info!(%uid, "microvm CREATED");
             }
+            inner.persist_or_log();
         });
     }
 
@@ -446,6 +552,7 @@ impl Sim {
             if inner.vms.get(&uid).is_some_and(|vm| vm_state(vm) == MicroVmState::Deleting) {
                 inner.vms.remove(&uid);
                 inner.booted_at.remove(&uid);
+                inner.persist_or_log();
                 tracing::info!(%uid, "microvm removed");
             }
         });
@@ -455,6 +562,30 @@ impl Sim {
 impl Inner {
     fn mark_booted(&mut self, vm: &mut MicroVm) {
         booted(vm, &mut self.next_ifindex, &mut self.next_snapshot);
+    }
+
+    /// Rewrites the state file (if any) with the current records: `PATH.tmp`, then a rename,
+    /// so a reader (or a restart after SIGKILL) sees the old file or the new one, never half.
+    /// Called with the lock held, so writes happen in the order of the changes.
+    fn persist(&self) -> std::io::Result<()> {
+        let Some(path) = &self.state_file else {
+            return Ok(());
+        };
+        let mut vms: Vec<MicroVm> = self.vms.values().cloned().collect();
+        vms.sort_by(|a, b| vm_uid(a).cmp(vm_uid(b)));
+        let state = PersistedState { vms, next_ifindex: self.next_ifindex, next_snapshot: self.next_snapshot };
+        let mut tmp = path.clone().into_os_string();
+        tmp.push(".tmp");
+        std::fs::write(&tmp, state.encode_to_vec())?;
+        std::fs::rename(&tmp, path)
+    }
+
+    /// [`Inner::persist`] where a failure cannot be answered to anyone (background
+    /// transitions): logged, and retried by the next change.
+    fn persist_or_log(&self) {
+        if let Err(e) = self.persist() {
+            tracing::error!(error = %e, "cannot write the flintlock-sim state file; VMs will be lost on restart");
+        }
     }
 }
 

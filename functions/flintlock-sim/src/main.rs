@@ -4,6 +4,7 @@
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -25,6 +26,9 @@ Options:
   --exec-disabled            Run as without --enable-exec-api: ExecCommand answers UNIMPLEMENTED
   --version V                Version reported by ServerInfo (default v0.16.0; e.g. undefined)
   --guest-agent-delay-ms N   Exec fails (handshake read: EOF) for N ms after a VM is CREATED (default 0)
+  --state-file PATH          Keep the VMs in PATH across restarts, like flintlockd keeps them in
+                             containerd: loaded at start (PENDING VMs resume booting), rewritten
+                             atomically on every change before the RPC answers. Default: memory only
   -h, --help                 Print this help
 
 Logging goes to stderr; filter with RUST_LOG (default info).";
@@ -36,6 +40,7 @@ struct Args {
     exec_enabled: bool,
     version: String,
     guest_agent_delay: Duration,
+    state_file: Option<PathBuf>,
 }
 
 enum Parsed {
@@ -49,6 +54,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut exec_enabled = true;
     let mut version = DEFAULT_VERSION.to_string();
     let mut guest_agent_delay = Duration::ZERO;
+    let mut state_file = None;
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -77,6 +83,13 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
             "--delete-delay-ms" => config.delete_delay = parse_ms(&flag, &value()?)?,
             "--guest-agent-delay-ms" => guest_agent_delay = parse_ms(&flag, &value()?)?,
             "--version" => version = value()?,
+            "--state-file" => {
+                let v = value()?;
+                if v.is_empty() {
+                    return Err("--state-file needs a path".into());
+                }
+                state_file = Some(PathBuf::from(v));
+            }
             "--basic-auth-token" => {
                 let v = value()?;
                 config.basic_auth_token = (!v.is_empty()).then_some(v);
@@ -84,7 +97,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    Ok(Parsed::Run(Args { listen, config, exec_enabled, version, guest_agent_delay }))
+    Ok(Parsed::Run(Args { listen, config, exec_enabled, version, guest_agent_delay, state_file }))
 }
 
 fn parse_ms(flag: &str, v: &str) -> Result<Duration, String> {
@@ -119,7 +132,16 @@ async fn main() -> ExitCode {
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
         .init();
 
-    let sim = Sim::new(args.config.clone());
+    let sim = match &args.state_file {
+        None => Sim::new(args.config.clone()),
+        Some(path) => match Sim::open(args.config.clone(), path) {
+            Ok(sim) => sim,
+            Err(err) => {
+                tracing::error!(state_file = %path.display(), error = %err, "cannot use the state file");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     sim.set_exec_enabled(args.exec_enabled);
     sim.set_server_info(&args.version);
     sim.set_guest_agent_delay(args.guest_agent_delay);
@@ -143,6 +165,7 @@ async fn main() -> ExitCode {
         exec_enabled = args.exec_enabled,
         version = %args.version,
         guest_agent_delay_ms = args.guest_agent_delay.as_millis() as u64,
+        state_file = args.state_file.as_ref().map(|p| p.display().to_string()),
         "flintlock-sim started"
     );
 
@@ -182,6 +205,17 @@ mod tests {
         assert!(a.exec_enabled);
         assert_eq!(a.version, "v0.16.0");
         assert_eq!(a.guest_agent_delay, Duration::ZERO);
+        assert!(a.state_file.is_none());
+    }
+
+    #[test]
+    fn parses_state_file() {
+        let Ok(Parsed::Run(a)) = parse(&["--state-file", "/tmp/sim.state"]) else {
+            panic!("parse failed");
+        };
+        assert_eq!(a.state_file.as_deref(), Some(std::path::Path::new("/tmp/sim.state")));
+        assert!(parse(&["--state-file"]).is_err());
+        assert!(parse(&["--state-file="]).is_err());
     }
 
     #[test]

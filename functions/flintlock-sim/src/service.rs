@@ -131,6 +131,12 @@ impl MicroVm for SimService {
                 return Err(Status::unknown("creating microvm: saving microvm spec: injected failure"));
             }
             inner.vms.insert(uid.clone(), vm.clone());
+            // Stored before the reply: a create the client saw survives a restart.
+            if let Err(e) = inner.persist() {
+                inner.vms.remove(&uid);
+                tracing::error!(error = %e, "cannot write the state file");
+                return Err(Status::unknown(format!("creating microvm: saving microvm spec: {e}")));
+            }
             let lose_reply = take_fault(&mut inner.faults.lose_create_replies);
             (inner.boot_delay, inner.faults.vms_end_failed, lose_reply)
         };
@@ -162,6 +168,7 @@ impl MicroVm for SimService {
                 )));
             };
             set_state(vm, MicroVmState::Deleting, 0);
+            inner.persist_or_log();
             inner.delete_delay
         };
         tracing::info!(%uid, "microvm DELETING");

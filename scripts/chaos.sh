@@ -1,0 +1,294 @@
+#!/usr/bin/env bash
+# Chaos scenarios, each followed by the invariant checker:  scripts/chaos.sh [--short]
+#
+#   1 pg-restart     PostgreSQL stopped (fast) for a few seconds under claim load through
+#                    poolmgr-local: 503s with Retry-After while it is down, recovery without a
+#                    restart, every lease a client believes it holds exists exactly once.
+#   2 app-sigkill    poolmgr-local killed with SIGKILL under claims with request_ids and
+#                    restarted; clients retry with the same ids: each ends with exactly one
+#                    lease, and a replay of an answered claim returns the same lease.
+#   3 sim-sigkill    flintlock-sim killed with SIGKILL while the reconciler provisions pools,
+#                    restarted on the same port and state file: pools reach size, no orphan.
+#   4 overlap        rounds of 8 overlapping in-process reconcile passes fill and grow pools:
+#                    never above size, pools reach size, no orphan.
+#
+# Starts its own PostgreSQL under .dev/chaos (wiped first), flintlock-sim and poolmgr-local on
+# free ports, and stops all of them on exit. Prints one summary line per scenario; exits 1 if
+# any scenario or check failed. Logs: .dev/chaos/logs/. --short is the CI version (smaller
+# load, shorter outages; ~2 minutes after the build).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=lib/pg.sh
+. "$ROOT/scripts/lib/pg.sh"
+
+SHORT=0
+for arg in "$@"; do
+    case "$arg" in
+        --short) SHORT=1 ;;
+        -h | --help)
+            sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            exit 0
+            ;;
+        *)
+            printf 'error: unknown argument %s (use --short or nothing)\n' "$arg" >&2
+            exit 2
+            ;;
+    esac
+done
+
+if [[ $SHORT == 1 ]]; then
+    CLIENTS=6 DURATION=9s DOWN=3 POOL_SIZE=24 PROV_POOLS=2 PROV_SIZE=6 OV_POOLS=3 OV_SIZE=3 OV_GROW=6
+else
+    CLIENTS=16 DURATION=20s DOWN=6 POOL_SIZE=60 PROV_POOLS=4 PROV_SIZE=10 OV_POOLS=6 OV_SIZE=5 OV_GROW=10
+fi
+
+log() { printf '==> %s\n' "$*" >&2; }
+die() {
+    printf 'error: %s\n' "$*" >&2
+    exit 1
+}
+
+DIR=$ROOT/.dev/chaos
+LOGS=$DIR/logs
+APP_PID="" SIM_PID="" LOAD_PID=""
+SUMMARY=()
+FAILED=0
+T_START=$SECONDS
+
+# shellcheck disable=SC2317  # invoked via trap
+cleanup() {
+    local status=$?
+    for pid in $LOAD_PID $APP_PID $SIM_PID; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    pg_stop "$DIR/pg" >/dev/null 2>&1 || true
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+log "building poolmgr-local, flintlock-sim, poolmgr-check, poolmgr-chaos (debug)"
+cargo build -q -p poolmgr-local -p flintlock-sim -p poolmgr-check
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
+
+if [[ -d "$DIR/pg/data" ]]; then
+    pg_stop "$DIR/pg" || die "could not stop the PostgreSQL of an earlier chaos run in $DIR/pg; kill it and remove $DIR"
+fi
+rm -rf "$DIR"
+mkdir -p "$LOGS"
+PG_FAST=1 pg_start "$DIR/pg" || die "could not start PostgreSQL; see above"
+DB_URL=$(pg_create_db poolmgr_chaos)
+export DATABASE_URL=$DB_URL
+SIM_PORT=$(pg_free_port)
+APP_PORT=$(pg_free_port)
+ENDPOINT=http://127.0.0.1:$APP_PORT
+ADMIN=chaos-admin-$RANDOM$RANDOM
+CLIENT=chaos-client-$RANDOM$RANDOM
+PSQL=("$PG_BINDIR/psql" -X -q -t -A -v ON_ERROR_STOP=1 -d "$DB_URL")
+
+start_sim() {
+    "$BIN/flintlock-sim" --listen "127.0.0.1:$SIM_PORT" --boot-delay-ms 400 --delete-delay-ms 50 \
+        --state-file "$DIR/sim.state" >>"$LOGS/flintlock-sim.out" 2>>"$LOGS/flintlock-sim.log" &
+    SIM_PID=$!
+    local _
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$SIM_PORT") 2>/dev/null && return 0
+        kill -0 "$SIM_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    die "flintlock-sim did not start on 127.0.0.1:$SIM_PORT; see $LOGS/flintlock-sim.log"
+}
+
+# A pass killed mid-pool leaves that pool's reconcile lease until it expires (deadline + hook
+# timeout + 30 s): 45 s here instead of ~2 min by default, so scenario 2 recovers in time.
+start_app() {
+    DATABASE_URL=$DB_URL POOLMGR_HTTP_ADDR=127.0.0.1:$APP_PORT \
+        POOLMGR_ADMIN_TOKENS=admin:$ADMIN POOLMGR_CLIENT_TOKENS=chaos:$CLIENT \
+        POOLMGR_RECONCILE_INTERVAL_SECONDS=1 POOLMGR_DB_CONNECT_TIMEOUT_SECONDS=2 \
+        POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS=5 POOLMGR_FLINTLOCK_TIMEOUT_SECONDS=2 \
+        POOLMGR_RECONCILE_DEADLINE_SECONDS=10 POOLMGR_HOOK_TIMEOUT_SECONDS=5 \
+        POOLMGR_ORPHAN_SCAN_SECONDS=2 POOLMGR_RECONCILE_BACKOFF_MS=100 POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS=2 \
+        RUST_LOG=${RUST_LOG:-warn} "$BIN/poolmgr-local" >>"$LOGS/poolmgr-local.out" 2>>"$LOGS/poolmgr-local.log" &
+    APP_PID=$!
+    local _
+    for _ in $(seq 150); do
+        curl -fsS -o /dev/null "$ENDPOINT/healthz" 2>/dev/null && return 0
+        kill -0 "$APP_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    die "poolmgr-local did not become healthy at $ENDPOINT; see $LOGS/poolmgr-local.log"
+}
+
+api() { # METHOD PATH [JSON]
+    local args=(-fsS -X "$1" "$ENDPOINT$2" -H "Authorization: Bearer $ADMIN")
+    [[ $# -ge 3 ]] && args+=(-H 'content-type: application/json' -d "$3")
+    curl "${args[@]}"
+}
+
+create_pool() { # NAME SIZE
+    api POST /v1/pools '{"namespace": "default", "name": "'"$1"'", "size": '"$2"', "flintlock_hosts": ["sim"],
+      "replenishment": {"strategy": "REPLACE_ON_DELETE"}, "heartbeat_interval_seconds": 300, "heartbeat_expiry_seconds": 600,
+      "microvm_template": {"root_volume": {"id": "root", "source": {"container_source": "ghcr.io/liquidmetal-dev/ubuntu:22.04"}},
+                           "interfaces": [{"device_id": "eth1", "type": "TAP"}]}}' >/dev/null
+}
+
+sql() { "${PSQL[@]}" -c "$1"; }
+
+wait_available() { # POOL_NAME_LIKE WANT TIMEOUT_S
+    local t0=$SECONDS n=0
+    while ((SECONDS - t0 < $3)); do
+        n=$(sql "SELECT count(*) FROM vms WHERE pool_name LIKE '$1' AND phase = 'AVAILABLE'")
+        [[ $n -ge $2 ]] && return 0
+        sleep 0.5
+    done
+    log "only $n of $2 VMs AVAILABLE in pools $1 after $3 s"
+    return 1
+}
+
+# run_check NAME: the settled checker; prints its summary into CHECK_LINE.
+run_check() {
+    local out status=0
+    out=$("$BIN/poolmgr-check" --database-url "$DB_URL" --wait 90s 2>>"$LOGS/check-$1.progress") || status=$?
+    printf '%s\n' "$out" >"$LOGS/check-$1.out"
+    printf '%s\n' "$out" | grep -v '^poolmgr-check:' >&2 || true
+    CHECK_LINE=$(printf '%s\n' "$out" | grep '^poolmgr-check:' | tail -n 1)
+    CHECK_LINE=${CHECK_LINE#poolmgr-check: }
+    return "$status"
+}
+
+record() { # NAME STATUS(0=pass) DETAILS
+    local verdict=PASS
+    if [[ $2 -ne 0 ]]; then
+        verdict=FAIL
+        FAILED=1
+    fi
+    local line
+    line=$(printf '%-13s %s  %s' "$1" "$verdict" "$3")
+    SUMMARY+=("$line")
+    log "$line"
+}
+
+# kv KEY LINE: the value of KEY=value in a summary line.
+kv() { printf '%s\n' "$2" | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n 1; }
+
+log "starting flintlock-sim (state file $DIR/sim.state) and poolmgr-local"
+start_sim
+start_app
+api POST /v1/hosts '{"name": "sim", "address": "127.0.0.1:'"$SIM_PORT"'", "tls": {"insecure": true}}' >/dev/null
+create_pool chaos "$POOL_SIZE"
+log "filling pool default/chaos ($POOL_SIZE VMs)"
+wait_available chaos "$POOL_SIZE" 60 || die "pool default/chaos never filled; see $LOGS/poolmgr-local.log"
+
+# ---- 1: PostgreSQL restart under claim load ------------------------------------------------
+log "scenario 1: PostgreSQL stopped for ${DOWN}s under claim load"
+"$BIN/poolmgr-chaos" claims --endpoint "$ENDPOINT" --token "$CLIENT" --principal chaos --pool default/chaos \
+    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --expect-503 --id-prefix s1 \
+    >"$LOGS/s1.out" 2>"$LOGS/s1.log" &
+LOAD_PID=$!
+sleep 2
+APP_PID_BEFORE=$APP_PID
+pg_stop "$DIR/pg" >>"$LOGS/pg.log" 2>&1
+sleep 1
+HEALTH_DOWN=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "$ENDPOINT/healthz" || true)
+RETRY_AFTER=$(curl -s -o /dev/null -D - --max-time 10 -X POST "$ENDPOINT/v1/claims" -H "Authorization: Bearer $CLIENT" \
+    -H 'content-type: application/json' -d '{"pool": {"namespace": "default", "name": "chaos"}}' |
+    tr -d '\r' | sed -n 's/^[Rr]etry-[Aa]fter: //p')
+sleep $((DOWN - 1))
+PG_WANT_PORT=$PG_PORT PG_FAST=1 pg_start "$DIR/pg" >>"$LOGS/pg.log" 2>&1 || die "PostgreSQL did not come back on port $PG_PORT; see $DIR/pg/postgres.log"
+s1=0
+wait "$LOAD_PID" || s1=$?
+LOAD_PID=""
+LOAD=$(tail -n 1 "$LOGS/s1.out")
+grep FAIL "$LOGS/s1.log" >&2 || true
+notes=""
+if [[ $HEALTH_DOWN != 503 ]]; then
+    notes+=" healthz-while-down=$HEALTH_DOWN(want 503)"
+    s1=1
+fi
+if [[ -z $RETRY_AFTER ]]; then
+    notes+=" claim-while-down-had-no-Retry-After"
+    s1=1
+fi
+if ! kill -0 "$APP_PID_BEFORE" 2>/dev/null; then
+    notes+=" poolmgr-local-died"
+    s1=1
+fi
+run_check s1 || s1=1
+record "1 pg-restart" "$s1" "claims=$(kv claims_ok "$LOAD") 503s=$(kv 503s "$LOAD") retry_after=${RETRY_AFTER:-none} retries=$(kv retries "$LOAD") replayed_after_error=$(kv replayed_after_error "$LOAD") releases=$(kv releases "$LOAD") 429s=$(kv exhausted_429 "$LOAD") leases=$(kv leases_in_db "$LOAD")/$(kv leases_held "$LOAD") unexpected=$(kv unexpected "$LOAD") same_process=yes${notes} | check: $CHECK_LINE"
+
+# ---- 2: SIGKILL of poolmgr-local under claims with request_ids -------------------------------
+log "scenario 2: poolmgr-local killed with SIGKILL under claims, restarted"
+"$BIN/poolmgr-chaos" claims --endpoint "$ENDPOINT" --token "$CLIENT" --principal chaos --pool default/chaos \
+    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --expect-conn-errors --id-prefix s2 \
+    >"$LOGS/s2.out" 2>"$LOGS/s2.log" &
+LOAD_PID=$!
+sleep 2
+KILLS=0
+for _ in 1 $([[ $SHORT == 1 ]] || echo 2); do
+    kill -9 "$APP_PID"
+    wait "$APP_PID" 2>/dev/null || true
+    KILLS=$((KILLS + 1))
+    sleep 1.5
+    start_app
+    sleep 2
+done
+s2=0
+wait "$LOAD_PID" || s2=$?
+LOAD_PID=""
+LOAD=$(tail -n 1 "$LOGS/s2.out")
+grep FAIL "$LOGS/s2.log" >&2 || true
+# s1's clients kept their leases too: every chaos lease is one of s1's or s2's, one per client.
+OWNERS=$(sql "SELECT count(*) FILTER (WHERE request_id LIKE 's2-%'), count(DISTINCT split_part(request_id, '-', 2)) FILTER (WHERE request_id LIKE 's2-%') FROM leases WHERE principal = 'chaos'")
+run_check s2 || s2=1
+record "2 app-sigkill" "$s2" "kills=$KILLS claims=$(kv claims_ok "$LOAD") conn_errors=$(kv conn_errors "$LOAD") 503s=$(kv 503s "$LOAD") retries=$(kv retries "$LOAD") replayed_after_error=$(kv replayed_after_error "$LOAD") replay_checks=$(kv replay_checks "$LOAD") 429s=$(kv exhausted_429 "$LOAD") leases(s2,clients)=${OWNERS/|/,} unexpected=$(kv unexpected "$LOAD") | check: $CHECK_LINE"
+
+# ---- 3: SIGKILL of flintlock-sim while pools provision ---------------------------------------
+log "scenario 3: flintlock-sim killed with SIGKILL while $PROV_POOLS pools of $PROV_SIZE provision"
+for i in $(seq 0 $((PROV_POOLS - 1))); do create_pool "prov-$i" "$PROV_SIZE"; done
+s3=0
+t0=$SECONDS
+AT_KILL=""
+while ((SECONDS - t0 < 30)); do
+    AT_KILL=$(sql "SELECT count(*) FILTER (WHERE phase = 'AVAILABLE') || ' ' || count(*) FILTER (WHERE phase = 'PROVISIONING') FROM vms WHERE pool_name LIKE 'prov-%'")
+    read -r avail prov <<<"$AT_KILL"
+    # Kill while creates are in flight (PROVISIONING rows), ideally with some VMs done too.
+    if [[ $prov -ge 1 && ($avail -ge 1 || $((SECONDS - t0)) -ge 2) ]]; then break; fi
+    sleep 0.05
+done
+read -r avail prov <<<"$AT_KILL"
+kill -9 "$SIM_PID"
+wait "$SIM_PID" 2>/dev/null || true
+sleep 3
+start_sim
+LOADED=$(grep 'state loaded' "$LOGS/flintlock-sim.log" | tail -n 1 | sed -n 's/.*[^_]vms=\([0-9]*\).*/\1/p')
+run_check s3 || s3=1
+PROV_AVAIL=$(sql "SELECT count(*) FROM vms WHERE pool_name LIKE 'prov-%' AND phase = 'AVAILABLE'")
+ADOPTED=$(sql "SELECT count(*) FROM events WHERE type = 'VM_ADOPTED'")
+ORPHANS=$(sql "SELECT count(*) FROM events WHERE type = 'VM_ORPHAN_DELETED'")
+[[ $PROV_AVAIL -eq $((PROV_POOLS * PROV_SIZE)) ]] || s3=1
+# Killed with nothing in flight, the scenario proved nothing: a failure, not a pass.
+[[ $prov -ge 1 ]] || s3=1
+record "3 sim-sigkill" "$s3" "at_kill(available,provisioning)=$avail,$prov sim_vms_loaded=${LOADED:-?} pools_available=$PROV_AVAIL/$((PROV_POOLS * PROV_SIZE)) adopted=$ADOPTED orphans_deleted=$ORPHANS | check: $CHECK_LINE"
+
+# ---- 4: 8 overlapping reconcile passes -----------------------------------------------------
+log "scenario 4: rounds of 8 overlapping reconcile passes (poolmgr-local stopped)"
+kill "$APP_PID"
+wait "$APP_PID" 2>/dev/null || true
+APP_PID=""
+s4=0
+"$BIN/poolmgr-chaos" passes --host sim --concurrency 8 --pools "$OV_POOLS" --size "$OV_SIZE" --grow-to "$OV_GROW" \
+    >"$LOGS/s4.out" 2>"$LOGS/s4.log" || s4=1
+LOAD=$(tail -n 1 "$LOGS/s4.out")
+grep FAIL "$LOGS/s4.log" >&2 || true
+run_check s4 || s4=1
+record "4 overlap" "$s4" "passes=$(kv passes "$LOAD") rounds=$(kv rounds "$LOAD") created=$(kv created "$LOAD") max_over_size=$(kv max_over_size "$LOAD") pass_errors=$(kv pass_errors "$LOAD") pools=${OV_POOLS}x${OV_GROW} | check: $CHECK_LINE"
+
+printf '\n'
+printf 'chaos summary (%s, %ss):\n' "$([[ $SHORT == 1 ]] && echo short || echo full)" "$((SECONDS - T_START))"
+printf '  %s\n' "${SUMMARY[@]}" | tee "$DIR/summary.txt"
+if [[ $FAILED -ne 0 ]]; then
+    printf 'error: a chaos scenario failed; read the FAIL and VIOLATION lines above and the logs in %s\n' "$LOGS" >&2
+    exit 1
+fi
