@@ -124,6 +124,13 @@ impl TestResponse {
         assert_eq!(self.status.as_u16(), http, "body: {}", self.body);
         &self.body
     }
+
+    /// Like [`TestResponse::assert_ok`], returning the whole response.
+    #[track_caller]
+    pub fn assert_ok_response(&self, http: u16) -> &TestResponse {
+        self.assert_ok(http);
+        self
+    }
 }
 
 pub struct TestApp {

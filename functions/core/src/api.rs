@@ -1,9 +1,13 @@
 //! The JSON objects of the HTTP contract (`shared/http-api.md`, "Objects"), built from rows.
 //!
 //! Only this module decides what a client sees: host secrets are never copied into a view.
+//! Each object also derives its OpenAPI schema (`utoipa::ToSchema`), so the document served
+//! at `/openapi.json` describes exactly these types; an `Option` field that is always
+//! serialized (as `null` when empty) is marked `required` and is nullable.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize, Serializer};
+use utoipa::ToSchema;
 
 use crate::domain::{PoolRef, PoolSpec};
 use crate::store::{EventRow, HostRow, LeaseRow, LeaseView, PoolRow, PoolStatus, VmRow};
@@ -20,7 +24,7 @@ fn ts_opt<S: Serializer>(t: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Er
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct LeaseRecord {
     pub lease_id: String,
     pub vm_uid: String,
@@ -31,6 +35,8 @@ pub struct LeaseRecord {
     pub last_heartbeat_at: DateTime<Utc>,
     #[serde(serialize_with = "ts")]
     pub expires_at: DateTime<Utc>,
+    /// `null` when the claim had none.
+    #[schema(required)]
     pub request_id: Option<String>,
 }
 
@@ -52,21 +58,33 @@ impl LeaseRecord {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct HostInfo {
     pub name: String,
     pub address: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// One entry of a VM's `network_interfaces`, keyed by the template's `device_id`: what
+/// flintlock reported when the VM booted.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct NetworkInterfaceStatus {
+    pub host_device_name: String,
+    pub index: i64,
+    pub mac_address: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ClaimedVm {
     pub id: String,
     pub uid: String,
     pub flintlock_host: HostInfo,
+    #[schema(value_type = std::collections::BTreeMap<String, NetworkInterfaceStatus>)]
     pub network_interfaces: serde_json::Value,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// The answer of `POST /v1/claims`, for a fresh claim and a replay alike.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+#[schema(as = ClaimVMResponse)]
 pub struct ClaimResponse {
     pub lease: LeaseRecord,
     pub vm: ClaimedVm,
@@ -93,9 +111,25 @@ impl ClaimResponse {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// Live VM counts of a pool: the schema of [`crate::store::PoolStatus`], which is serialized
+/// as is (the Router test validates real pools against it).
+#[derive(ToSchema)]
+#[schema(as = PoolStatus)]
+#[allow(dead_code)]
+pub struct PoolStatusView {
+    available: i64,
+    /// PRE_LEASE_HOOK_RUNNING, or LEASED without a committed lease row.
+    claiming: i64,
+    leased: i64,
+    provisioning: i64,
+    quarantined: i64,
+    deleting: i64,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Pool {
     pub spec: PoolSpec,
+    #[schema(value_type = PoolStatusView)]
     pub status: PoolStatus,
     #[serde(serialize_with = "ts")]
     pub created_at: DateTime<Utc>,
@@ -109,14 +143,19 @@ impl Pool {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = VMRecord)]
 pub struct VmRecord {
     pub id: String,
+    /// flintlock's uid; `null` until the create call returned.
+    #[schema(required)]
     pub uid: Option<String>,
     pub pool: PoolRef,
     pub flintlock_host: String,
     pub phase: crate::domain::Phase,
+    #[schema(required)]
     pub lease_id: Option<String>,
+    #[schema(value_type = std::collections::BTreeMap<String, NetworkInterfaceStatus>)]
     pub network_interfaces: serde_json::Value,
     #[serde(serialize_with = "ts")]
     pub created_at: DateTime<Utc>,
@@ -140,32 +179,41 @@ impl From<&VmRow> for VmRecord {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = HostTls)]
 pub struct HostTlsView {
     pub insecure: bool,
     /// A CA certificate is public; it is returned so operators can see what is configured.
+    #[schema(required)]
     pub ca_pem: Option<String>,
+    #[schema(required)]
     pub cert_pem: Option<String>,
     /// Write-only: always null.
+    #[schema(required)]
     pub key_pem: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Host {
     pub name: String,
     pub address: String,
     pub tls: HostTlsView,
     /// Write-only: always null.
+    #[schema(required)]
     pub basic_auth_token: Option<String>,
     pub cordoned: bool,
+    #[schema(required)]
     pub cordoned_reason: Option<String>,
     #[serde(serialize_with = "ts_opt")]
+    #[schema(required)]
     pub cordoned_at: Option<DateTime<Utc>>,
     pub vm_count: i64,
     /// The version its last ServerInfo probe reported (probed when a pool with hooks names
     /// the host), null if never probed.
+    #[schema(required)]
     pub flintlock_version: Option<String>,
     /// Why this host cannot run hooks, null if it can or was never probed.
+    #[schema(required)]
     pub exec_unavailable_reason: Option<String>,
 }
 
@@ -191,16 +239,21 @@ impl Host {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Event {
     pub id: i64,
     #[serde(rename = "type")]
+    #[schema(value_type = crate::domain::EventType)]
     pub kind: String,
     pub pool: PoolRef,
+    #[schema(required)]
     pub vm_id: Option<String>,
+    #[schema(required)]
     pub lease_id: Option<String>,
     #[serde(serialize_with = "ts")]
     pub created_at: DateTime<Utc>,
+    /// Details of the event, by type (free-form).
+    #[schema(value_type = Object)]
     pub payload: serde_json::Value,
 }
 
@@ -216,4 +269,49 @@ impl From<&EventRow> for Event {
             payload: e.payload.clone(),
         }
     }
+}
+
+/// `POST /v1/leases/{lease_id}/heartbeat`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct HeartbeatResponse {
+    pub lease: LeaseRecord,
+}
+
+/// `GET /v1/leases`: one page, ordered by `lease_id`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LeaseList {
+    pub leases: Vec<LeaseRecord>,
+    /// Pass back as `page_token` for the next page; empty on the last page.
+    pub next_page_token: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PoolList {
+    pub pools: Vec<Pool>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct HostList {
+    pub hosts: Vec<Host>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct VmList {
+    pub vms: Vec<VmRecord>,
+}
+
+/// `GET /v1/events`: events after the cursor, oldest first.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EventList {
+    pub events: Vec<Event>,
+    /// The id of the last event returned (or the `after` given, if none): the next `after`.
+    pub next_after: i64,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Health {
+    /// Always `ok`: an unreachable database answers 503 instead.
+    #[schema(value_type = String, pattern = "^ok$")]
+    pub status: &'static str,
 }

@@ -8,6 +8,7 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::template::MicroVmTemplate;
 
@@ -18,8 +19,11 @@ pub const MAX_POOL_SIZE: i32 = 10_000;
 pub const MAX_COMMAND_BYTES: usize = 4096;
 pub const MAX_COMMANDS: usize = 64;
 
-static NAME_RE: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$").expect("static regex"));
+/// A DNS-label-like name: pool, namespace, host. Also the `pattern` of those fields in the
+/// OpenAPI document.
+pub const NAME_PATTERN: &str = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$";
+
+static NAME_RE: LazyLock<Regex> = LazyLock::new(|| Regex::new(NAME_PATTERN).expect("static regex"));
 
 /// Validates a DNS-label-like name (pool, namespace, host).
 pub fn validate_name(field: &str, value: &str) -> Result<(), String> {
@@ -32,10 +36,13 @@ pub fn validate_name(field: &str, value: &str) -> Result<(), String> {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"namespace": "default", "name": "ci"}))]
 pub struct PoolRef {
+    #[schema(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
     pub namespace: String,
+    #[schema(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
     pub name: String,
 }
 
@@ -103,6 +110,18 @@ macro_rules! string_enum {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
         pub enum $name { $(#[serde(rename = $text)] $variant),+ }
+
+        // By hand: utoipa's derive cannot read a `rename` written by a macro.
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::Type::String)
+                    .enum_values(Some([$($text),+]))
+                    .into()
+            }
+        }
+
+        impl ToSchema for $name {}
 
         impl $name {
             pub const ALL: &'static [$name] = &[$($name::$variant),+];
@@ -172,11 +191,13 @@ string_enum!(
     }
 );
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Replenishment {
     pub strategy: Strategy,
+    /// MIN_SIZE_THRESHOLD only (and required there): 1..=size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 10000)]
     pub min_size: Option<i32>,
 }
 
@@ -194,28 +215,63 @@ fn default_expiry() -> i32 {
 }
 
 /// A pool's desired state, exactly the contract's PoolSpec JSON.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "namespace": "default", "name": "ci", "size": 2, "flintlock_hosts": ["local"],
+    "replenishment": {"strategy": "REPLACE_ON_DELETE"},
+    "microvm_template": {
+        "kernel": {"image": "ghcr.io/liquidmetal-dev/flintlock-kernel:5.10.77", "filename": "boot/vmlinux"},
+        "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/liquidmetal-dev/ubuntu:22.04"}},
+        "interfaces": [{"device_id": "eth1", "type": "TAP"}]
+    },
+    "heartbeat_interval_seconds": 30, "heartbeat_expiry_seconds": 120
+}))]
 pub struct PoolSpec {
     #[serde(default = "default_namespace")]
+    #[schema(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", default = "default")]
     pub namespace: String,
+    #[schema(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
     pub name: String,
+    #[schema(minimum = 0, maximum = 10000)]
     pub size: i32,
+    /// Registered host names (`POST /v1/hosts`); VMs are placed on these.
     #[serde(default)]
+    #[schema(value_type = Vec<HostName>)]
     pub flintlock_hosts: Vec<String>,
     pub replenishment: Replenishment,
     pub microvm_template: MicroVmTemplate,
+    /// Run once in each new VM, through flintlock's guest agent.
     #[serde(default)]
+    #[schema(max_items = 64, value_type = Vec<Command>)]
     pub create_commands: Vec<String>,
+    /// Run in the VM on every claim, before it is handed out.
     #[serde(default)]
+    #[schema(max_items = 64, value_type = Vec<Command>)]
     pub pre_lease_commands: Vec<String>,
     #[serde(default = "default_policy")]
+    #[schema(default = "DELETE_AND_REPLACE")]
     pub hook_failure_policy: HookFailurePolicy,
     #[serde(default = "default_interval")]
+    #[schema(minimum = 1, default = 30)]
     pub heartbeat_interval_seconds: i32,
+    /// At least `heartbeat_interval_seconds`.
     #[serde(default = "default_expiry")]
+    #[schema(minimum = 1, default = 120)]
     pub heartbeat_expiry_seconds: i32,
 }
+
+/// A host name in a PoolSpec (schema only).
+#[derive(ToSchema)]
+#[schema(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
+#[allow(dead_code)]
+pub struct HostName(String);
+
+/// A hook command (schema only): not blank, at most 4096 bytes (checked by the service).
+#[derive(ToSchema)]
+#[schema(pattern = r"\S")]
+#[allow(dead_code)]
+pub struct Command(String);
 
 impl PoolSpec {
     pub fn pool_ref(&self) -> PoolRef {
@@ -308,6 +364,26 @@ mod tests {
         for bad in ["", "-a", "a-", "A", "a_b", "a/b", &"a".repeat(64)] {
             assert!(validate_name("n", bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn schema_name_patterns_are_the_validated_pattern() {
+        use utoipa::PartialSchema;
+        for schema in [PoolRef::schema(), HostName::schema()] {
+            let json = serde_json::to_string(&schema).unwrap();
+            let escaped = serde_json::to_string(NAME_PATTERN).unwrap();
+            assert!(json.contains(&format!("\"pattern\":{escaped}")), "{json}");
+        }
+    }
+
+    #[test]
+    fn enum_schemas_list_the_wire_names() {
+        use utoipa::PartialSchema;
+        let schema = serde_json::to_value(Strategy::schema()).unwrap();
+        assert_eq!(
+            schema["enum"],
+            serde_json::json!(["IMMEDIATE_ON_LEASE", "MIN_SIZE_THRESHOLD", "REPLACE_ON_DELETE"])
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use utoipa::ToSchema;
 
 /// Seconds a client should wait before retrying a 429 or 503.
 pub const RETRY_AFTER_SECONDS: u64 = 1;
@@ -35,6 +36,10 @@ pub enum ApiError {
     /// The message is safe for clients; the cause is logged.
     #[error("{message}")]
     Unavailable { message: String, cause: String },
+    /// A route exists but not with this method (HTTP 405, which the contract's table does
+    /// not name: `UNIMPLEMENTED` is the google.rpc code for an unsupported operation).
+    #[error("{0}")]
+    MethodNotAllowed(String),
 }
 
 impl ApiError {
@@ -58,20 +63,42 @@ impl ApiError {
             ApiError::ResourceExhausted(_) => (StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED"),
             ApiError::Internal { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
             ApiError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+            ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "UNIMPLEMENTED"),
         }
     }
 }
 
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    error: ErrorDetail<'a>,
+/// The contract's error body (`Error` in the OpenAPI document).
+#[derive(Serialize, ToSchema)]
+#[schema(as = Error)]
+pub struct ErrorBody {
+    error: ErrorDetail,
 }
 
-#[derive(Serialize)]
-struct ErrorDetail<'a> {
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// The HTTP status.
     code: u16,
-    status: &'a str,
+    #[schema(value_type = ErrorStatus)]
+    status: &'static str,
     message: String,
+}
+
+/// The `status` of an error (schema only: [`ApiError::status`] produces them).
+#[derive(ToSchema)]
+#[allow(clippy::upper_case_acronyms, non_camel_case_types, dead_code)]
+pub enum ErrorStatus {
+    INVALID_ARGUMENT,
+    FAILED_PRECONDITION,
+    UNAUTHENTICATED,
+    PERMISSION_DENIED,
+    NOT_FOUND,
+    ALREADY_EXISTS,
+    ABORTED,
+    RESOURCE_EXHAUSTED,
+    INTERNAL,
+    UNAVAILABLE,
+    UNIMPLEMENTED,
 }
 
 impl IntoResponse for ApiError {
@@ -97,6 +124,35 @@ impl From<crate::store::StoreError> for ApiError {
         match e {
             S::Unavailable(cause) => ApiError::unavailable("database unavailable, retry", cause),
             S::Db(cause) => ApiError::internal(cause),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_is_in_the_error_status_schema() {
+        use utoipa::PartialSchema;
+        let schema = serde_json::to_value(ErrorStatus::schema()).unwrap();
+        let listed: Vec<&str> = schema["enum"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+        let all = [
+            ApiError::InvalidArgument(String::new()),
+            ApiError::FailedPrecondition(String::new()),
+            ApiError::Unauthenticated(String::new()),
+            ApiError::PermissionDenied(String::new()),
+            ApiError::NotFound(String::new()),
+            ApiError::AlreadyExists(String::new()),
+            ApiError::Aborted(String::new()),
+            ApiError::ResourceExhausted(String::new()),
+            ApiError::internal(""),
+            ApiError::unavailable("", ""),
+            ApiError::MethodNotAllowed(String::new()),
+        ];
+        assert_eq!(listed.len(), all.len(), "{schema}");
+        for e in all {
+            assert!(listed.contains(&e.status().1), "{} missing from {schema}", e.status().1);
         }
     }
 }

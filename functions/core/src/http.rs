@@ -3,27 +3,36 @@
 //!
 //! Handlers parse and authorise, call `service`, and map the answer to JSON. Every
 //! rejection — a malformed body, a wrong type, an unknown field, a bad query string, an
-//! oversized body — answers in the contract's error shape, never axum's plain text.
+//! oversized body, a wrong method — answers in the contract's error shape, never axum's plain
+//! text.
+//!
+//! Each handler carries its `#[utoipa::path]` and is routed with `routes!`, so a route cannot
+//! exist without its entry in the OpenAPI document (`crate::openapi`), and the document cannot
+//! name a route that is not served.
 
 use std::time::Duration;
 
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
+use crate::api;
 use crate::app::AppState;
 use crate::auth::Principal;
 use crate::domain::{LeaseId, Phase, PoolRef, PoolSpec, RequestId, validate_name};
 use crate::error::ApiError;
+use crate::openapi::{AdminOnly, AlreadyExists, ClaimErrors, Common, HealthErrors, NotFound};
 use crate::service::{claim, host, lease, pool};
 use crate::store;
 
@@ -155,6 +164,14 @@ fn lease_id(raw: &str) -> Result<LeaseId, ApiError> {
     LeaseId::parse(raw).map_err(|_| ApiError::NotFound(format!("lease {raw} not found")))
 }
 
+/// An optional name filter: empty means absent, anything else must be a valid name.
+fn optional_name(field: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
+    match value.filter(|s| !s.is_empty()) {
+        None => Ok(None),
+        Some(v) => validate_name(field, &v).map(|()| Some(v)).map_err(ApiError::InvalidArgument),
+    }
+}
+
 /// Both or neither of `namespace` and `pool`.
 fn optional_pool(namespace: Option<&str>, pool: Option<&str>) -> Result<Option<PoolRef>, ApiError> {
     match (namespace.filter(|s| !s.is_empty()), pool.filter(|s| !s.is_empty())) {
@@ -168,14 +185,30 @@ fn optional_pool(namespace: Option<&str>, pool: Option<&str>) -> Result<Option<P
 // Claims
 // ---------------------------------------------------------------------------------------
 
-#[derive(Deserialize)]
+/// ClaimVM's request.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = ClaimVMRequest, example = json!({"pool": {"namespace": "default", "name": "ci"}, "request_id": "job-42"}))]
 struct ClaimBody {
     pool: PoolRef,
+    /// Idempotency key, at most 255 bytes; empty or absent: every call claims a new VM.
     #[serde(default)]
+    #[schema(max_length = 255)]
     request_id: Option<String>,
 }
 
+/// ClaimVM: one AVAILABLE VM of the pool, or the lease this `request_id` already holds.
+#[utoipa::path(
+    post, path = "/v1/claims", tag = "claims", operation_id = "claim_vm",
+    security(("bearer" = [])),
+    params(("Idempotency-Key" = Option<String>, Header, description = "The same as the body's request_id (if both are given they must be equal)")),
+    request_body = ClaimBody,
+    responses(
+        (status = 200, description = "The lease and its VM, fresh or replayed", body = api::ClaimResponse,
+         headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
+        Common, ClaimErrors,
+    )
+)]
 async fn claim_vm(
     State(state): State<AppState>,
     Caller(p): Caller,
@@ -211,14 +244,29 @@ async fn claim_vm(
     Ok(r)
 }
 
-pub fn claims_routes() -> Router<AppState> {
-    Router::new().route("/v1/claims", post(claim_vm))
+pub fn claims_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(claim_vm))
 }
 
 // ---------------------------------------------------------------------------------------
 // Leases
 // ---------------------------------------------------------------------------------------
 
+/// A lease id in a path.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct LeasePath {
+    /// A lease id (`lease_id` of a LeaseRecord); a malformed one is NOT_FOUND like any unknown id.
+    lease_id: String,
+}
+
+/// A lease, by id.
+#[utoipa::path(
+    get, path = "/v1/leases/{lease_id}", tag = "leases", operation_id = "get_lease",
+    security(("bearer" = [])), params(LeasePath),
+    responses((status = 200, description = "The lease", body = api::LeaseRecord), Common, NotFound)
+)]
 async fn get_lease(
     State(state): State<AppState>,
     Caller(_): Caller,
@@ -227,15 +275,28 @@ async fn get_lease(
     Ok(Json(lease::get(&state, &lease_id(&id)?).await?).into_response())
 }
 
+/// Extends a lease: `expires_at` = now + the pool's current `heartbeat_expiry_seconds`.
+#[utoipa::path(
+    post, path = "/v1/leases/{lease_id}/heartbeat", tag = "leases", operation_id = "heartbeat_lease",
+    security(("bearer" = [])), params(LeasePath),
+    responses((status = 200, description = "The extended lease", body = api::HeartbeatResponse), Common, NotFound)
+)]
 async fn heartbeat(
     State(state): State<AppState>,
     Caller(_): Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    let l = lease::heartbeat(&state, &lease_id(&id)?).await?;
-    Ok(Json(serde_json::json!({ "lease": l })).into_response())
+    let lease = lease::heartbeat(&state, &lease_id(&id)?).await?;
+    Ok(Json(api::HeartbeatResponse { lease }).into_response())
 }
 
+/// ReleaseVM: the VM is deleted in flintlock, then the VM and the lease go. If flintlock fails
+/// the answer is 503, the VM stays DELETING and the reconciler finishes the delete.
+#[utoipa::path(
+    delete, path = "/v1/leases/{lease_id}", tag = "leases", operation_id = "release_lease",
+    security(("bearer" = [])), params(LeasePath),
+    responses((status = 204, description = "Released"), Common, NotFound)
+)]
 async fn release(
     State(state): State<AppState>,
     Caller(_): Caller,
@@ -245,15 +306,30 @@ async fn release(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct LeaseListQuery {
+    /// Pool namespace; give both `namespace` and `pool`, or neither (empty means absent).
+    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
     namespace: Option<String>,
+    /// Pool name; give both `namespace` and `pool`, or neither (empty means absent).
+    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
     pool: Option<String>,
+    /// Default 100.
+    #[param(minimum = 1, maximum = 1000)]
     page_size: Option<i64>,
+    /// A `next_page_token`, passed back unchanged.
     page_token: Option<String>,
 }
 
+/// Leases ordered by `lease_id`: a client token sees only the leases its own principal
+/// claimed, an admin token sees all.
+#[utoipa::path(
+    get, path = "/v1/leases", tag = "leases", operation_id = "list_leases",
+    security(("bearer" = [])), params(LeaseListQuery),
+    responses((status = 200, description = "One page of leases", body = api::LeaseList), Common)
+)]
 async fn list_leases(
     State(state): State<AppState>,
     Caller(p): Caller,
@@ -261,20 +337,35 @@ async fn list_leases(
 ) -> Result<Response, ApiError> {
     let pool = optional_pool(q.namespace.as_deref(), q.pool.as_deref())?;
     let page = lease::list(&state, &p, pool.as_ref(), q.page_size, q.page_token.as_deref()).await?;
-    Ok(Json(serde_json::json!({ "leases": page.leases, "next_page_token": page.next_page_token })).into_response())
+    Ok(Json(api::LeaseList { leases: page.leases, next_page_token: page.next_page_token }).into_response())
 }
 
-pub fn leases_routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/leases", get(list_leases))
-        .route("/v1/leases/{lease_id}", get(get_lease).delete(release))
-        .route("/v1/leases/{lease_id}/heartbeat", post(heartbeat))
+pub fn leases_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_leases)).routes(routes!(get_lease, release)).routes(routes!(heartbeat))
 }
 
 // ---------------------------------------------------------------------------------------
 // Pools
 // ---------------------------------------------------------------------------------------
 
+/// A pool's namespace and name in a path.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct PoolPath {
+    #[param(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", example = "default")]
+    namespace: String,
+    #[param(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", example = "ci")]
+    name: String,
+}
+
+/// Creates a pool; the reconciler fills it. Naming an unregistered host, or hosts that cannot
+/// run the pool's hooks, is FAILED_PRECONDITION.
+#[utoipa::path(
+    post, path = "/v1/pools", tag = "pools", operation_id = "create_pool",
+    security(("bearer" = [])), request_body = PoolSpec,
+    responses((status = 201, description = "The new pool", body = api::Pool), Common, AdminOnly, AlreadyExists)
+)]
 async fn create_pool(
     State(state): State<AppState>,
     Admin(_): Admin,
@@ -283,12 +374,21 @@ async fn create_pool(
     Ok((StatusCode::CREATED, Json(pool::create(&state, spec).await?)).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct NamespaceQuery {
+    /// Only this namespace (empty means every namespace).
+    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
     namespace: Option<String>,
 }
 
+/// Pools with their live status.
+#[utoipa::path(
+    get, path = "/v1/pools", tag = "pools", operation_id = "list_pools",
+    security(("bearer" = [])), params(NamespaceQuery),
+    responses((status = 200, description = "The pools", body = api::PoolList), Common, AdminOnly)
+)]
 async fn list_pools(
     State(state): State<AppState>,
     Admin(_): Admin,
@@ -299,9 +399,15 @@ async fn list_pools(
         validate_name("namespace", ns).map_err(ApiError::InvalidArgument)?;
     }
     let pools = pool::list(&state, ns.as_deref()).await?;
-    Ok(Json(serde_json::json!({ "pools": pools })).into_response())
+    Ok(Json(api::PoolList { pools }).into_response())
 }
 
+/// A pool with its live status.
+#[utoipa::path(
+    get, path = "/v1/pools/{namespace}/{name}", tag = "pools", operation_id = "get_pool",
+    security(("bearer" = [])), params(PoolPath),
+    responses((status = 200, description = "The pool", body = api::Pool), Common, AdminOnly, NotFound)
+)]
 async fn get_pool(
     State(state): State<AppState>,
     Admin(_): Admin,
@@ -310,6 +416,12 @@ async fn get_pool(
     Ok(Json(pool::get(&state, &pool_ref(&ns, &name)?).await?).into_response())
 }
 
+/// Replaces a pool's spec; `namespace` and `name` in the body must match the path.
+#[utoipa::path(
+    put, path = "/v1/pools/{namespace}/{name}", tag = "pools", operation_id = "update_pool",
+    security(("bearer" = [])), params(PoolPath), request_body = PoolSpec,
+    responses((status = 200, description = "The updated pool", body = api::Pool), Common, AdminOnly, NotFound)
+)]
 async fn update_pool(
     State(state): State<AppState>,
     Admin(_): Admin,
@@ -319,13 +431,23 @@ async fn update_pool(
     Ok(Json(pool::update(&state, &pool_ref(&ns, &name)?, spec).await?).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct DeletePoolQuery {
+    /// Delete even while VMs are leased (their leases end).
     #[serde(default)]
+    #[param(default = false)]
     force: bool,
 }
 
+/// Drains and deletes a pool: every VM goes DELETING, leases are removed. Refused with
+/// FAILED_PRECONDITION while a VM is leased, unless `force=true`.
+#[utoipa::path(
+    delete, path = "/v1/pools/{namespace}/{name}", tag = "pools", operation_id = "delete_pool",
+    security(("bearer" = [])), params(PoolPath, DeletePoolQuery),
+    responses((status = 204, description = "Deleted"), Common, AdminOnly, NotFound)
+)]
 async fn delete_pool(
     State(state): State<AppState>,
     Admin(_): Admin,
@@ -336,16 +458,29 @@ async fn delete_pool(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-pub fn pools_routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/pools", post(create_pool).get(list_pools))
-        .route("/v1/pools/{namespace}/{name}", get(get_pool).put(update_pool).delete(delete_pool))
+pub fn pools_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(create_pool, list_pools)).routes(routes!(get_pool, update_pool, delete_pool))
 }
 
 // ---------------------------------------------------------------------------------------
 // Hosts and VMs
 // ---------------------------------------------------------------------------------------
 
+/// A host name in a path.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct HostPath {
+    #[param(example = "spare")]
+    name: String,
+}
+
+/// Registers a flintlock host.
+#[utoipa::path(
+    post, path = "/v1/hosts", tag = "hosts", operation_id = "create_host",
+    security(("bearer" = [])), request_body = host::HostSpec,
+    responses((status = 201, description = "The new host", body = api::Host), Common, AdminOnly, AlreadyExists)
+)]
 async fn create_host(
     State(state): State<AppState>,
     Admin(_): Admin,
@@ -354,10 +489,22 @@ async fn create_host(
     Ok((StatusCode::CREATED, Json(host::create(&state, spec).await?)).into_response())
 }
 
+/// Registered hosts.
+#[utoipa::path(
+    get, path = "/v1/hosts", tag = "hosts", operation_id = "list_hosts",
+    security(("bearer" = [])),
+    responses((status = 200, description = "The hosts", body = api::HostList), Common, AdminOnly)
+)]
 async fn list_hosts(State(state): State<AppState>, Admin(_): Admin) -> Result<Response, ApiError> {
-    Ok(Json(serde_json::json!({ "hosts": host::list(&state).await? })).into_response())
+    Ok(Json(api::HostList { hosts: host::list(&state).await? }).into_response())
 }
 
+/// A host.
+#[utoipa::path(
+    get, path = "/v1/hosts/{name}", tag = "hosts", operation_id = "get_host",
+    security(("bearer" = [])), params(HostPath),
+    responses((status = 200, description = "The host", body = api::Host), Common, AdminOnly, NotFound)
+)]
 async fn get_host(
     State(state): State<AppState>,
     Admin(_): Admin,
@@ -366,6 +513,12 @@ async fn get_host(
     Ok(Json(host::get(&state, &name).await?).into_response())
 }
 
+/// Replaces a host's address, TLS and credentials; a `name` in the body must match the path.
+#[utoipa::path(
+    put, path = "/v1/hosts/{name}", tag = "hosts", operation_id = "update_host",
+    security(("bearer" = [])), params(HostPath), request_body = host::HostSpec,
+    responses((status = 200, description = "The updated host", body = api::Host), Common, AdminOnly, NotFound)
+)]
 async fn update_host(
     State(state): State<AppState>,
     Admin(_): Admin,
@@ -375,6 +528,12 @@ async fn update_host(
     Ok(Json(host::update(&state, &name, spec).await?).into_response())
 }
 
+/// Removes a host; refused (FAILED_PRECONDITION) while a pool names it or it has VMs.
+#[utoipa::path(
+    delete, path = "/v1/hosts/{name}", tag = "hosts", operation_id = "delete_host",
+    security(("bearer" = [])), params(HostPath),
+    responses((status = 204, description = "Removed"), Common, AdminOnly, NotFound)
+)]
 async fn delete_host(
     State(state): State<AppState>,
     Admin(_): Admin,
@@ -384,13 +543,24 @@ async fn delete_host(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-#[derive(Deserialize, Default)]
+/// The optional body of a cordon.
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = CordonRequest)]
 struct CordonBody {
+    /// At most 1024 bytes.
     #[serde(default)]
+    #[schema(max_length = 1024)]
     reason: Option<String>,
 }
 
+/// Cordons a host: no new placements on it. An empty body cordons without a reason.
+#[utoipa::path(
+    post, path = "/v1/hosts/{name}/cordon", tag = "hosts", operation_id = "cordon_host",
+    security(("bearer" = [])), params(HostPath),
+    request_body(content = Option<CordonBody>, description = "Optional"),
+    responses((status = 200, description = "The cordoned host", body = api::Host), Common, AdminOnly, NotFound)
+)]
 async fn cordon_host(
     State(state): State<AppState>,
     Admin(_): Admin,
@@ -414,6 +584,12 @@ async fn cordon_host(
     Ok(Json(host::set_cordon(&state, &name, Some(&reason)).await?).into_response())
 }
 
+/// Uncordons a host.
+#[utoipa::path(
+    post, path = "/v1/hosts/{name}/uncordon", tag = "hosts", operation_id = "uncordon_host",
+    security(("bearer" = [])), params(HostPath),
+    responses((status = 200, description = "The host", body = api::Host), Common, AdminOnly, NotFound)
+)]
 async fn uncordon_host(
     State(state): State<AppState>,
     Admin(_): Admin,
@@ -422,14 +598,27 @@ async fn uncordon_host(
     Ok(Json(host::set_cordon(&state, &name, None).await?).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct VmListQuery {
+    /// Only this pool namespace (empty means any).
+    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
     namespace: Option<String>,
+    /// Only pools of this name (empty means any).
+    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
     pool: Option<String>,
+    /// Only VMs in this phase.
+    #[param(value_type = Option<Phase>)]
     phase: Option<String>,
 }
 
+/// VMs, optionally filtered.
+#[utoipa::path(
+    get, path = "/v1/vms", tag = "hosts", operation_id = "list_vms",
+    security(("bearer" = [])), params(VmListQuery),
+    responses((status = 200, description = "The VMs", body = api::VmList), Common, AdminOnly)
+)]
 async fn list_vms(
     State(state): State<AppState>,
     Admin(_): Admin,
@@ -442,14 +631,28 @@ async fn list_vms(
             ApiError::InvalidArgument(format!("phase {s:?} is unknown: use one of {}", all.join(", ")))
         })?),
     };
-    let ns = q.namespace.filter(|s| !s.is_empty());
-    let pool = q.pool.filter(|s| !s.is_empty());
+    let ns = optional_name("namespace", q.namespace)?;
+    let pool = optional_name("pool", q.pool)?;
     let conn = state.conn().await?;
     let vms = store::vm_list(&**conn, ns.as_deref(), pool.as_deref(), phase).await?;
-    let vms: Vec<crate::api::VmRecord> = vms.iter().map(Into::into).collect();
-    Ok(Json(serde_json::json!({ "vms": vms })).into_response())
+    Ok(Json(api::VmList { vms: vms.iter().map(Into::into).collect() }).into_response())
 }
 
+/// A VM id in a path.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct VmPath {
+    /// `<pool name>-<lowercase ULID>`.
+    id: String,
+}
+
+/// A VM.
+#[utoipa::path(
+    get, path = "/v1/vms/{id}", tag = "hosts", operation_id = "get_vm",
+    security(("bearer" = [])), params(VmPath),
+    responses((status = 200, description = "The VM", body = api::VmRecord), Common, AdminOnly, NotFound)
+)]
 async fn get_vm(
     State(state): State<AppState>,
     Admin(_): Admin,
@@ -460,32 +663,49 @@ async fn get_vm(
     Ok(Json(crate::api::VmRecord::from(&vm)).into_response())
 }
 
-pub fn hosts_routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/hosts", post(create_host).get(list_hosts))
-        .route("/v1/hosts/{name}", get(get_host).put(update_host).delete(delete_host))
-        .route("/v1/hosts/{name}/cordon", post(cordon_host))
-        .route("/v1/hosts/{name}/uncordon", post(uncordon_host))
-        .route("/v1/vms", get(list_vms))
-        .route("/v1/vms/{id}", get(get_vm))
+pub fn hosts_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_host, list_hosts))
+        .routes(routes!(get_host, update_host, delete_host))
+        .routes(routes!(cordon_host))
+        .routes(routes!(uncordon_host))
+        .routes(routes!(list_vms))
+        .routes(routes!(get_vm))
 }
 
 // ---------------------------------------------------------------------------------------
 // Events
 // ---------------------------------------------------------------------------------------
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct EventsQuery {
+    /// Events with a greater id (the previous answer's `next_after`).
     #[serde(default)]
+    #[param(minimum = 0, default = 0)]
     after: i64,
+    /// Only this pool namespace (empty means any).
+    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
     namespace: Option<String>,
+    /// Only pools of this name (empty means any).
+    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
     pool: Option<String>,
+    /// Default 100.
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<i64>,
+    /// Long-poll: wait up to this long for a first new event.
     #[serde(default)]
+    #[param(minimum = 0, maximum = 20, default = 0)]
     wait_seconds: u64,
 }
 
+/// The outbox as a cursor feed.
+#[utoipa::path(
+    get, path = "/v1/events", tag = "events", operation_id = "list_events",
+    security(("bearer" = [])), params(EventsQuery),
+    responses((status = 200, description = "Events after the cursor", body = api::EventList), Common, AdminOnly)
+)]
 async fn list_events(
     State(state): State<AppState>,
     Admin(_): Admin,
@@ -501,8 +721,8 @@ async fn list_events(
     if q.after < 0 {
         return Err(ApiError::InvalidArgument("after must not be negative".into()));
     }
-    let ns = q.namespace.filter(|s| !s.is_empty());
-    let pool = q.pool.filter(|s| !s.is_empty());
+    let ns = optional_name("namespace", q.namespace)?;
+    let pool = optional_name("pool", q.pool)?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(q.wait_seconds);
     // Long-poll by polling: no LISTEN, so it works through a transaction-mode pooler. The
     // connection goes back to the pool between polls.
@@ -517,24 +737,37 @@ async fn list_events(
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
     let next_after = events.last().map_or(q.after, |e| e.id);
-    let events: Vec<crate::api::Event> = events.iter().map(Into::into).collect();
-    Ok(Json(serde_json::json!({ "events": events, "next_after": next_after })).into_response())
+    Ok(Json(api::EventList { events: events.iter().map(Into::into).collect(), next_after }).into_response())
 }
 
-pub fn events_routes() -> Router<AppState> {
-    Router::new().route("/v1/events", get(list_events))
+pub fn events_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_events))
 }
 
 // ---------------------------------------------------------------------------------------
 // Operations: health and metrics
 // ---------------------------------------------------------------------------------------
 
+/// Liveness with a database round trip. No token needed.
+#[utoipa::path(
+    get, path = "/healthz", tag = "operations", operation_id = "healthz",
+    responses((status = 200, description = "The database answers", body = api::Health), HealthErrors)
+)]
 async fn healthz(State(state): State<AppState>) -> Result<Response, ApiError> {
     let conn = state.conn().await?;
     store::ping(&**conn).await?;
-    Ok(Json(serde_json::json!({ "status": "ok" })).into_response())
+    Ok(Json(api::Health { status: "ok" }).into_response())
 }
 
+/// Prometheus metrics; the pool gauges are computed from the database at scrape time.
+#[utoipa::path(
+    get, path = "/metrics", tag = "operations", operation_id = "metrics",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Prometheus text exposition format 0.0.4", body = String, content_type = "text/plain"),
+        Common, AdminOnly,
+    )
+)]
 async fn metrics(State(state): State<AppState>, Admin(_): Admin) -> Result<Response, ApiError> {
     let mut text = state.metrics.render();
     let conn = state.conn().await?;
@@ -561,12 +794,33 @@ async fn metrics(State(state): State<AppState>, Admin(_): Admin) -> Result<Respo
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
+/// This document. No token needed.
+#[utoipa::path(
+    get, path = "/openapi.json", tag = "operations", operation_id = "openapi",
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API", body = Object))
+)]
+async fn openapi_json() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], crate::openapi::document_json()).into_response()
+}
+
 async fn no_route() -> ApiError {
     ApiError::NotFound("no such route: see the HTTP API reference".into())
 }
 
-fn ops_routes() -> Router<AppState> {
-    Router::new().route("/healthz", get(healthz)).route("/metrics", get(metrics))
+/// A route that exists, with a method it does not have. axum adds the `Allow` header.
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::MethodNotAllowed(format!("method {method} is not allowed on {}: see the Allow header", uri.path()))
+}
+
+/// Health and metrics, on every function.
+fn ops_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(metrics))
+}
+
+/// The OpenAPI document: on the pools function (which also owns `/healthz`, `/metrics` and
+/// unknown routes behind API Gateway) and on [`router`].
+fn openapi_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(openapi_json))
 }
 
 /// Writes the request's metrics as EMF lines once it is answered (on Lambda; a no-op with
@@ -577,12 +831,14 @@ async fn flush_metrics(State(state): State<AppState>, req: Request, next: Next) 
     resp
 }
 
-/// Wraps routes with what every function shares: health and metrics, JSON 404s, the body
-/// limit, request ids, request logs and the EMF metrics flush.
-fn finish(routes: Router<AppState>, state: AppState) -> Router {
+/// Wraps routes with what every function shares: health and metrics, JSON 404s and 405s,
+/// the body limit, request ids, request logs and the EMF metrics flush.
+fn finish(routes: OpenApiRouter<AppState>, state: AppState) -> Router {
+    let (routes, _doc) = routes.merge(ops_routes()).split_for_parts();
     routes
-        .merge(ops_routes())
         .fallback(no_route)
+        // After every route: it replaces the 405 fallback of the routes present.
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), flush_metrics))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(PropagateRequestIdLayer::x_request_id())
@@ -604,9 +860,9 @@ pub fn leases_router(state: AppState) -> Router {
     finish(leases_routes(), state)
 }
 
-/// The pools function.
+/// The pools function (and the OpenAPI document).
 pub fn pools_router(state: AppState) -> Router {
-    finish(pools_routes(), state)
+    finish(pools_routes().merge(openapi_routes()), state)
 }
 
 /// The hosts function (hosts and VMs).
@@ -619,10 +875,29 @@ pub fn events_router(state: AppState) -> Router {
     finish(events_routes(), state)
 }
 
+/// The route table of the whole API: every function's routes, health, metrics and the
+/// OpenAPI document. [`router`] serves it and [`crate::openapi::document`] documents it.
+pub fn api_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(<crate::openapi::ApiDoc as utoipa::OpenApi>::openapi())
+        .merge(claims_routes())
+        .merge(leases_routes())
+        .merge(pools_routes())
+        .merge(hosts_routes())
+        .merge(events_routes())
+        .merge(ops_routes())
+        .merge(openapi_routes())
+}
+
 /// Every route on one Router: `poolmgr-local` and the tests.
 pub fn router(state: AppState) -> Router {
+    // `finish` merges the ops routes itself.
     finish(
-        claims_routes().merge(leases_routes()).merge(pools_routes()).merge(hosts_routes()).merge(events_routes()),
+        claims_routes()
+            .merge(leases_routes())
+            .merge(pools_routes())
+            .merge(hosts_routes())
+            .merge(events_routes())
+            .merge(openapi_routes()),
         state,
     )
 }

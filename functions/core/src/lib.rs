@@ -29,6 +29,7 @@ pub mod error;
 pub mod flintlock;
 pub mod http;
 pub mod metrics;
+pub mod openapi;
 pub mod reconcile;
 pub mod secrets;
 pub mod service;

@@ -11,15 +11,21 @@ use std::sync::LazyLock;
 use flintlock_proto::types as pb;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 static DEVICE_ID_RE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[a-z][a-z0-9_]*$").expect("static regex"));
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = MicroVMTemplate)]
 pub struct MicroVmTemplate {
+    /// Default 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 64)]
     pub vcpu: Option<i32>,
+    /// Default 1024.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1024, maximum = 32768)]
     pub memory_in_mb: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<Kernel>,
@@ -29,7 +35,9 @@ pub struct MicroVmTemplate {
     pub root_volume: Option<Volume>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub additional_volumes: Vec<Volume>,
+    /// At least one.
     #[serde(default)]
+    #[schema(min_items = 1)]
     pub interfaces: Vec<NetworkInterface>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
@@ -43,7 +51,7 @@ pub struct MicroVmTemplate {
     pub allow_guest_agent: Option<bool>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Kernel {
     #[serde(default)]
@@ -56,7 +64,7 @@ pub struct Kernel {
     pub add_network_config: bool,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Initrd {
     #[serde(default)]
@@ -65,7 +73,7 @@ pub struct Initrd {
     pub filename: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Volume {
     #[serde(default)]
@@ -82,7 +90,7 @@ pub struct Volume {
     pub size_in_mb: Option<i32>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -91,7 +99,7 @@ pub struct VolumeSource {
     pub virtiofs_source: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub enum IfaceType {
     #[serde(rename = "MACVTAP")]
     Macvtap,
@@ -101,9 +109,10 @@ pub enum IfaceType {
     Tap,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkInterface {
+    #[schema(pattern = r"^[a-z][a-z0-9_]*$")]
     pub device_id: String,
     #[serde(default, rename = "type")]
     pub kind: IfaceType,
@@ -115,7 +124,7 @@ pub struct NetworkInterface {
     pub overrides: Option<NetworkOverrides>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StaticAddress {
     pub address: String,
@@ -125,7 +134,7 @@ pub struct StaticAddress {
     pub nameservers: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkOverrides {
     #[serde(default, skip_serializing_if = "Option::is_none")]

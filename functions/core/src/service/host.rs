@@ -1,6 +1,7 @@
 //! Hosts: register, update, cordon, remove.
 
 use serde::Deserialize;
+use utoipa::ToSchema;
 
 use crate::api::Host;
 use crate::app::AppState;
@@ -8,8 +9,11 @@ use crate::domain::validate_name;
 use crate::error::ApiError;
 use crate::store::{self, HostDelete, HostWrite};
 
-#[derive(Debug, Clone, Default, Deserialize)]
+/// How to reach a flintlockd: plaintext (`insecure`), or TLS with a CA and optionally a
+/// client certificate. PEM blocks are at most 16 KiB.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = HostTlsSpec)]
 pub struct HostTls {
     #[serde(default)]
     pub insecure: bool,
@@ -22,15 +26,22 @@ pub struct HostTls {
 }
 
 /// A host as written by a client. `tls` omitted means a plaintext (`--insecure`) flintlockd.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "spare", "address": "127.0.0.1:9", "tls": {"insecure": true}}))]
 pub struct HostSpec {
+    /// Required to create; on update it may be given and must match the path.
     #[serde(default)]
+    #[schema(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
     pub name: Option<String>,
+    /// `host:port` of flintlockd's gRPC API, no scheme.
+    #[schema(max_length = 255)]
     pub address: String,
     #[serde(default)]
     pub tls: Option<HostTls>,
+    /// Write-only: never returned.
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 1024)]
     pub basic_auth_token: Option<String>,
 }
 

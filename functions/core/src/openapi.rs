@@ -1,0 +1,150 @@
+//! The OpenAPI 3.1 document of the HTTP contract (`shared/http-api.md`), served unauthenticated
+//! at `GET /openapi.json`.
+//!
+//! Its paths come from the same route table as the Routers: every handler is routed through
+//! `utoipa_axum::routes!` with its `#[utoipa::path]` next to it, and [`document`] splits the
+//! documentation out of [`crate::http::api_routes`], the table `poolmgr-local` and the tests
+//! serve. This module adds only what the operations share: the bearer scheme and the error
+//! responses in the contract's shape. It must never describe a path by hand.
+//!
+//! Request objects are closed (`additionalProperties: false`), because the service refuses
+//! unknown fields; response objects are left open so that a field added later does not break
+//! a client generated from this document (the Router test still refuses undocumented fields).
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, ObjectBuilder, OpenApi, Ref, RefOr, Response, ResponseBuilder, Type};
+use utoipa::{IntoResponses, Modify};
+
+use crate::error::ErrorBody;
+
+/// Name of the security scheme every authenticated operation names.
+pub const BEARER: &str = "bearer";
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "poolmgr HTTP API",
+        version = "1",
+        description = "Warm pools of flintlock microVMs: claim a ready VM, heartbeat its lease, release it. \
+                       Every error answers `{\"error\": {\"code\", \"status\", \"message\"}}` with the HTTP status of its code. \
+                       Tokens have a role: `client` (claims and leases) or `admin` (everything).",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
+    components(schemas(ErrorBody)),
+    modifiers(&BearerScheme),
+    tags(
+        (name = "claims", description = "Claim a VM (the claims function)"),
+        (name = "leases", description = "Heartbeat, list and release leases (the leases function)"),
+        (name = "pools", description = "Pools (the pools function)"),
+        (name = "hosts", description = "flintlock hosts and VMs (the hosts function)"),
+        (name = "events", description = "The event feed (the events function)"),
+        (name = "operations", description = "Health, metrics and this document (every function)"),
+    )
+)]
+pub struct ApiDoc;
+
+struct BearerScheme;
+
+impl Modify for BearerScheme {
+    fn modify(&self, openapi: &mut OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            BEARER,
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("`Authorization: Bearer <token>`; a `client` or an `admin` token"))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The document of every route, built once from [`crate::http::api_routes`].
+pub fn document() -> &'static OpenApi {
+    static DOC: LazyLock<OpenApi> = LazyLock::new(|| crate::http::api_routes().split_for_parts().1);
+    &DOC
+}
+
+/// [`document`] as the JSON served at `/openapi.json`.
+pub fn document_json() -> &'static str {
+    static JSON: LazyLock<String> =
+        LazyLock::new(|| serde_json::to_string(document()).expect("the OpenAPI document serializes"));
+    &JSON
+}
+
+fn error_response(description: &str, retry_after: bool) -> RefOr<Response> {
+    let mut b = ResponseBuilder::new()
+        .description(description)
+        .content("application/json", ContentBuilder::new().schema(Some(Ref::from_schema_name("Error"))).build());
+    if retry_after {
+        b = b.header(
+            "Retry-After",
+            HeaderBuilder::new()
+                .schema(ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(0)))
+                .description(Some("Seconds to wait before retrying"))
+                .build(),
+        );
+    }
+    RefOr::T(b.build())
+}
+
+/// Declares a set of error responses for `responses(...)` of `#[utoipa::path]`.
+macro_rules! error_responses {
+    ($(#[$doc:meta])* $name:ident { $($code:literal => ($desc:literal, $retry:literal)),+ $(,)? }) => {
+        $(#[$doc])*
+        pub struct $name;
+
+        impl IntoResponses for $name {
+            fn responses() -> BTreeMap<String, RefOr<Response>> {
+                BTreeMap::from([$(($code.to_string(), error_response($desc, $retry))),+])
+            }
+        }
+    };
+}
+
+error_responses!(
+    /// What any authenticated operation can answer.
+    Common {
+        "400" => ("INVALID_ARGUMENT: malformed JSON, a missing, unknown or invalid field, query parameter or path parameter; FAILED_PRECONDITION where the operation says so", false),
+        "401" => ("UNAUTHENTICATED: missing or unknown token", false),
+        "500" => ("INTERNAL: an unexpected server error (no internals in the message); for a claim also a failed pre-lease hook", false),
+        "503" => ("UNAVAILABLE: flintlock or the database could not be reached; retry", true),
+    }
+);
+
+error_responses!(
+    /// An admin-only operation called with a client token.
+    AdminOnly { "403" => ("PERMISSION_DENIED: a client token on an admin route", false) }
+);
+
+error_responses!(
+    /// The named object does not exist.
+    NotFound { "404" => ("NOT_FOUND: unknown pool, lease, host or VM", false) }
+);
+
+error_responses!(
+    /// A create of something that exists.
+    AlreadyExists { "409" => ("ALREADY_EXISTS: it exists already", false) }
+);
+
+error_responses!(
+    /// The claim's outcomes beyond the common ones.
+    ClaimErrors {
+        "404" => ("NOT_FOUND: unknown pool", false),
+        "409" => ("ABORTED: the claim raced a deletion (the replayed lease's VM is DELETING or gone, or the concurrent claim that won the request_id already ended); retrying is correct", false),
+        "429" => ("RESOURCE_EXHAUSTED: no AVAILABLE VM in the pool", true),
+    }
+);
+
+error_responses!(
+    /// `/healthz`: no token, so only the server-side failures.
+    HealthErrors {
+        "500" => ("INTERNAL: an unexpected server error", false),
+        "503" => ("UNAVAILABLE: the database could not be reached", true),
+    }
+);

@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# Fuzz the HTTP API from its own OpenAPI document: scripts/schemathesis.sh [extra st run args...]
+#
+# Starts a private stack on free ports — PostgreSQL under .dev/schemathesis-pg (wiped first),
+# flintlock-sim, poolmgr-local — seeds it (admin and client tokens, the simulator as host
+# "local", pool default/ci with AVAILABLE VMs and one lease), then runs schemathesis
+# (pinned, installed into .dev/schemathesis-venv on first use; settings in
+# scripts/schemathesis.toml) against http://127.0.0.1:PORT/openapi.json with the admin token. Fails on any 5xx, any answer the
+# document does not describe (status, content type, headers, body schema), bad data that is
+# accepted, an operation that ignores its token, a method that is not refused with 405, or a
+# panic in the server log. Stops everything it started on exit.
+#
+# Environment:
+#   SCHEMATHESIS_MAX_EXAMPLES   test cases per operation and phase (default 40)
+#   SCHEMATHESIS_SEED           hypothesis seed (default fixed, so CI runs are repeatable;
+#                               "random" for a new one each run)
+#   SCHEMATHESIS_WORKERS        concurrent workers (default 2)
+# Extra arguments go to `st run`, e.g. --include-path-regex '^/v1/pools' or --phases fuzzing.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=lib/pg.sh
+. "$ROOT/scripts/lib/pg.sh"
+
+ST_VERSION=4.32.5
+VENV=$ROOT/.dev/schemathesis-venv
+WORK=$ROOT/.dev/schemathesis
+PG_ST_DIR=$ROOT/.dev/schemathesis-pg
+MAX_EXAMPLES=${SCHEMATHESIS_MAX_EXAMPLES:-40}
+SEED=${SCHEMATHESIS_SEED:-20261129}
+WORKERS=${SCHEMATHESIS_WORKERS:-2}
+
+log() { printf '==> %s\n' "$*" >&2; }
+die() {
+    printf 'error: %s\n' "$*" >&2
+    exit 1
+}
+
+show_log_tail() {
+    if [[ -f "$1" ]]; then
+        printf -- '--- last lines of %s ---\n' "$1" >&2
+        tail -n 30 "$1" >&2 || true
+        printf -- '--- end of %s ---\n' "$1" >&2
+    fi
+}
+
+command -v python3 >/dev/null 2>&1 || die "python3 is needed for schemathesis (Debian: apt-get install python3 python3-venv)"
+command -v curl >/dev/null 2>&1 || die "curl is needed (apt-get install curl)"
+
+# --- schemathesis ----------------------------------------------------------------
+mkdir -p "$ROOT/.dev"
+if [[ "$("$VENV/bin/st" --version 2>/dev/null || true)" != *"version $ST_VERSION" ]]; then
+    log "installing schemathesis==$ST_VERSION into ${VENV#"$ROOT"/}"
+    if [[ ! -x "$VENV/bin/python" ]]; then
+        python3 -m venv "$VENV" || die "cannot create $VENV (Debian: apt-get install python3-venv)"
+    fi
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "schemathesis==$ST_VERSION" ||
+        die "cannot install schemathesis==$ST_VERSION with pip"
+fi
+log "$("$VENV/bin/st" --version)"
+
+# --- processes and cleanup ------------------------------------------------------------
+APP_PID=""
+SIM_PID=""
+STARTED_PG=0
+
+stop_pid() {
+    local pid=$1 name=$2 i
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 0
+    log "stopping $name (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
+
+# shellcheck disable=SC2317  # invoked via trap
+cleanup() {
+    local status=$?
+    trap - EXIT INT TERM
+    stop_pid "$APP_PID" poolmgr-local
+    stop_pid "$SIM_PID" flintlock-sim
+    if [[ $STARTED_PG == 1 ]]; then
+        pg_stop "$PG_ST_DIR" || true
+    fi
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# --- build --------------------------------------------------------------------------
+cd "$ROOT"
+log "building poolmgr-local and flintlock-sim"
+cargo build --bins -p poolmgr-local -p flintlock-sim || die "build failed; fix the errors above"
+BIN_DIR=${CARGO_TARGET_DIR:-$ROOT/target}/debug
+
+rm -rf "$WORK"
+mkdir -p "$WORK"
+
+# --- PostgreSQL -----------------------------------------------------------------------
+if [[ -d "$PG_ST_DIR/data" ]]; then
+    pg_stop "$PG_ST_DIR" || die "could not stop the PostgreSQL left in $PG_ST_DIR; kill it and remove that directory"
+fi
+rm -rf "$PG_ST_DIR"
+STARTED_PG=1
+PG_FAST=1 pg_start "$PG_ST_DIR" || die "could not start PostgreSQL in $PG_ST_DIR"
+DATABASE_URL=$(pg_create_db poolmgr) || die "could not create database poolmgr"
+export DATABASE_URL
+
+# --- flintlock-sim ----------------------------------------------------------------------
+SIM_LOG=$WORK/flintlock-sim.log
+log "starting flintlock-sim (log: ${SIM_LOG#"$ROOT"/})"
+"$BIN_DIR/flintlock-sim" --listen 127.0.0.1:0 --boot-delay-ms 100 --delete-delay-ms 20 >"$SIM_LOG" 2>&1 </dev/null &
+SIM_PID=$!
+SIM_ADDR=""
+for _ in $(seq 1 100); do
+    SIM_ADDR=$(grep -m 1 -oE 'flintlock-sim listening on [0-9.]+:[0-9]+' "$SIM_LOG" | awk '{print $4}' || true)
+    [[ -n "$SIM_ADDR" ]] && break
+    kill -0 "$SIM_PID" 2>/dev/null || { show_log_tail "$SIM_LOG"; die "flintlock-sim exited during startup"; }
+    sleep 0.1
+done
+[[ -n "$SIM_ADDR" ]] || { show_log_tail "$SIM_LOG"; die "flintlock-sim did not start listening"; }
+log "flintlock-sim on $SIM_ADDR"
+
+# --- poolmgr-local ------------------------------------------------------------------------
+token() { python3 -c 'import secrets; print(secrets.token_hex(16))'; }
+ADMIN_TOKEN=$(token)
+CLIENT_TOKEN=$(token)
+export POOLMGR_ADMIN_TOKENS="st-admin:$ADMIN_TOKEN" POOLMGR_CLIENT_TOKENS="st-client:$CLIENT_TOKEN"
+export POOLMGR_FLINTLOCK_TIMEOUT_SECONDS=2 POOLMGR_HOOK_TIMEOUT_SECONDS=5
+PORT=$(pg_free_port)
+URL=http://127.0.0.1:$PORT
+APP_LOG=$WORK/poolmgr-local.log
+
+# start_app INTERVAL: poolmgr-local with that reconcile interval, waiting for /healthz.
+start_app() {
+    POOLMGR_HTTP_ADDR=127.0.0.1:$PORT POOLMGR_RECONCILE_INTERVAL_SECONDS=$1 \
+        "$BIN_DIR/poolmgr-local" >>"$APP_LOG" 2>&1 </dev/null &
+    APP_PID=$!
+    for _ in $(seq 1 120); do
+        [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$URL/healthz" || true)" == 200 ]] && return 0
+        kill -0 "$APP_PID" 2>/dev/null || { show_log_tail "$APP_LOG"; die "poolmgr-local exited during startup"; }
+        sleep 0.25
+    done
+    show_log_tail "$APP_LOG"
+    die "poolmgr-local did not answer /healthz on $URL"
+}
+
+# api TOKEN METHOD PATH [BODY]: print the body; fail unless 2xx.
+api() {
+    local tok=$1 method=$2 path=$3 body=${4:-}
+    local args=(-sS --fail-with-body -X "$method" -H "Authorization: Bearer $tok" "$URL$path")
+    [[ -n "$body" ]] && args+=(-H 'content-type: application/json' -d "$body")
+    curl "${args[@]}" || die "$method $path failed"
+}
+
+log "starting poolmgr-local on $URL to seed it (reconcile every second; log: ${APP_LOG#"$ROOT"/})"
+start_app 1
+
+# --- seed -------------------------------------------------------------------------------
+log "seeding: host local ($SIM_ADDR), pool default/ci of 3 VMs, one lease"
+api "$ADMIN_TOKEN" POST /v1/hosts "{\"name\": \"local\", \"address\": \"$SIM_ADDR\", \"tls\": {\"insecure\": true}}" >/dev/null
+api "$ADMIN_TOKEN" POST /v1/pools '{
+  "namespace": "default", "name": "ci", "size": 3, "flintlock_hosts": ["local"],
+  "replenishment": {"strategy": "REPLACE_ON_DELETE"},
+  "microvm_template": {
+    "kernel": {"image": "ghcr.io/liquidmetal-dev/flintlock-kernel:5.10.77", "filename": "boot/vmlinux"},
+    "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/liquidmetal-dev/ubuntu:22.04"}},
+    "interfaces": [{"device_id": "eth1", "type": "TAP"}]
+  }}' >/dev/null
+available=0
+for _ in $(seq 1 120); do
+    available=$(api "$ADMIN_TOKEN" GET /v1/pools/default/ci | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"]["available"])')
+    [[ "$available" == 3 ]] && break
+    sleep 0.25
+done
+[[ "$available" == 3 ]] || { show_log_tail "$APP_LOG"; die "pool default/ci did not reach 3 AVAILABLE VMs (has $available)"; }
+api "$CLIENT_TOKEN" POST /v1/claims '{"pool": {"namespace": "default", "name": "ci"}, "request_id": "seed-1"}' >/dev/null
+
+# The fuzzer registers hosts at whatever addresses it makes up. Restart with the reconciler
+# parked (one pass at start, over the seeded state only) so nothing ever dials them: the
+# only flintlock calls left are deletes of the seeded VMs and hook probes of named hosts.
+log "restarting poolmgr-local with the reconciler parked"
+stop_pid "$APP_PID" poolmgr-local
+APP_PID=""
+start_app 86400
+log "stack ready: $(api "$ADMIN_TOKEN" GET /v1/pools/default/ci | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"])')"
+
+# --- schemathesis ---------------------------------------------------------------------------
+# Every check except positive_data_acceptance: valid-looking input is refused for reasons a
+# schema cannot state (a pool naming an unregistered host, min_size above size, a host that is
+# still in use), and those refusals are the contract.
+CHECKS=not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance
+CHECKS+=,response_schema_conformance,negative_data_rejection,missing_required_header,unsupported_method
+CHECKS+=,allow_header_conformance,ignored_auth,use_after_free,ensure_resource_availability
+seed_args=()
+[[ "$SEED" != random ]] && seed_args=(--seed "$SEED")
+# shellcheck disable=SC2054  # the commas are inside single arguments (lists for st)
+cmd=("$VENV/bin/st" --config-file "$ROOT/scripts/schemathesis.toml" run "$URL/openapi.json"
+    -H "Authorization: Bearer $ADMIN_TOKEN"
+    --checks "$CHECKS"
+    --max-examples "$MAX_EXAMPLES" "${seed_args[@]}"
+    --workers "$WORKERS"
+    --request-timeout 30
+    --suppress-health-check too_slow,filter_too_much
+    --report junit --report-dir "$WORK/report"
+    "$@")
+log "st run $URL/openapi.json --checks $CHECKS --max-examples $MAX_EXAMPLES ${seed_args[*]} --workers $WORKERS $*"
+started=$SECONDS
+status=0
+"${cmd[@]}" || status=$?
+log "schemathesis finished in $((SECONDS - started)) s (exit $status); report: ${WORK#"$ROOT"/}/report"
+
+if grep -q 'panicked' "$APP_LOG"; then
+    grep -m 5 'panicked' "$APP_LOG" >&2
+    die "poolmgr-local panicked during the run; see ${APP_LOG#"$ROOT"/}"
+fi
+if [[ $status -ne 0 ]]; then
+    die "schemathesis found problems (above); server log: ${APP_LOG#"$ROOT"/}"
+fi
+log "schemathesis: no server error, every answer as documented"
