@@ -22,6 +22,9 @@
 #   --no-docs                  do not rewrite docs/benchmarks.md and the chart
 #   --poolmgr-local BIN        use this poolmgr-local (e.g. a baseline build) instead of ours
 #   --claim-sql FILE           pgbench script for claims instead of ours (pair with the above)
+#   --pgbench-protocol P       prepared (default: what poolmgr-local does with
+#                              POOLMGR_DB_PREPARE_CLAIM=true) or extended (one unnamed
+#                              statement per claim, planned every time: a baseline before it)
 #
 # Environment: POOLMGR_DB_POOL_SIZE (poolmgr-local's connections, default 16), PG_BINDIR.
 set -euo pipefail
@@ -47,6 +50,7 @@ APPEND=0
 DOCS=1
 LOCAL_BIN=""
 CLAIM_SQL=""
+PROTOCOL=prepared
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --levels) LEVELS=$2; shift 2 ;;
@@ -60,7 +64,8 @@ while [[ $# -gt 0 ]]; do
         --no-docs) DOCS=0; shift ;;
         --poolmgr-local) LOCAL_BIN=$2; shift 2 ;;
         --claim-sql) CLAIM_SQL=$2; shift 2 ;;
-        -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
+        --pgbench-protocol) PROTOCOL=$2; shift 2 ;;
+        -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
@@ -155,7 +160,7 @@ for c in $LEVELS; do
         cpu0=$("$BENCH" machine-cpu-ms)
         status=0
         TIMEFORMAT='%U %S'
-        { time "$PGBENCH" -n -M extended -c "$c" -j "$threads" -T "$DURATION" \
+        { time "$PGBENCH" -n -M "$PROTOCOL" -c "$c" -j "$threads" -T "$DURATION" \
             -D ns=default -D pool=bench -D principal=bench -f "$WORK/$mode.sql" \
             --log --log-prefix="$WORK/pgb" "$DB_URL" >"$WORK/pgbench.out" 2>&1; } 2>"$WORK/pgbench.time" || status=$?
         cpu1=$("$BENCH" machine-cpu-ms)
@@ -188,9 +193,10 @@ if [[ $DOCS == 1 ]]; then
 load average $LOAD_START before the runs, $LOAD_END after; $(date -u +%Y-%m-%d)."
     SETTINGS="Each run: ${DURATION} s (HTTP after ${WARMUP} s of warm-up), pool reseeded with $VMS AVAILABLE VMs and \
 vacuumed before it. PostgreSQL: a private cluster with default settings (fsync and synchronous_commit on) except \
-max_connections = 400. HTTP: release-built poolmgr-local (database pool $POOL_SIZE connections) and the Rust load \
+max_connections = 400. HTTP: release-built poolmgr-local (database pool $POOL_SIZE connections, POOLMGR_DB_PREPARE_CLAIM \
+${POOLMGR_DB_PREPARE_CLAIM:-true}) and the Rust load \
 generator (\`poolmgr-bench claims-load\`, reqwest, one keep-alive connection per client) on the same machine. \
-pgbench: \`-M extended -j 2\` (the protocol the service uses: one unnamed statement per claim) running \
+pgbench: \`-M $PROTOCOL -j 2\` running \
 \`poolmgr-bench pgbench-script\`, i.e. \`store::LEASE_CLAIM_SQL\` with pgbench variables. Latencies are per \
 operation as the client sees them. CPU per operation: the machine's busy time (/proc/stat) over the timed \
 window, the client's and poolmgr-local's own (/proc/PID/stat); the rest is PostgreSQL (pgbench's window also \

@@ -194,6 +194,11 @@ impl TestApp {
             ("POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS".into(), "1".into()),
             ("POOLMGR_ORPHAN_SCAN_SECONDS".into(), "0".into()),
         ];
+        if through_pooler() {
+            // As configured in production behind a transaction pooler: PgBouncer before 1.21
+            // (Debian 12 ships 1.18) cannot keep a named prepared statement.
+            env.push(("POOLMGR_DB_PREPARE_CLAIM".into(), "false".into()));
+        }
         extra(&mut env);
         let cfg = Config::from_lookup(|k| env.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone()))
             .expect("test config");

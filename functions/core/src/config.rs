@@ -31,6 +31,12 @@ pub struct Config {
     /// Whether a statement past the timeout gets a cancel request
     /// (`POOLMGR_DB_CANCEL_ON_TIMEOUT`, true; set false in front of PgBouncer < 1.19).
     pub db_cancel_on_timeout: bool,
+    /// Whether the claim statement is prepared once per connection and reused
+    /// (`POOLMGR_DB_PREPARE_CLAIM`; true, false on Lambda). Planning the claim costs as much
+    /// as running it (docs/benchmarks.md); a named prepared statement skips that, but it
+    /// lives on one server connection, which a transaction pooler (PgBouncer < 1.21,
+    /// possibly RDS Proxy) does not keep: set false behind one.
+    pub db_prepare_claim: bool,
     /// Running on AWS Lambda (`AWS_LAMBDA_FUNCTION_NAME` is set).
     pub on_lambda: bool,
     /// Counters and histograms are also written as CloudWatch Embedded Metric Format lines on
@@ -157,6 +163,14 @@ impl Config {
                 lookup("POOLMGR_DB_CANCEL_ON_TIMEOUT").as_deref().map(str::trim),
                 Some("false" | "0" | "no")
             ),
+            db_prepare_claim: match lookup("POOLMGR_DB_PREPARE_CLAIM").as_deref().map(str::trim) {
+                None | Some("") => !on_lambda,
+                Some("true" | "1" | "yes") => true,
+                Some("false" | "0" | "no") => false,
+                Some(other) => {
+                    return Err(ConfigError(format!("POOLMGR_DB_PREPARE_CLAIM must be true or false, got {other:?}")));
+                }
+            },
             on_lambda,
             metrics_emf,
             flintlock_timeout: Duration::from_secs(parse_num(&lookup, "POOLMGR_FLINTLOCK_TIMEOUT_SECONDS", 10u64)?),
@@ -222,8 +236,12 @@ mod tests {
         assert_eq!(local.db_pool_size, 16);
         assert!(!local.on_lambda && !local.metrics_emf);
         assert_eq!(local.db_statement_timeout, Some(Duration::from_secs(10)));
+        assert!(local.db_prepare_claim);
         let lambda = cfg(&[base[0], base[1], ("AWS_LAMBDA_FUNCTION_NAME", "claims")]).unwrap();
         assert_eq!(lambda.db_pool_size, 1);
+        assert!(!lambda.db_prepare_claim);
+        assert!(!cfg(&[base[0], base[1], ("POOLMGR_DB_PREPARE_CLAIM", "false")]).unwrap().db_prepare_claim);
+        assert!(cfg(&[base[0], base[1], ("POOLMGR_DB_PREPARE_CLAIM", "maybe")]).is_err());
         assert!(lambda.on_lambda && lambda.metrics_emf);
         let tuned = cfg(&[
             base[0],

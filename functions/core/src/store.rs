@@ -23,8 +23,8 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio_postgres::GenericClient;
-use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Row, Statement};
 
 use crate::domain::{EventType, HookFailurePolicy, Phase, PoolRef, PoolSpec, Replenishment, Strategy};
 use crate::template::MicroVmTemplate;
@@ -787,6 +787,12 @@ macro_rules! pick_available_vm {
     };
 }
 
+/// The claim statement prepared on this connection, from deadpool's per-connection cache:
+/// planned at most a few times per connection instead of on every claim.
+pub async fn lease_claim_prepare(c: &deadpool_postgres::ClientWrapper) -> Result<Statement> {
+    timed(&**c, c.prepare_typed_cached(LEASE_CLAIM_SQL, &[Type::TEXT; 5])).await
+}
+
 /// The claim: replay lookup, pick, lease insert, VM update and event in one statement.
 /// Parameters: $1 namespace, $2 pool name, $3 new lease id, $4 request_id (NULL for none),
 /// $5 principal. Public so `poolmgr-bench` can run the very same statement through pgbench.
@@ -846,25 +852,35 @@ pub const LEASE_CLAIM_SQL: &str = concat!(
 /// The lease INSERT runs before the VM UPDATE and the UPDATE reads the INSERT's RETURNING:
 /// when the request_id index rejects the lease (a concurrent duplicate won), the UPDATE and
 /// the event see no row and the statement changes nothing — the rollback is built in.
+///
+/// `prepared` is [`lease_claim_prepare`]'s statement for this connection, or `None` to send
+/// the text (one unnamed statement, planned every time: what a transaction pooler needs).
 pub async fn lease_claim(
     c: &impl GenericClient,
+    prepared: Option<&Statement>,
     pool: &PoolRef,
     lease_id: &str,
     request_id: Option<&str>,
     principal: &str,
 ) -> Result<ClaimOutcome> {
-    let row = c
-        .timed_query_one(
-            LEASE_CLAIM_SQL,
-            &[
-                (&pool.namespace, Type::TEXT),
-                (&pool.name, Type::TEXT),
-                (&lease_id, Type::TEXT),
-                (&request_id, Type::TEXT),
-                (&principal, Type::TEXT),
-            ],
-        )
-        .await?;
+    let row = match prepared {
+        Some(stmt) => {
+            timed(c, c.query_one(stmt, &[&pool.namespace, &pool.name, &lease_id, &request_id, &principal])).await?
+        }
+        None => {
+            c.timed_query_one(
+                LEASE_CLAIM_SQL,
+                &[
+                    (&pool.namespace, Type::TEXT),
+                    (&pool.name, Type::TEXT),
+                    (&lease_id, Type::TEXT),
+                    (&request_id, Type::TEXT),
+                    (&principal, Type::TEXT),
+                ],
+            )
+            .await?
+        }
+    };
     if !row.try_get::<_, bool>("pool_found")? {
         return Ok(ClaimOutcome::PoolNotFound);
     }

@@ -49,8 +49,13 @@ fn replay(state: &AppState, req: &ClaimRequest, rid: &RequestId, view: LeaseView
 pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -> Result<ClaimResponse, ApiError> {
     let conn = state.conn().await?;
     let lease_id = LeaseId::generate();
+    let prepared = match state.config.db_prepare_claim {
+        true => Some(store::lease_claim_prepare(&conn).await?),
+        false => None,
+    };
     let outcome = store::lease_claim(
         &**conn,
+        prepared.as_ref(),
         &req.pool,
         lease_id.as_str(),
         req.request_id.as_ref().map(RequestId::as_str),
