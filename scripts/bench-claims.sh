@@ -157,13 +157,13 @@ for c in $LEVELS; do
         rm -f "$WORK"/pgb.*
         threads=$((c < 2 ? c : 2))
         # CPU accounting: the machine's busy time around pgbench, and pgbench's own (bash's time).
-        cpu0=$("$BENCH" machine-cpu-ms)
+        read -r cpu0 pg0 < <("$BENCH" machine-cpu-ms)
         status=0
         TIMEFORMAT='%U %S'
         { time "$PGBENCH" -n -M "$PROTOCOL" -c "$c" -j "$threads" -T "$DURATION" \
             -D ns=default -D pool=bench -D principal=bench -f "$WORK/$mode.sql" \
             --log --log-prefix="$WORK/pgb" "$DB_URL" >"$WORK/pgbench.out" 2>&1; } 2>"$WORK/pgbench.time" || status=$?
-        cpu1=$("$BENCH" machine-cpu-ms)
+        read -r cpu1 pg1 < <("$BENCH" machine-cpu-ms)
         if [[ $status -ne 0 ]]; then
             tail -n 20 "$WORK/pgbench.out" >&2
             die "pgbench failed (exit $status); its output is above and in $WORK/pgbench.out"
@@ -171,7 +171,7 @@ for c in $LEVELS; do
         client_ms=$(awk '{printf "%.0f", ($1 + $2) * 1000}' "$WORK/pgbench.time")
         got=$("$BENCH" pgbench-summary --log-prefix "$WORK/pgb" --concurrency "$c" --duration-secs "$DURATION" \
             --mode "$mode" --label "$LABEL" --out "$RESULTS" \
-            --machine-cpu-ms "$((cpu1 - cpu0))" --client-cpu-ms "$client_ms")
+            --machine-cpu-ms "$((cpu1 - cpu0))" --client-cpu-ms "$client_ms" --postgres-cpu-ms "$((pg1 - pg0))")
         case $mode in
             claim) "$BENCH" claims-verify --database-url "$DB_URL" --expect-leases "$got" ;;
             replay) "$BENCH" claims-verify --database-url "$DB_URL" --expect-leases "$c" ;;
@@ -199,8 +199,9 @@ generator (\`poolmgr-bench claims-load\`, reqwest, one keep-alive connection per
 pgbench: \`-M $PROTOCOL -j 2\` running \
 \`poolmgr-bench pgbench-script\`, i.e. \`store::LEASE_CLAIM_SQL\` with pgbench variables. Latencies are per \
 operation as the client sees them. CPU per operation: the machine's busy time (/proc/stat) over the timed \
-window, the client's and poolmgr-local's own (/proc/PID/stat); the rest is PostgreSQL (pgbench's window also \
-covers its connection set-up). After every run the database is checked: no VM leased twice, every LEASED VM \
+window, the client's, poolmgr-local's and all postgres processes' own (/proc/PID/stat, exited backends included); \
+the rest is time no process is charged with (the kernel's network softirqs) and other processes (pgbench's window \
+also covers its connection set-up). After every run the database is checked: no VM leased twice, every LEASED VM \
 with exactly one lease, exactly as many leases and VM_CLAIMED events as the clients were given."
     "$BENCH" claims-report --results "$RESULTS" --label "$LABEL" --machine "$MACHINE" --settings "$SETTINGS" \
         --doc "$ROOT/docs/benchmarks.md" --svg "$ROOT/docs/bench-claims.svg"

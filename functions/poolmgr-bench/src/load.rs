@@ -67,13 +67,28 @@ pub struct CpuPerOp {
     pub total_us: f64,
     pub client_us: f64,
     pub server_us: Option<f64>,
+    /// Every `postgres` process, exited backends included (their time is in the
+    /// postmaster's children's time).
+    #[serde(default)]
+    pub postgres_us: Option<f64>,
 }
 
 impl CpuPerOp {
-    pub fn new(ops: u64, total_ms: f64, client_ms: f64, server_ms: Option<f64>) -> Option<CpuPerOp> {
+    pub fn new(
+        ops: u64,
+        total_ms: f64,
+        client_ms: f64,
+        server_ms: Option<f64>,
+        postgres_ms: Option<f64>,
+    ) -> Option<CpuPerOp> {
         (ops > 0).then(|| {
             let per = |ms: f64| ms * 1000.0 / ops as f64;
-            CpuPerOp { total_us: per(total_ms), client_us: per(client_ms), server_us: server_ms.map(per) }
+            CpuPerOp {
+                total_us: per(total_ms),
+                client_us: per(client_ms),
+                server_us: server_ms.map(per),
+                postgres_us: postgres_ms.map(per),
+            }
         })
     }
 }
@@ -92,17 +107,44 @@ pub fn machine_busy_ms() -> Option<f64> {
 
 /// User + system CPU time of process `pid` (or `self`), in ms.
 pub fn process_cpu_ms(pid: &str) -> Option<f64> {
+    proc_stat_ticks(pid, false).map(|(_, t)| t * MS_PER_TICK)
+}
+
+/// (command name, utime + stime [+ cutime + cstime]) of `/proc/PID/stat`, in ticks.
+fn proc_stat_ticks(pid: &str, with_children: bool) -> Option<(String, f64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name's closing parenthesis; utime and stime are fields 14, 15.
+    let comm = stat[stat.find('(')? + 1..stat.rfind(')')?].to_string();
+    // Fields after the command name's closing parenthesis: utime, stime, cutime, cstime are
+    // fields 14 to 17 of the line.
     let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) * MS_PER_TICK)
+    let f: Vec<f64> = rest.split_whitespace().skip(11).take(4).filter_map(|x| x.parse().ok()).collect();
+    let own = f.first()? + f.get(1)?;
+    Some((comm, if with_children { own + f.get(2)? + f.get(3)? } else { own }))
+}
+
+/// CPU time of every `postgres` process, with the time of the backends that already exited
+/// (the postmaster's waited-for children), in ms.
+pub fn postgres_cpu_ms() -> Option<f64> {
+    let mut total = 0.0;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if let Some((comm, ticks)) = proc_stat_ticks(&name, true)
+            && comm == "postgres"
+        {
+            total += ticks;
+        }
+    }
+    Some(total * MS_PER_TICK)
 }
 
 struct CpuMark {
     machine: Option<f64>,
     client: Option<f64>,
     server: Option<f64>,
+    postgres: Option<f64>,
 }
 
 impl CpuMark {
@@ -111,16 +153,15 @@ impl CpuMark {
             machine: machine_busy_ms(),
             client: process_cpu_ms("self"),
             server: server_pid.and_then(process_cpu_ms),
+            postgres: postgres_cpu_ms(),
         }
     }
 
     fn per_op(&self, later: &CpuMark, ops: u64) -> Option<CpuPerOp> {
         let d = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
-        let server = match (self.server, later.server) {
-            (Some(a), Some(b)) => Some(b - a),
-            _ => None,
-        };
-        CpuPerOp::new(ops, d(self.machine, later.machine)?, d(self.client, later.client)?, server)
+        let server = d(self.server, later.server);
+        let postgres = d(self.postgres, later.postgres);
+        CpuPerOp::new(ops, d(self.machine, later.machine)?, d(self.client, later.client)?, server, postgres)
     }
 }
 
@@ -456,7 +497,7 @@ pub fn pgbench_summary(
     mode: Mode,
     concurrency: usize,
     duration: Duration,
-    cpu_ms: Option<(f64, f64)>,
+    cpu_ms: Option<(f64, f64, Option<f64>)>,
 ) -> anyhow::Result<RunResult> {
     let dir = log_prefix.parent().unwrap_or(Path::new("."));
     let stem = log_prefix.file_name().context("--log-prefix needs a file name")?.to_string_lossy().to_string();
@@ -491,7 +532,7 @@ pub fn pgbench_summary(
         _ => lat.len() as u64,
     };
     let mut r = summarize(RunKey { label, path: "pgbench", mode, concurrency }, duration, lat, errors, n);
-    r.cpu = cpu_ms.and_then(|(machine, client)| CpuPerOp::new(r.ok, machine, client, None));
+    r.cpu = cpu_ms.and_then(|(machine, client, postgres)| CpuPerOp::new(r.ok, machine, client, None, postgres));
     Ok(r)
 }
 

@@ -81,8 +81,12 @@ enum Cmd {
         machine_cpu_ms: Option<f64>,
         #[arg(long, requires = "machine_cpu_ms")]
         client_cpu_ms: Option<f64>,
+        /// CPU ms of the postgres processes during the run.
+        #[arg(long, requires = "machine_cpu_ms")]
+        postgres_cpu_ms: Option<f64>,
     },
-    /// Print the machine's busy CPU time since boot in ms (for the pgbench side's accounting).
+    /// Print the machine's busy CPU time and the postgres processes' CPU time (exited backends
+    /// included), in ms, space-separated (for the pgbench side's accounting).
     MachineCpuMs,
     /// Empty the pool and seed it with VMS AVAILABLE rows on HOST.
     ClaimsSeed {
@@ -414,8 +418,9 @@ async fn main() -> anyhow::Result<()> {
             out,
             machine_cpu_ms,
             client_cpu_ms,
+            postgres_cpu_ms,
         } => {
-            let cpu = machine_cpu_ms.zip(client_cpu_ms);
+            let cpu = machine_cpu_ms.zip(client_cpu_ms).map(|(m, c)| (m, c, postgres_cpu_ms));
             let duration = Duration::from_secs_f64(duration_secs);
             let r = load::pgbench_summary(&log_prefix, &label, mode, concurrency, duration, cpu)?;
             print_run(&r);
@@ -424,7 +429,9 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::MachineCpuMs => {
-            println!("{:.0}", load::machine_busy_ms().context("cannot read /proc/stat")?);
+            let machine = load::machine_busy_ms().context("cannot read /proc/stat")?;
+            let postgres = load::postgres_cpu_ms().context("cannot read /proc")?;
+            println!("{machine:.0} {postgres:.0}");
             Ok(())
         }
         Cmd::ClaimsSeed { database_url, pool, host, vms } => {

@@ -105,8 +105,8 @@ pub fn markdown(rs: &[RunResult], label: &str, machine: &str, settings: &str, ch
         }
     }
     md.push_str("\n### Where the CPU goes (µs of CPU per claim, whole machine)\n\n");
-    md.push_str("Both paths share the machine's CPUs with everything they need; a path is as fast as the CPU one claim costs it allows.\n\n");
-    md.push_str("| clients | HTTP total | poolmgr-local | load generator | PostgreSQL + rest | pgbench total | pgbench client | PostgreSQL + rest |\n|---|---|---|---|---|---|---|---|\n");
+    md.push_str("Both paths share the machine's CPUs with everything they need; a path is as fast as the CPU one claim costs it allows. \"rest\" is CPU time no process was charged with (the kernel's network processing) and anything else running.\n\n");
+    md.push_str("| clients | HTTP total | poolmgr-local | load generator | PostgreSQL | rest | pgbench total | pgbench client | PostgreSQL | rest |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for &c in &cs {
         let (h, p) = (find(rs, label, "http", Mode::Claim, c), find(rs, label, "pgbench", Mode::Claim, c));
         let (hc, pc) = (h.and_then(|r| r.cpu.as_ref()), p.and_then(|r| r.cpu.as_ref()));
@@ -114,17 +114,20 @@ pub fn markdown(rs: &[RunResult], label: &str, machine: &str, settings: &str, ch
             continue;
         }
         let us = |v: Option<f64>| v.map(|v| format!("{v:.0}")).unwrap_or_else(|| "–".into());
-        let server = hc.and_then(|c| c.server_us);
-        let rest_h = hc.map(|c| c.total_us - c.client_us - c.server_us.unwrap_or(0.0));
+        let rest = |c: &crate::load::CpuPerOp| {
+            c.total_us - c.client_us - c.server_us.unwrap_or(0.0) - c.postgres_us.unwrap_or(0.0)
+        };
         md.push_str(&format!(
-            "| {c} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {c} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             us(hc.map(|c| c.total_us)),
-            us(server),
+            us(hc.and_then(|c| c.server_us)),
             us(hc.map(|c| c.client_us)),
-            us(rest_h),
+            us(hc.and_then(|c| c.postgres_us)),
+            us(hc.map(rest)),
             us(pc.map(|c| c.total_us)),
             us(pc.map(|c| c.client_us)),
-            us(pc.map(|c| c.total_us - c.client_us)),
+            us(pc.and_then(|c| c.postgres_us)),
+            us(pc.map(rest)),
         ));
     }
     let others: BTreeSet<&str> = rs.iter().map(|r| r.label.as_str()).filter(|l| *l != label).collect();
@@ -249,7 +252,7 @@ mod tests {
             p99_ms: 3.0,
             max_ms: 4.0,
             leases_created: 0,
-            cpu: crate::load::CpuPerOp::new(100, 1000.0, 100.0, (path == "http").then_some(300.0)),
+            cpu: crate::load::CpuPerOp::new(100, 1000.0, 100.0, (path == "http").then_some(300.0), Some(500.0)),
         }
     }
 
@@ -270,7 +273,7 @@ mod tests {
         assert!(md.contains("`before` → `after`"), "{md}");
         assert!(md.contains("| 16 | 300 → 900 |"), "{md}");
         // 1000 ms of machine CPU over 100 claims: 10000 µs each, 1000 of them the client's.
-        assert!(md.contains("| 4 | 10000 | 3000 | 1000 | 6000 | 10000 | 1000 | 9000 |"), "{md}");
+        assert!(md.contains("| 4 | 10000 | 3000 | 1000 | 5000 | 1000 | 10000 | 1000 | 5000 | 4000 |"), "{md}");
         let doc = format!("# Benchmarks\n\nintro\n\n{BEGIN}\nold\n{END}\n\n## Later section\n");
         let spliced = splice(&doc, &md);
         assert!(!spliced.contains("\nold\n"));
