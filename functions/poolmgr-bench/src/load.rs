@@ -302,8 +302,10 @@ impl Http {
     }
 }
 
+/// Random, like the UUIDs most clients send (and like pgbench's random ids): a time-ordered id
+/// (a ULID) would put every insert on the rightmost page of the request_id index.
 fn request_id() -> String {
-    format!("bench-{}", ulid::Ulid::new())
+    uuid::Uuid::new_v4().to_string()
 }
 
 async fn worker(http: Arc<Http>, mode: Mode, start_timing: Instant, stop: Instant) -> WorkerOut {
