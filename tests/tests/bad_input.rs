@@ -354,6 +354,11 @@ async fn invalid_names_in_pool_paths_are_invalid_argument_and_change_nothing() {
     assert_invalid(&app.get(ADMIN, "/v1/pools?namespace=UPPER").await, "GET /v1/pools?namespace=UPPER");
     assert_invalid(&app.get(CLIENT_A, "/v1/leases?namespace=default&pool=a_b").await, "lease filter a_b");
     assert_invalid(&app.get(CLIENT_A, "/v1/leases?namespace=default").await, "lease filter without pool");
+    // The VM and event filters are names like any other (an empty value means no filter).
+    for p in ["/v1/vms?namespace=UPPER", "/v1/vms?pool=a_b", "/v1/events?namespace=UPPER", "/v1/events?pool=a_b"] {
+        assert_invalid(&app.get(ADMIN, p).await, &format!("GET {p}"));
+    }
+    app.get(ADMIN, "/v1/vms?namespace=&pool=").await.assert_ok(200);
     assert_eq!(snapshot(app).await, before);
 }
 
