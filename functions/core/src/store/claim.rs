@@ -1,0 +1,281 @@
+//! The claim statements: one VM picked, leased and logged in one statement
+//! ([`LEASE_CLAIM_SQL`], [`lease_claim`]), and the two-phase claim of pools with pre-lease
+//! hooks ([`vm_claim_for_hook`], then [`lease_insert_after_hook`]). They write `vms`,
+//! `leases` and `events` at once and share the pick (`pick_available_vm!`), so they live
+//! together rather than in those tables' files.
+//!
+//! Never waits on a row another claimer holds (SKIP LOCKED), and never leaves a VM LEASED
+//! without its lease: the lease INSERT comes first and the VM UPDATE reads its RETURNING.
+
+use tokio_postgres::types::Type;
+use tokio_postgres::{GenericClient, Statement};
+
+use super::lease::lease_view;
+use super::{HostRow, LeaseRow, LeaseView, Result, Timed, VmRow, json_col, timed};
+use crate::domain::PoolRef;
+
+pub enum ClaimOutcome {
+    PoolNotFound,
+    /// The request_id already has a live lease (maybe on another pool): nothing was claimed.
+    Existing(Box<LeaseView>),
+    NoVmAvailable,
+    /// A concurrent claim with the same (principal, request_id) committed its lease first.
+    /// Nothing was changed: the VM this claim picked is still AVAILABLE.
+    DuplicateRequestId,
+    /// The pool runs pre-lease commands: nothing was claimed; use the two-phase claim.
+    NeedsPreLeaseHook,
+    Claimed(Box<LeaseView>),
+}
+
+/// CTEs `slot`, `picked_hi`, `picked_lo` and `picked`: one AVAILABLE VM of pool ($1, $2), row
+/// locked, when the CTE `go` has a row. Shared by both claim statements.
+///
+/// SKIP LOCKED: concurrent claimers each take a different row instead of queueing on the
+/// first. NO KEY UPDATE: we never change the key, so the lock is no stronger than needed.
+/// Slots (V5): a scan starts at a random `claim_slot` and wraps around, so N concurrent
+/// claimers start in different places of `vms_pool_available` instead of all stepping over
+/// the same N-1 locked rows at its head; within a slot the oldest VM goes first. The low half
+/// is scanned only when the high half had no free row.
+macro_rules! pick_available_vm {
+    () => {
+        "slot AS MATERIALIZED (
+         SELECT (floor(random() * 64))::smallint AS s
+     ), picked_hi AS (
+         SELECT v.id FROM vms v
+         WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'
+           AND v.claim_slot >= (SELECT s FROM slot) AND EXISTS (SELECT 1 FROM go)
+         ORDER BY v.claim_slot, v.created_at
+         LIMIT 1
+         FOR NO KEY UPDATE SKIP LOCKED
+     ), picked_lo AS (
+         SELECT v.id FROM vms v
+         WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'
+           AND v.claim_slot < (SELECT s FROM slot) AND EXISTS (SELECT 1 FROM go)
+           AND NOT EXISTS (SELECT 1 FROM picked_hi)
+         ORDER BY v.claim_slot, v.created_at
+         LIMIT 1
+         FOR NO KEY UPDATE SKIP LOCKED
+     ), picked AS (
+         SELECT id FROM picked_hi UNION ALL SELECT id FROM picked_lo"
+    };
+}
+
+/// The claim statement prepared on this connection, from deadpool's per-connection cache:
+/// planned at most a few times per connection instead of on every claim.
+pub async fn lease_claim_prepare(c: &deadpool_postgres::ClientWrapper) -> Result<Statement> {
+    timed(&**c, c.prepare_typed_cached(LEASE_CLAIM_SQL, &[Type::TEXT; 5])).await
+}
+
+/// The claim: replay lookup, pick, lease insert, VM update and event in one statement.
+/// Parameters: $1 namespace, $2 pool name, $3 new lease id, $4 request_id (NULL for none),
+/// $5 principal. Public so `poolmgr-bench` can run the very same statement through pgbench.
+pub const LEASE_CLAIM_SQL: &str = concat!(
+    "WITH pool AS (
+         SELECT namespace, name, heartbeat_expiry_seconds,
+                cardinality(pre_lease_commands) > 0 AS has_hooks
+         FROM pools WHERE namespace = $1 AND name = $2
+     ), existing AS (
+         -- The lease this principal's request_id already created, on any pool: a
+         -- replay. Looked up in the same statement, so a retried claim costs one
+         -- round trip like a fresh one.
+         SELECT * FROM leases WHERE $4::text IS NOT NULL AND principal = $5 AND request_id = $4
+     ), go AS (
+         -- Pick only for a fresh claim (no replay) on a pool without pre-lease hooks (those
+         -- claim in two phases: vm_claim_for_hook).
+         SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM existing) AND NOT (SELECT has_hooks FROM pool)
+     ), ",
+    pick_available_vm!(),
+    "
+     ), ins AS (
+         INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at,
+                             last_heartbeat_at, expires_at, request_id, principal)
+         SELECT $3, picked.id, pool.namespace, pool.name, now(), now(),
+                now() + make_interval(secs => pool.heartbeat_expiry_seconds), $4, $5
+         FROM picked, pool
+         -- The conflict target repeats the partial index's predicate so PostgreSQL
+         -- infers leases_principal_request_id as the arbiter. A concurrent insert of
+         -- the same key makes this wait for that transaction, then do nothing.
+         ON CONFLICT (principal, request_id) WHERE request_id IS NOT NULL DO NOTHING
+         RETURNING *
+     ), upd AS (
+         UPDATE vms v SET phase = 'LEASED', lease_id = ins.lease_id, updated_at = now()
+         FROM ins WHERE v.id = ins.vm_id
+         RETURNING v.*
+     ), ev AS (
+         INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
+         SELECT 'VM_CLAIMED', ins.pool_namespace, ins.pool_name, ins.vm_id, ins.lease_id FROM ins
+     )
+     SELECT EXISTS (SELECT 1 FROM pool) AS pool_found, picked.id AS picked,
+            coalesce((SELECT has_hooks FROM pool), false) AS has_hooks,
+            to_jsonb(ins) AS lease, to_jsonb(upd) AS vm, to_jsonb(h) AS host,
+            to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm, to_jsonb(ev_h) AS existing_host
+     FROM (SELECT 1) AS one
+     LEFT JOIN picked ON true
+     LEFT JOIN ins ON true
+     LEFT JOIN upd ON true
+     LEFT JOIN hosts h ON h.name = upd.flintlock_host
+     LEFT JOIN existing e ON true
+     LEFT JOIN vms ev_vm ON ev_vm.id = e.vm_id
+     LEFT JOIN hosts ev_h ON ev_h.name = ev_vm.flintlock_host"
+);
+
+/// The claim: pick one AVAILABLE VM, write its lease and VM_CLAIMED, mark it LEASED — one
+/// statement, so one round trip and one implicit transaction.
+///
+/// The lease INSERT runs before the VM UPDATE and the UPDATE reads the INSERT's RETURNING:
+/// when the request_id index rejects the lease (a concurrent duplicate won), the UPDATE and
+/// the event see no row and the statement changes nothing — the rollback is built in.
+///
+/// `prepared` is [`lease_claim_prepare`]'s statement for this connection, or `None` to send
+/// the text (one unnamed statement, planned every time: what a transaction pooler needs).
+pub async fn lease_claim(
+    c: &impl GenericClient,
+    prepared: Option<&Statement>,
+    pool: &PoolRef,
+    lease_id: &str,
+    request_id: Option<&str>,
+    principal: &str,
+) -> Result<ClaimOutcome> {
+    let row = match prepared {
+        Some(stmt) => {
+            timed(c, c.query_one(stmt, &[&pool.namespace, &pool.name, &lease_id, &request_id, &principal])).await?
+        }
+        None => {
+            c.timed_query_one(
+                LEASE_CLAIM_SQL,
+                &[
+                    (&pool.namespace, Type::TEXT),
+                    (&pool.name, Type::TEXT),
+                    (&lease_id, Type::TEXT),
+                    (&request_id, Type::TEXT),
+                    (&principal, Type::TEXT),
+                ],
+            )
+            .await?
+        }
+    };
+    if !row.try_get::<_, bool>("pool_found")? {
+        return Ok(ClaimOutcome::PoolNotFound);
+    }
+    if let Some(lease) = json_col::<LeaseRow>(&row, "existing_lease")? {
+        let view = LeaseView { lease, vm: json_col(&row, "existing_vm")?, host: json_col(&row, "existing_host")? };
+        return Ok(ClaimOutcome::Existing(Box::new(view)));
+    }
+    if row.try_get::<_, bool>("has_hooks")? {
+        return Ok(ClaimOutcome::NeedsPreLeaseHook);
+    }
+    if row.try_get::<_, Option<String>>("picked")?.is_none() {
+        return Ok(ClaimOutcome::NoVmAvailable);
+    }
+    if json_col::<LeaseRow>(&row, "lease")?.is_none() {
+        return Ok(ClaimOutcome::DuplicateRequestId);
+    }
+    Ok(ClaimOutcome::Claimed(Box::new(lease_view(&row)?)))
+}
+
+/// First transaction of a two-phase claim: one AVAILABLE VM → PRE_LEASE_HOOK_RUNNING (no
+/// lease yet). Same pick as [`lease_claim`].
+pub struct HookClaim {
+    pub pool_found: bool,
+    pub vm: Option<VmRow>,
+    pub host: Option<HostRow>,
+    pub commands: Vec<String>,
+}
+
+pub async fn vm_claim_for_hook(c: &impl GenericClient, pool: &PoolRef) -> Result<HookClaim> {
+    let row = c
+        .timed_query_one(
+            concat!(
+                "WITH pool AS (
+                 SELECT pre_lease_commands FROM pools WHERE namespace = $1 AND name = $2
+             ), go AS (
+                 SELECT 1 FROM pool
+             ), ",
+                pick_available_vm!(),
+                "
+             ), upd AS (
+                 UPDATE vms v SET phase = 'PRE_LEASE_HOOK_RUNNING', hook_started_at = now(), updated_at = now()
+                 FROM picked, pool WHERE v.id = picked.id
+                 RETURNING v.*
+             )
+             SELECT EXISTS (SELECT 1 FROM pool) AS pool_found,
+                    coalesce((SELECT pre_lease_commands FROM pool), '{}') AS commands,
+                    to_jsonb(upd) AS vm, to_jsonb(h) AS host
+             FROM (SELECT 1) AS one
+             LEFT JOIN upd ON true
+             LEFT JOIN hosts h ON h.name = upd.flintlock_host"
+            ),
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)],
+        )
+        .await?;
+    Ok(HookClaim {
+        pool_found: row.try_get("pool_found")?,
+        vm: json_col(&row, "vm")?,
+        host: json_col(&row, "host")?,
+        commands: row.try_get("commands")?,
+    })
+}
+
+pub enum HookLease {
+    /// The VM is no longer PRE_LEASE_HOOK_RUNNING (DELETING, or its row is gone): a forced
+    /// pool delete took it during the hook. Nothing was written.
+    VmTaken,
+    /// A concurrent claim with the same request_id won; nothing was written and the VM is
+    /// still PRE_LEASE_HOOK_RUNNING (the caller gives it back).
+    DuplicateRequestId,
+    Claimed(Box<LeaseView>),
+}
+
+/// Second transaction of a two-phase claim: the lease, the VM → LEASED and VM_CLAIMED, only
+/// while the VM is still PRE_LEASE_HOOK_RUNNING (DELETING is terminal). As in
+/// [`lease_claim`], the INSERT runs before the UPDATE, so a rejected request_id changes
+/// nothing.
+pub async fn lease_insert_after_hook(
+    c: &impl GenericClient,
+    vm_id: &str,
+    lease_id: &str,
+    request_id: Option<&str>,
+    principal: &str,
+) -> Result<HookLease> {
+    let row = c
+        .timed_query_one(
+            "WITH vm AS (
+                 SELECT v.id, v.pool_namespace, v.pool_name FROM vms v
+                 WHERE v.id = $1 AND v.phase = 'PRE_LEASE_HOOK_RUNNING'
+                 FOR NO KEY UPDATE
+             ), pool AS (
+                 SELECT p.heartbeat_expiry_seconds FROM pools p, vm
+                 WHERE p.namespace = vm.pool_namespace AND p.name = vm.pool_name
+             ), ins AS (
+                 INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at,
+                                     last_heartbeat_at, expires_at, request_id, principal)
+                 SELECT $2, vm.id, vm.pool_namespace, vm.pool_name, now(), now(),
+                        now() + make_interval(secs => pool.heartbeat_expiry_seconds), $3, $4
+                 FROM vm, pool
+                 ON CONFLICT (principal, request_id) WHERE request_id IS NOT NULL DO NOTHING
+                 RETURNING *
+             ), upd AS (
+                 UPDATE vms v SET phase = 'LEASED', lease_id = ins.lease_id, hook_started_at = NULL, updated_at = now()
+                 FROM ins WHERE v.id = ins.vm_id
+                 RETURNING v.*
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
+                 SELECT 'VM_CLAIMED', ins.pool_namespace, ins.pool_name, ins.vm_id, ins.lease_id FROM ins
+             )
+             SELECT EXISTS (SELECT 1 FROM vm) AND EXISTS (SELECT 1 FROM pool) AS vm_ok,
+                    to_jsonb(ins) AS lease, to_jsonb(upd) AS vm, to_jsonb(h) AS host
+             FROM (SELECT 1) AS one
+             LEFT JOIN ins ON true
+             LEFT JOIN upd ON true
+             LEFT JOIN hosts h ON h.name = upd.flintlock_host",
+            &[(&vm_id, Type::TEXT), (&lease_id, Type::TEXT), (&request_id, Type::TEXT), (&principal, Type::TEXT)],
+        )
+        .await?;
+    if !row.try_get::<_, bool>("vm_ok")? {
+        return Ok(HookLease::VmTaken);
+    }
+    if json_col::<LeaseRow>(&row, "lease")?.is_none() {
+        return Ok(HookLease::DuplicateRequestId);
+    }
+    Ok(HookLease::Claimed(Box::new(lease_view(&row)?)))
+}

@@ -1,0 +1,213 @@
+//! The `hosts` table: [`HostRow`] (secrets included: the API view drops them) and the
+//! `host_*` statements: registration, cordon, removal, the orphan-scan lease and what a
+//! ServerInfo probe said.
+//!
+//! Never talks to flintlock: the probe's answer is handed in.
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{GenericClient, Row};
+
+use super::{Result, Timed, json_req};
+
+/// A `hosts` row, secrets included; the API view drops them.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HostRow {
+    pub name: String,
+    pub address: String,
+    pub tls_insecure: bool,
+    pub ca_pem: Option<String>,
+    pub cert_pem: Option<String>,
+    pub key_pem: Option<String>,
+    pub basic_auth_token: Option<String>,
+    pub cordoned: bool,
+    pub cordoned_reason: Option<String>,
+    pub cordoned_at: Option<DateTime<Utc>>,
+    pub flintlock_version: Option<String>,
+    pub exec_unavailable_reason: Option<String>,
+    pub checked_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Registered hosts among `names` that are missing, locking the present ones against a
+/// concurrent RemoveHost until the caller's transaction ends.
+pub async fn host_missing_for_pool(c: &impl GenericClient, names: &[String]) -> Result<Vec<String>> {
+    let rows = c
+        .timed_query(
+            "WITH present AS (
+                 SELECT name FROM hosts WHERE name = ANY($1) FOR KEY SHARE
+             )
+             SELECT n FROM unnest($1::text[]) AS n WHERE n NOT IN (SELECT name FROM present)",
+            &[(&names, Type::TEXT_ARRAY)],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// The writable fields of a host.
+pub struct HostWrite<'a> {
+    pub name: &'a str,
+    pub address: &'a str,
+    pub tls_insecure: bool,
+    pub ca_pem: Option<&'a str>,
+    pub cert_pem: Option<&'a str>,
+    pub key_pem: Option<&'a str>,
+    pub basic_auth_token: Option<&'a str>,
+}
+
+const HOST_VM_COUNT: &str = "(SELECT count(*) FROM vms v WHERE v.flintlock_host = h.name) AS vm_count";
+
+fn host_with_count(row: &Row) -> Result<(HostRow, i64)> {
+    Ok((json_req(row, "host")?, row.try_get("vm_count")?))
+}
+
+/// Inserts a host, uncordoned; `None` if the name is taken.
+pub async fn host_insert(c: &impl GenericClient, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
+    let row = c
+        .timed_query_opt(
+            "INSERT INTO hosts AS h (name, address, tls_insecure, ca_pem, cert_pem, key_pem, basic_auth_token)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (name) DO NOTHING
+             RETURNING to_jsonb(h) AS host, 0::bigint AS vm_count",
+            &[
+                (&h.name, Type::TEXT),
+                (&h.address, Type::TEXT),
+                (&h.tls_insecure, Type::BOOL),
+                (&h.ca_pem, Type::TEXT),
+                (&h.cert_pem, Type::TEXT),
+                (&h.key_pem, Type::TEXT),
+                (&h.basic_auth_token, Type::TEXT),
+            ],
+        )
+        .await?;
+    row.as_ref().map(host_with_count).transpose()
+}
+
+/// Replaces address, TLS and token; keeps the cordon state. `None` if unknown.
+pub async fn host_update(c: &impl GenericClient, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
+    let sql = format!(
+        "UPDATE hosts AS h SET address = $2, tls_insecure = $3, ca_pem = $4, cert_pem = $5,
+             key_pem = $6, basic_auth_token = $7, updated_at = now()
+         WHERE name = $1
+         RETURNING to_jsonb(h) AS host, {HOST_VM_COUNT}"
+    );
+    let row = c
+        .timed_query_opt(
+            &sql,
+            &[
+                (&h.name, Type::TEXT),
+                (&h.address, Type::TEXT),
+                (&h.tls_insecure, Type::BOOL),
+                (&h.ca_pem, Type::TEXT),
+                (&h.cert_pem, Type::TEXT),
+                (&h.key_pem, Type::TEXT),
+                (&h.basic_auth_token, Type::TEXT),
+            ],
+        )
+        .await?;
+    row.as_ref().map(host_with_count).transpose()
+}
+
+pub async fn host_get(c: &impl GenericClient, name: &str) -> Result<Option<(HostRow, i64)>> {
+    let sql = format!("SELECT to_jsonb(h) AS host, {HOST_VM_COUNT} FROM hosts h WHERE h.name = $1");
+    let row = c.timed_query_opt(&sql, &[(&name, Type::TEXT)]).await?;
+    row.as_ref().map(host_with_count).transpose()
+}
+
+pub async fn host_list(c: &impl GenericClient) -> Result<Vec<(HostRow, i64)>> {
+    let sql = format!("SELECT to_jsonb(h) AS host, {HOST_VM_COUNT} FROM hosts h ORDER BY h.name");
+    let rows = c.timed_query(&sql, &[]).await?;
+    rows.iter().map(host_with_count).collect()
+}
+
+/// Sets or clears the cordon; `cordoned_at` moves to now on every cordon. `None` if unknown.
+pub async fn host_set_cordon(
+    c: &impl GenericClient,
+    name: &str,
+    cordon: Option<&str>,
+) -> Result<Option<(HostRow, i64)>> {
+    let sql = format!(
+        "UPDATE hosts AS h SET cordoned = $2, cordoned_reason = $3,
+             cordoned_at = CASE WHEN $2 THEN now() END, updated_at = now()
+         WHERE name = $1
+         RETURNING to_jsonb(h) AS host, {HOST_VM_COUNT}"
+    );
+    let cordoned = cordon.is_some();
+    let row = c.timed_query_opt(&sql, &[(&name, Type::TEXT), (&cordoned, Type::BOOL), (&cordon, Type::TEXT)]).await?;
+    row.as_ref().map(host_with_count).transpose()
+}
+
+pub enum HostDelete {
+    NotFound,
+    InUse { pools: Vec<String>, vm_count: i64 },
+    Deleted,
+}
+
+/// Locks host `name`'s row (FOR UPDATE) until the transaction ends; a no-op if it is missing.
+pub async fn host_lock(c: &impl GenericClient, name: &str) -> Result<()> {
+    c.timed_query_opt("SELECT 1 FROM hosts WHERE name = $1 FOR UPDATE", &[(&name, Type::TEXT)]).await?;
+    Ok(())
+}
+
+/// Removes a host unless a pool names it or a VM row is on it. Must run inside a
+/// transaction: the host row is locked first, which conflicts with the KEY SHARE lock a
+/// concurrent pool create/update takes on the hosts it names.
+pub async fn host_delete(c: &impl GenericClient, name: &str) -> Result<HostDelete> {
+    let p: &[(&(dyn ToSql + Sync), Type)] = &[(&name, Type::TEXT)];
+    let row = c
+        .timed_query_opt(
+            "SELECT (SELECT coalesce(array_agg(namespace || '/' || name ORDER BY namespace, name), '{}')
+                     FROM pools WHERE $1 = ANY(flintlock_hosts)) AS pools,
+                    (SELECT count(*) FROM vms WHERE flintlock_host = $1) AS vm_count
+             FROM hosts WHERE name = $1 FOR UPDATE",
+            p,
+        )
+        .await?;
+    let Some(row) = row else { return Ok(HostDelete::NotFound) };
+    let pools: Vec<String> = row.try_get("pools")?;
+    let vm_count: i64 = row.try_get("vm_count")?;
+    if !pools.is_empty() || vm_count > 0 {
+        return Ok(HostDelete::InUse { pools, vm_count });
+    }
+    c.timed_execute("DELETE FROM hosts WHERE name = $1", p).await?;
+    Ok(HostDelete::Deleted)
+}
+
+/// Takes the orphan-scan lease of one host due for a scan; the next scan of that host is
+/// due `interval_seconds` later.
+pub async fn host_take_scan(
+    c: &impl GenericClient,
+    interval_seconds: f64,
+    pass_started: DateTime<Utc>,
+) -> Result<Option<HostRow>> {
+    // `scan_until` before the pass started: a pass scans each host at most once.
+    let row = c
+        .timed_query_opt(
+            "UPDATE hosts h SET scan_until = now() + make_interval(secs => $1)
+             WHERE h.name = (
+                 SELECT name FROM hosts WHERE scan_until < least(now(), $2)
+                 ORDER BY scan_until LIMIT 1 FOR UPDATE SKIP LOCKED
+             )
+             RETURNING to_jsonb(h) AS host",
+            &[(&interval_seconds, Type::FLOAT8), (&pass_started, Type::TIMESTAMPTZ)],
+        )
+        .await?;
+    row.as_ref().map(|r| json_req(r, "host")).transpose()
+}
+
+/// Stores what a ServerInfo probe of a host said.
+pub async fn host_record_probe(
+    c: &impl GenericClient,
+    name: &str,
+    version: Option<&str>,
+    exec_unavailable: Option<&str>,
+) -> Result<()> {
+    c.timed_execute(
+        "UPDATE hosts SET flintlock_version = $2, exec_unavailable_reason = $3, checked_at = now() WHERE name = $1",
+        &[(&name, Type::TEXT), (&version, Type::TEXT), (&exec_unavailable, Type::TEXT)],
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! The `leases` table: [`LeaseView`] (a lease with the VM and host it points at) and the
+//! `lease_*` statements except the claims that create leases (`claim.rs`): lookups,
+//! heartbeat, list, release, expiry and the expiry warning. The row type, [`LeaseRow`], is in
+//! `rows.rs`.
+//!
+//! Never revives an expired lease: a heartbeat after `expires_at` finds nothing.
+
+use tokio_postgres::types::Type;
+use tokio_postgres::{GenericClient, Row};
+
+use super::{HostRow, LeaseRow, Result, Timed, VmRow, json_col, json_req};
+use crate::domain::PoolRef;
+
+/// A lease with the VM and host it points at (either may be gone).
+#[derive(Debug, Clone)]
+pub struct LeaseView {
+    pub lease: LeaseRow,
+    pub vm: Option<VmRow>,
+    pub host: Option<HostRow>,
+}
+
+pub(super) fn lease_view(row: &Row) -> Result<LeaseView> {
+    Ok(LeaseView { lease: json_req(row, "lease")?, vm: json_col(row, "vm")?, host: json_col(row, "host")? })
+}
+
+const LEASE_VIEW_SELECT: &str = "SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm, to_jsonb(h) AS host
+     FROM leases l
+     LEFT JOIN vms v ON v.id = l.vm_id
+     LEFT JOIN hosts h ON h.name = v.flintlock_host";
+
+/// The live lease this principal created with this request_id, on any pool: how a claim that
+/// lost a concurrent request_id race finds the winner's lease.
+pub async fn lease_get_by_request_id(
+    c: &impl GenericClient,
+    principal: &str,
+    request_id: &str,
+) -> Result<Option<LeaseView>> {
+    let sql = format!("{LEASE_VIEW_SELECT} WHERE l.principal = $1 AND l.request_id = $2");
+    let row = c.timed_query_opt(&sql, &[(&principal, Type::TEXT), (&request_id, Type::TEXT)]).await?;
+    row.as_ref().map(lease_view).transpose()
+}
+
+pub async fn lease_get(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseView>> {
+    let sql = format!("{LEASE_VIEW_SELECT} WHERE l.lease_id = $1");
+    let row = c.timed_query_opt(&sql, &[(&lease_id, Type::TEXT)]).await?;
+    row.as_ref().map(lease_view).transpose()
+}
+
+/// Extends a lease by its pool's *current* expiry. `None` if the lease or its pool is gone,
+/// or the lease already expired (an expired lease is not revived: the reconciler is about to
+/// delete its VM).
+pub async fn lease_heartbeat(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseView>> {
+    let row = c
+        .timed_query_opt(
+            "WITH l AS (
+                 UPDATE leases l
+                 SET expires_at = now() + make_interval(secs => p.heartbeat_expiry_seconds),
+                     last_heartbeat_at = now()
+                 FROM pools p
+                 WHERE l.lease_id = $1 AND l.expires_at > now()
+                   AND p.namespace = l.pool_namespace AND p.name = l.pool_name
+                 RETURNING l.*
+             )
+             SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm, to_jsonb(h) AS host
+             FROM l
+             LEFT JOIN vms v ON v.id = l.vm_id
+             LEFT JOIN hosts h ON h.name = v.flintlock_host",
+            &[(&lease_id, Type::TEXT)],
+        )
+        .await?;
+    row.as_ref().map(lease_view).transpose()
+}
+
+/// Leases ordered by id, after `after`, at most `limit`; optionally one pool's, optionally
+/// one principal's.
+pub async fn lease_list(
+    c: &impl GenericClient,
+    pool: Option<&PoolRef>,
+    principal: Option<&str>,
+    after: &str,
+    limit: i64,
+) -> Result<Vec<LeaseView>> {
+    let ns = pool.map(|p| p.namespace.as_str());
+    let name = pool.map(|p| p.name.as_str());
+    let sql = format!(
+        "{LEASE_VIEW_SELECT}
+         WHERE ($1::text IS NULL OR (l.pool_namespace = $1 AND l.pool_name = $2))
+           AND ($3::text IS NULL OR l.principal = $3)
+           AND l.lease_id > $4
+         ORDER BY l.lease_id
+         LIMIT $5"
+    );
+    let rows = c
+        .timed_query(
+            &sql,
+            &[
+                (&ns, Type::TEXT),
+                (&name, Type::TEXT),
+                (&principal, Type::TEXT),
+                (&after, Type::TEXT),
+                (&limit, Type::INT8),
+            ],
+        )
+        .await?;
+    rows.iter().map(lease_view).collect()
+}
+
+/// First step of a release: marks the lease's VM DELETING (terminal), keeping the lease row
+/// until flintlock confirms the delete. `None` for an unknown lease.
+pub async fn lease_begin_release(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseView>> {
+    let row = c
+        .timed_query_opt(
+            "WITH l AS (
+                 SELECT * FROM leases WHERE lease_id = $1
+             ), v AS (
+                 UPDATE vms v SET phase = 'DELETING', updated_at = now()
+                 FROM l WHERE v.id = l.vm_id
+                 RETURNING v.*
+             )
+             SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm, to_jsonb(h) AS host
+             FROM l
+             LEFT JOIN v ON true
+             LEFT JOIN hosts h ON h.name = v.flintlock_host",
+            &[(&lease_id, Type::TEXT)],
+        )
+        .await?;
+    row.as_ref().map(lease_view).transpose()
+}
+
+/// Removes a lease whose VM row is already gone.
+pub async fn lease_delete(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseRow>> {
+    let row = c
+        .timed_query_opt(
+            "DELETE FROM leases l WHERE lease_id = $1 RETURNING to_jsonb(l) AS lease",
+            &[(&lease_id, Type::TEXT)],
+        )
+        .await?;
+    row.as_ref().map(|r| json_req(r, "lease")).transpose()
+}
+
+/// Expires a pool's leases with `expires_at <= now()`: lease removed, VM → DELETING and
+/// VM_DELETED_DUE_TO_EXPIRY, in one statement. A concurrent heartbeat either commits first
+/// (and the lease is no longer expired when this re-checks it) or finds the lease gone.
+pub async fn lease_expire_for_pool(c: &impl GenericClient, pool: &PoolRef) -> Result<Vec<LeaseRow>> {
+    let rows = c
+        .timed_query(
+            "WITH exp AS (
+                 DELETE FROM leases WHERE pool_namespace = $1 AND pool_name = $2 AND expires_at <= now()
+                 RETURNING *
+             ), v AS (
+                 UPDATE vms SET phase = 'DELETING', updated_at = now(), attempts = 0, next_attempt_at = NULL
+                 FROM exp WHERE vms.id = exp.vm_id
+                 RETURNING vms.id
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
+                 SELECT 'VM_DELETED_DUE_TO_EXPIRY', exp.pool_namespace, exp.pool_name, exp.vm_id, exp.lease_id FROM exp
+             )
+             SELECT to_jsonb(exp) AS lease FROM exp",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)],
+        )
+        .await?;
+    rows.iter().map(|r| json_req(r, "lease")).collect()
+}
+
+/// Writes VM_EXPIRING_SOON once per expiry deadline for leases expiring within `window`.
+pub async fn lease_warn_expiring_for_pool(c: &impl GenericClient, pool: &PoolRef, window_seconds: f64) -> Result<u64> {
+    c.timed_execute(
+        "WITH w AS (
+                 UPDATE leases SET warned_expires_at = expires_at
+                 WHERE pool_namespace = $1 AND pool_name = $2
+                   AND expires_at > now() AND expires_at <= now() + make_interval(secs => $3)
+                   AND warned_expires_at IS DISTINCT FROM expires_at
+                 RETURNING *
+             )
+             INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id, payload)
+             SELECT 'VM_EXPIRING_SOON', w.pool_namespace, w.pool_name, w.vm_id, w.lease_id,
+                    jsonb_build_object('expires_at', w.expires_at)
+             FROM w",
+        &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&window_seconds, Type::FLOAT8)],
+    )
+    .await
+}

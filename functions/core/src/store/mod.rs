@@ -1,0 +1,231 @@
+//! Every SQL statement poolmgr runs, and the one mapping of each table's rows.
+//!
+//! Rows are read as `to_jsonb(<table alias>)` and decoded into the `*Row` structs, so a
+//! table's columns are defined once, by the table, and every statement that returns a row of
+//! it (SELECT, INSERT … RETURNING, a CTE) maps it the same way. Statements are named
+//! `entity_verb`. Each function takes any client — a pooled connection or a transaction — so
+//! callers compose them into larger transactions.
+//!
+//! Statements go through `query_typed` (the unnamed statement, parameter types given here):
+//! no named prepared statements and no session state, so a transaction-mode pooler (RDS
+//! Proxy, PgBouncer) can move the connection between transactions freely. The one exception
+//! is the claim, which [`lease_claim_prepare`] prepares once per connection when
+//! `POOLMGR_DB_PREPARE_CLAIM` is on (it is off behind a transaction pooler). Database errors
+//! are translated into `StoreError` in exactly one place, [`interpret`].
+//!
+//! Every statement is issued through [`Timed`] (`timed_query`, `timed_query_one`, …), which
+//! bounds it by the client-side statement timeout: a server-side `statement_timeout` would
+//! need session state or a startup parameter that transaction poolers drop or refuse.
+//!
+//! The store never decides what a result means to a client (404 or 409, retry or not: that
+//! is `service`'s and `reconcile`'s), and never lets a `tokio_postgres` error out untranslated.
+//!
+//! # Layout
+//!
+//! One file per table: its row type and every statement named after it, whoever calls the
+//! statement (`vm_*` is in `vm.rs`, whether the HTTP API or the reconciler runs it). A
+//! statement that touches several tables lives with the entity it is named after
+//! (`pool_delete_and_mark_vms` in `pool.rs`, `lease_expire_for_pool` in `lease.rs`).
+//!
+//! - `pool.rs`: `pools`. [`PoolRow`], [`PoolStatus`]; create, update, get, list, delete; the
+//!   reconcile lease a pass takes on a pool.
+//! - `host.rs`: `hosts`. [`HostRow`]; register, update, cordon, remove; the orphan-scan lease
+//!   and the ServerInfo probe result.
+//! - `vm.rs`: `vms`. [`VmRow`]; get, list, insert, placement, phase transitions, backoff,
+//!   hook progress, surplus and teardown.
+//! - `lease.rs`: `leases`. [`LeaseView`] (a lease with its VM and host); get, heartbeat, list,
+//!   release, expiry and its warning.
+//! - `event.rs`: `events`. [`EventRow`]; insert and list.
+//! - `claim.rs`: the claim statements, which write `leases`, `vms` and `events` at once:
+//!   [`LEASE_CLAIM_SQL`] and [`lease_claim`], and the two-phase claim of pools with pre-lease
+//!   hooks ([`vm_claim_for_hook`], [`lease_insert_after_hook`]).
+//! - `rows.rs`: [`LeaseRow`], kept below `vm.rs` and `lease.rs` because each of those returns
+//!   the other's row (no import circle).
+//! - this file: [`StoreError`] and [`interpret`], the statement timeout and [`Timed`], the
+//!   jsonb row decoding, [`ping`].
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use tokio_postgres::GenericClient;
+use tokio_postgres::Row;
+use tokio_postgres::types::{ToSql, Type};
+
+mod claim;
+mod event;
+mod host;
+mod lease;
+mod pool;
+mod rows;
+mod vm;
+
+pub use claim::*;
+pub use event::*;
+pub use host::*;
+pub use lease::*;
+pub use pool::*;
+pub use rows::*;
+pub use vm::*;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached or dropped the connection: a retry may succeed.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    #[error("database error: {0}")]
+    Db(String),
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// The one place database errors are translated into our vocabulary.
+pub fn interpret(e: tokio_postgres::Error) -> StoreError {
+    use tokio_postgres::error::SqlState;
+    if e.is_closed() {
+        return StoreError::Unavailable(e.to_string());
+    }
+    match e.code() {
+        // No SQLSTATE: an I/O or protocol failure talking to the server.
+        None => StoreError::Unavailable(e.to_string()),
+        Some(c)
+            if c.code().starts_with("08")
+                || *c == SqlState::ADMIN_SHUTDOWN
+                || *c == SqlState::CRASH_SHUTDOWN
+                || *c == SqlState::CANNOT_CONNECT_NOW
+                || *c == SqlState::TOO_MANY_CONNECTIONS =>
+        {
+            StoreError::Unavailable(e.to_string())
+        }
+        Some(_) => StoreError::Db(e.to_string()),
+    }
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        interpret(e)
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => interpret(e),
+            other => StoreError::Unavailable(other.to_string()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Statement timeout
+// ---------------------------------------------------------------------------------------
+
+/// The client-side statement timeout in milliseconds, 0 for none. Process-wide: a process
+/// serves one configuration, and [`crate::db::connect_pool`] sets it from that.
+static STATEMENT_TIMEOUT_MS: AtomicU64 = AtomicU64::new(0);
+/// Whether a timed-out statement gets a cancel request.
+static CANCEL_ON_TIMEOUT: AtomicBool = AtomicBool::new(true);
+
+/// Sets the limit [`Timed`] applies to every statement (`None`: no limit), and whether a
+/// statement past it is cancelled on the server. Turn cancelling off in front of PgBouncer
+/// older than 1.19: it can crash on the cancel request of a client that closes the cancel
+/// socket right away, as tokio-postgres does (PgBouncer issue #801).
+pub fn set_statement_timeout(limit: Option<Duration>, cancel: bool) {
+    let ms = limit.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1));
+    STATEMENT_TIMEOUT_MS.store(ms, Ordering::Relaxed);
+    CANCEL_ON_TIMEOUT.store(cancel, Ordering::Relaxed);
+}
+
+/// The current limit of [`Timed`] statements.
+pub fn statement_timeout() -> Option<Duration> {
+    match STATEMENT_TIMEOUT_MS.load(Ordering::Relaxed) {
+        0 => None,
+        ms => Some(Duration::from_millis(ms)),
+    }
+}
+
+/// Runs one statement under the statement timeout. Past it the statement's future is
+/// dropped (tokio-postgres discards the late answer), a cancel request is sent so the server
+/// stops working on it (poolers forward cancels; see [`set_statement_timeout`]), and the
+/// caller gets `Unavailable`: the request answers 503 and a transaction it was part of
+/// rolls back.
+async fn timed<C: GenericClient + ?Sized, T>(
+    c: &C,
+    statement: impl Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+) -> Result<T> {
+    let Some(limit) = statement_timeout() else {
+        return statement.await.map_err(interpret);
+    };
+    match tokio::time::timeout(limit, statement).await {
+        Ok(r) => r.map_err(interpret),
+        Err(_) => {
+            let cancel = c.client().cancel_token();
+            tokio::spawn(async move {
+                if !CANCEL_ON_TIMEOUT.load(Ordering::Relaxed) {
+                    return;
+                }
+                if let Err(e) = cancel.cancel_query(tokio_postgres::NoTls).await {
+                    tracing::debug!(error = %e, "cancel request after a statement timeout failed");
+                }
+            });
+            Err(StoreError::Unavailable(format!(
+                "statement timed out after {} ms (POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS)",
+                limit.as_millis()
+            )))
+        }
+    }
+}
+
+type Params<'a> = &'a [(&'a (dyn ToSql + Sync), Type)];
+
+/// `query_typed` and friends under the statement timeout, answering in `StoreError`.
+pub trait Timed: GenericClient {
+    fn timed_query<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<Vec<Row>>> + 'a
+    where
+        Self: Sized,
+    {
+        timed(self, self.query_typed(sql, params))
+    }
+
+    fn timed_query_one<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<Row>> + 'a
+    where
+        Self: Sized,
+    {
+        timed(self, self.query_typed_one(sql, params))
+    }
+
+    fn timed_query_opt<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<Option<Row>>> + 'a
+    where
+        Self: Sized,
+    {
+        timed(self, self.query_typed_opt(sql, params))
+    }
+
+    fn timed_execute<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<u64>> + 'a
+    where
+        Self: Sized,
+    {
+        timed(self, self.execute_typed(sql, params))
+    }
+}
+
+impl<C: GenericClient> Timed for C {}
+
+/// Decodes a `to_jsonb(...)` column; NULL (an outer join that found nothing) is `None`.
+fn json_col<T: DeserializeOwned>(row: &Row, col: &str) -> Result<Option<T>> {
+    let v: Option<serde_json::Value> = row.try_get(col)?;
+    match v {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v).map(Some).map_err(|e| StoreError::Db(format!("decoding {col}: {e}"))),
+    }
+}
+
+fn json_req<T: DeserializeOwned>(row: &Row, col: &str) -> Result<T> {
+    json_col(row, col)?.ok_or_else(|| StoreError::Db(format!("{col} is unexpectedly NULL")))
+}
+
+pub async fn ping(c: &impl GenericClient) -> Result<()> {
+    c.timed_query("SELECT 1", &[]).await?;
+    Ok(())
+}

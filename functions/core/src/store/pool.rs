@@ -1,0 +1,257 @@
+//! The `pools` table: [`PoolRow`], a pool's live [`PoolStatus`], and the `pool_*`
+//! statements, including the reconcile lease a pass takes on one pool.
+//!
+//! Never writes a VM's phase except as part of deleting the pool (its VMs go DELETING in the
+//! same transaction).
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{GenericClient, Row};
+
+use super::{LeaseRow, Result, StoreError, Timed, VmRow, json_req};
+use crate::domain::{HookFailurePolicy, PoolRef, PoolSpec, Replenishment, Strategy};
+use crate::template::MicroVmTemplate;
+
+/// A `pools` row.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PoolRow {
+    pub namespace: String,
+    pub name: String,
+    pub size: i32,
+    pub flintlock_hosts: Vec<String>,
+    pub strategy: Strategy,
+    pub min_size: Option<i32>,
+    pub microvm_template: MicroVmTemplate,
+    pub create_commands: Vec<String>,
+    pub pre_lease_commands: Vec<String>,
+    pub hook_failure_policy: HookFailurePolicy,
+    pub heartbeat_interval_seconds: i32,
+    pub heartbeat_expiry_seconds: i32,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl PoolRow {
+    pub fn pool_ref(&self) -> PoolRef {
+        PoolRef { namespace: self.namespace.clone(), name: self.name.clone() }
+    }
+
+    pub fn spec(&self) -> PoolSpec {
+        PoolSpec {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            size: self.size,
+            flintlock_hosts: self.flintlock_hosts.clone(),
+            replenishment: Replenishment { strategy: self.strategy, min_size: self.min_size },
+            microvm_template: self.microvm_template.clone(),
+            create_commands: self.create_commands.clone(),
+            pre_lease_commands: self.pre_lease_commands.clone(),
+            hook_failure_policy: self.hook_failure_policy,
+            heartbeat_interval_seconds: self.heartbeat_interval_seconds,
+            heartbeat_expiry_seconds: self.heartbeat_expiry_seconds,
+        }
+    }
+}
+
+/// Live VM counts of a pool, computed from `vms` and `leases`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+pub struct PoolStatus {
+    pub available: i64,
+    /// PRE_LEASE_HOOK_RUNNING, or LEASED without a committed lease row.
+    pub claiming: i64,
+    pub leased: i64,
+    pub provisioning: i64,
+    pub quarantined: i64,
+    pub deleting: i64,
+}
+
+/// Status counts of pool `p`, as a jsonb column named `status`.
+const POOL_STATUS: &str = "
+    (SELECT jsonb_build_object(
+        'available',    count(*) FILTER (WHERE v.phase = 'AVAILABLE'),
+        'claiming',     count(*) FILTER (WHERE v.phase = 'PRE_LEASE_HOOK_RUNNING'
+                                            OR (v.phase = 'LEASED' AND l.lease_id IS NULL)),
+        'leased',       count(*) FILTER (WHERE v.phase = 'LEASED' AND l.lease_id IS NOT NULL),
+        'provisioning', count(*) FILTER (WHERE v.phase IN ('PROVISIONING', 'CREATE_HOOK_RUNNING')),
+        'quarantined',  count(*) FILTER (WHERE v.phase = 'QUARANTINED'),
+        'deleting',     count(*) FILTER (WHERE v.phase = 'DELETING'))
+     FROM vms v LEFT JOIN leases l ON l.vm_id = v.id
+     WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name) AS status";
+
+fn pool_with_status(row: &Row) -> Result<(PoolRow, PoolStatus)> {
+    Ok((json_req(row, "pool")?, json_req(row, "status")?))
+}
+
+/// Inserts a pool; `None` if one with that key exists.
+pub async fn pool_insert(c: &impl GenericClient, spec: &PoolSpec) -> Result<Option<PoolRow>> {
+    let template = serde_json::to_value(&spec.microvm_template).map_err(|e| StoreError::Db(e.to_string()))?;
+    let row = c
+        .timed_query_opt(
+            "INSERT INTO pools AS p (namespace, name, size, flintlock_hosts, strategy, min_size,
+                 microvm_template, create_commands, pre_lease_commands, hook_failure_policy,
+                 heartbeat_interval_seconds, heartbeat_expiry_seconds)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+             ON CONFLICT (namespace, name) DO NOTHING
+             RETURNING to_jsonb(p) AS pool",
+            &[
+                (&spec.namespace, Type::TEXT),
+                (&spec.name, Type::TEXT),
+                (&spec.size, Type::INT4),
+                (&spec.flintlock_hosts, Type::TEXT_ARRAY),
+                (&spec.replenishment.strategy.as_str(), Type::TEXT),
+                (&spec.replenishment.min_size, Type::INT4),
+                (&template, Type::JSONB),
+                (&spec.create_commands, Type::TEXT_ARRAY),
+                (&spec.pre_lease_commands, Type::TEXT_ARRAY),
+                (&spec.hook_failure_policy.as_str(), Type::TEXT),
+                (&spec.heartbeat_interval_seconds, Type::INT4),
+                (&spec.heartbeat_expiry_seconds, Type::INT4),
+            ],
+        )
+        .await?;
+    row.map(|r| json_req(&r, "pool")).transpose()
+}
+
+/// Replaces a pool's spec; `false` if the pool does not exist.
+pub async fn pool_update(c: &impl GenericClient, spec: &PoolSpec) -> Result<bool> {
+    let template = serde_json::to_value(&spec.microvm_template).map_err(|e| StoreError::Db(e.to_string()))?;
+    let n = c
+        .timed_execute(
+            "UPDATE pools SET size = $3, flintlock_hosts = $4, strategy = $5, min_size = $6,
+                 microvm_template = $7, create_commands = $8, pre_lease_commands = $9,
+                 hook_failure_policy = $10, heartbeat_interval_seconds = $11,
+                 heartbeat_expiry_seconds = $12, updated_at = now()
+             WHERE namespace = $1 AND name = $2",
+            &[
+                (&spec.namespace, Type::TEXT),
+                (&spec.name, Type::TEXT),
+                (&spec.size, Type::INT4),
+                (&spec.flintlock_hosts, Type::TEXT_ARRAY),
+                (&spec.replenishment.strategy.as_str(), Type::TEXT),
+                (&spec.replenishment.min_size, Type::INT4),
+                (&template, Type::JSONB),
+                (&spec.create_commands, Type::TEXT_ARRAY),
+                (&spec.pre_lease_commands, Type::TEXT_ARRAY),
+                (&spec.hook_failure_policy.as_str(), Type::TEXT),
+                (&spec.heartbeat_interval_seconds, Type::INT4),
+                (&spec.heartbeat_expiry_seconds, Type::INT4),
+            ],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+pub async fn pool_get(c: &impl GenericClient, pool: &PoolRef) -> Result<Option<(PoolRow, PoolStatus)>> {
+    let sql = format!("SELECT to_jsonb(p) AS pool, {POOL_STATUS} FROM pools p WHERE p.namespace = $1 AND p.name = $2");
+    let row = c.timed_query_opt(&sql, &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)]).await?;
+    row.as_ref().map(pool_with_status).transpose()
+}
+
+pub async fn pool_list(c: &impl GenericClient, namespace: Option<&str>) -> Result<Vec<(PoolRow, PoolStatus)>> {
+    let sql = format!(
+        "SELECT to_jsonb(p) AS pool, {POOL_STATUS} FROM pools p
+         WHERE $1::text IS NULL OR p.namespace = $1
+         ORDER BY p.namespace, p.name"
+    );
+    let rows = c.timed_query(&sql, &[(&namespace, Type::TEXT)]).await?;
+    rows.iter().map(pool_with_status).collect()
+}
+
+pub enum PoolDelete {
+    NotFound,
+    /// Refused without `force`: this many VMs are leased or being claimed.
+    HasLeasedVms(i64),
+    /// Every VM of the pool, now DELETING, and the leases that were removed.
+    Deleted {
+        vms: Vec<VmRow>,
+        leases: Vec<LeaseRow>,
+    },
+}
+
+/// Deletes a pool and marks its VMs DELETING. Must run inside a transaction: the pool row and
+/// every VM row are locked first, so a claim cannot slip a lease in between the leased-VM
+/// check and the marking.
+pub async fn pool_delete_and_mark_vms(c: &impl GenericClient, pool: &PoolRef, force: bool) -> Result<PoolDelete> {
+    let p: &[(&(dyn ToSql + Sync), Type)] = &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)];
+    let deleted = c.timed_execute("DELETE FROM pools WHERE namespace = $1 AND name = $2", p).await?;
+    if deleted == 0 {
+        return Ok(PoolDelete::NotFound);
+    }
+    // FOR UPDATE waits for in-flight claims on these rows (they hold FOR NO KEY UPDATE), so
+    // the count below sees every lease that committed.
+    let leased: i64 = c
+        .timed_query_one(
+            "WITH locked AS (
+                 SELECT id, phase FROM vms WHERE pool_namespace = $1 AND pool_name = $2 FOR UPDATE
+             )
+             SELECT count(*) FROM locked WHERE phase IN ('LEASED', 'PRE_LEASE_HOOK_RUNNING')",
+            p,
+        )
+        .await?
+        .get(0);
+    if leased > 0 && !force {
+        return Ok(PoolDelete::HasLeasedVms(leased));
+    }
+    let row = c
+        .timed_query_one(
+            "WITH marked AS (
+                 UPDATE vms SET phase = 'DELETING', lease_id = NULL, updated_at = now()
+                 WHERE pool_namespace = $1 AND pool_name = $2
+                 RETURNING *
+             ), removed AS (
+                 DELETE FROM leases WHERE pool_namespace = $1 AND pool_name = $2 RETURNING *
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
+                 SELECT 'VM_DELETED_ON_POOL_DELETE', m.pool_namespace, m.pool_name, m.id, r.lease_id
+                 FROM marked m LEFT JOIN removed r ON r.vm_id = m.id
+             )
+             SELECT (SELECT coalesce(jsonb_agg(to_jsonb(m) ORDER BY m.id), '[]') FROM marked m) AS vms,
+                    (SELECT coalesce(jsonb_agg(to_jsonb(r)), '[]') FROM removed r) AS leases",
+            p,
+        )
+        .await?;
+    Ok(PoolDelete::Deleted { vms: json_req(&row, "vms")?, leases: json_req(&row, "leases")? })
+}
+
+/// Every pool with its size and status, for the scrape-time gauges.
+pub async fn pool_gauges(c: &impl GenericClient) -> Result<Vec<(PoolRow, PoolStatus)>> {
+    pool_list(c, None).await
+}
+
+/// Takes the reconcile lease of one pool this pass has not handled yet (`reconcile_until`
+/// before the pass started), oldest first. SKIP LOCKED: overlapping passes take different
+/// pools; the row lease then keeps them apart until `lease_seconds` pass.
+pub async fn pool_take_reconcile_lease(
+    c: &impl GenericClient,
+    owner: &str,
+    pass_started: DateTime<Utc>,
+    lease_seconds: f64,
+) -> Result<Option<PoolRow>> {
+    let row = c
+        .timed_query_opt(
+            "UPDATE pools p SET reconcile_owner = $1, reconcile_until = now() + make_interval(secs => $3)
+             WHERE (p.namespace, p.name) = (
+                 SELECT namespace, name FROM pools
+                 WHERE reconcile_until < least(now(), $2)
+                 ORDER BY reconcile_until
+                 LIMIT 1
+                 FOR UPDATE SKIP LOCKED
+             )
+             RETURNING to_jsonb(p) AS pool",
+            &[(&owner, Type::TEXT), (&pass_started, Type::TIMESTAMPTZ), (&lease_seconds, Type::FLOAT8)],
+        )
+        .await?;
+    row.as_ref().map(|r| json_req(r, "pool")).transpose()
+}
+
+/// Gives a pool's reconcile lease back (only if this owner still holds it).
+pub async fn pool_release_reconcile_lease(c: &impl GenericClient, pool: &PoolRef, owner: &str) -> Result<()> {
+    c.timed_execute(
+        "UPDATE pools SET reconcile_owner = NULL, reconcile_until = now()
+         WHERE namespace = $1 AND name = $2 AND reconcile_owner = $3",
+        &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&owner, Type::TEXT)],
+    )
+    .await?;
+    Ok(())
+}

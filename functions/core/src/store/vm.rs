@@ -1,0 +1,359 @@
+//! The `vms` table: [`VmRow`] and the `vm_*` statements: reads, placement of a new VM,
+//! phase transitions (each with its event, in the same statement), backoff, hook progress,
+//! surplus and teardown.
+//!
+//! Never moves a VM out of DELETING: every transition is guarded by the phase it leaves.
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use tokio_postgres::GenericClient;
+use tokio_postgres::types::Type;
+
+use super::{LeaseRow, Result, Timed, json_col, json_req};
+use crate::domain::{EventType, Phase, PoolRef};
+
+/// A `vms` row.
+#[derive(Debug, Clone, Deserialize)]
+pub struct VmRow {
+    pub id: String,
+    pub uid: Option<String>,
+    pub pool_namespace: String,
+    pub pool_name: String,
+    pub flintlock_host: String,
+    pub phase: Phase,
+    pub lease_id: Option<String>,
+    pub network_interfaces: serde_json::Value,
+    pub attempts: i32,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub hook_step: i32,
+    pub hook_started_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl VmRow {
+    pub fn pool_ref(&self) -> PoolRef {
+        PoolRef { namespace: self.pool_namespace.clone(), name: self.pool_name.clone() }
+    }
+}
+
+pub async fn vm_get(c: &impl GenericClient, id: &str) -> Result<Option<VmRow>> {
+    let row = c.timed_query_opt("SELECT to_jsonb(v) AS vm FROM vms v WHERE v.id = $1", &[(&id, Type::TEXT)]).await?;
+    row.as_ref().map(|r| json_req(r, "vm")).transpose()
+}
+
+pub async fn vm_list(
+    c: &impl GenericClient,
+    namespace: Option<&str>,
+    pool: Option<&str>,
+    phase: Option<Phase>,
+) -> Result<Vec<VmRow>> {
+    let phase = phase.map(Phase::as_str);
+    let rows = c
+        .timed_query(
+            "SELECT to_jsonb(v) AS vm FROM vms v
+             WHERE ($1::text IS NULL OR v.pool_namespace = $1)
+               AND ($2::text IS NULL OR v.pool_name = $2)
+               AND ($3::text IS NULL OR v.phase = $3)
+             ORDER BY v.pool_namespace, v.pool_name, v.id",
+            &[(&namespace, Type::TEXT), (&pool, Type::TEXT), (&phase, Type::TEXT)],
+        )
+        .await?;
+    rows.iter().map(|r| json_req(r, "vm")).collect()
+}
+
+/// The fields of a new VM row.
+pub struct VmInsert<'a> {
+    pub id: &'a str,
+    pub uid: Option<&'a str>,
+    pub pool: &'a PoolRef,
+    pub flintlock_host: &'a str,
+    pub phase: Phase,
+    pub network_interfaces: &'a serde_json::Value,
+}
+
+pub async fn vm_insert(c: &impl GenericClient, vm: &VmInsert<'_>) -> Result<VmRow> {
+    let phase = vm.phase.as_str();
+    let row = c
+        .timed_query_one(
+            "INSERT INTO vms AS v (id, uid, pool_namespace, pool_name, flintlock_host, phase, network_interfaces)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             RETURNING to_jsonb(v) AS vm",
+            &[
+                (&vm.id, Type::TEXT),
+                (&vm.uid, Type::TEXT),
+                (&vm.pool.namespace, Type::TEXT),
+                (&vm.pool.name, Type::TEXT),
+                (&vm.flintlock_host, Type::TEXT),
+                (&phase, Type::TEXT),
+                (vm.network_interfaces, Type::JSONB),
+            ],
+        )
+        .await?;
+    json_req(&row, "vm")
+}
+
+pub enum VmFinish {
+    /// The row was already gone (another deleter finished first).
+    Gone,
+    /// The row is removed, with the lease it still had (a release being finished).
+    Removed { vm: Box<VmRow>, lease: Option<Box<LeaseRow>> },
+}
+
+/// Removes a DELETING VM's row, and its lease if one is left, once flintlock confirmed the
+/// delete. A lease still present means a release is being finished: VM_DELETED_ON_RELEASE is
+/// written in the same transaction. Expiry and pool delete wrote their events when they
+/// marked the VM.
+pub async fn vm_finish_delete(c: &impl GenericClient, vm_id: &str) -> Result<VmFinish> {
+    let row = c
+        .timed_query_one(
+            "WITH v AS (
+                 DELETE FROM vms WHERE id = $1 AND phase = 'DELETING' RETURNING *
+             ), l AS (
+                 DELETE FROM leases WHERE vm_id = (SELECT id FROM v) RETURNING *
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
+                 SELECT 'VM_DELETED_ON_RELEASE', l.pool_namespace, l.pool_name, l.vm_id, l.lease_id FROM l
+             )
+             SELECT (SELECT to_jsonb(v) FROM v) AS vm, (SELECT to_jsonb(l) FROM l) AS lease",
+            &[(&vm_id, Type::TEXT)],
+        )
+        .await?;
+    Ok(match json_col::<VmRow>(&row, "vm")? {
+        None => VmFinish::Gone,
+        Some(vm) => VmFinish::Removed { vm: Box::new(vm), lease: json_col::<LeaseRow>(&row, "lease")?.map(Box::new) },
+    })
+}
+
+/// Every VM row of a pool with whether it has a committed lease.
+pub async fn vm_list_for_pool(c: &impl GenericClient, pool: &PoolRef) -> Result<Vec<(VmRow, bool)>> {
+    let rows = c
+        .timed_query(
+            "SELECT to_jsonb(v) AS vm, EXISTS (SELECT 1 FROM leases l WHERE l.vm_id = v.id) AS has_lease
+             FROM vms v WHERE v.pool_namespace = $1 AND v.pool_name = $2 ORDER BY v.created_at, v.id",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)],
+        )
+        .await?;
+    rows.iter().map(|r| Ok((json_req(r, "vm")?, r.try_get("has_lease")?))).collect()
+}
+
+/// Inserts a PROVISIONING intent row on the least-loaded eligible host of the pool, in one
+/// statement. Eligible: named by the pool, registered, not cordoned, not in `skip`. Load:
+/// this pool's VMs on the host, DELETING and FAILED not counted; ties go to the host listed
+/// first. The chosen host row is share-locked, so a cordon committing meanwhile waits for
+/// this insert (and the next placement sees it). `None`: no eligible host.
+pub async fn vm_place_and_insert(
+    c: &impl GenericClient,
+    pool: &PoolRef,
+    id: &str,
+    skip: &[String],
+) -> Result<Option<VmRow>> {
+    let row = c
+        .timed_query_opt(
+            "WITH p AS (
+                 -- KEY SHARE conflicts with a concurrent pool delete: either the delete waits
+                 -- and then marks this new row DELETING too, or this insert waits and finds
+                 -- the pool gone. A PROVISIONING row can never outlive its pool.
+                 SELECT flintlock_hosts FROM pools WHERE namespace = $1 AND name = $2 FOR KEY SHARE
+             ), eligible AS (
+                 SELECT h.name, array_position(p.flintlock_hosts, h.name) AS ord
+                 FROM hosts h, p
+                 WHERE h.name = ANY (p.flintlock_hosts) AND NOT h.cordoned AND NOT (h.name = ANY ($4))
+                 FOR SHARE OF h
+             ), pick AS (
+                 SELECT e.name FROM eligible e
+                 ORDER BY (SELECT count(*) FROM vms v
+                           WHERE v.flintlock_host = e.name AND v.pool_namespace = $1 AND v.pool_name = $2
+                             AND v.phase NOT IN ('DELETING', 'FAILED')),
+                          e.ord
+                 LIMIT 1
+             )
+             INSERT INTO vms AS v (id, pool_namespace, pool_name, flintlock_host, phase)
+             SELECT $3, $1, $2, pick.name, 'PROVISIONING' FROM pick
+             RETURNING to_jsonb(v) AS vm",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&id, Type::TEXT), (&skip, Type::TEXT_ARRAY)],
+        )
+        .await?;
+    row.as_ref().map(|r| json_req(r, "vm")).transpose()
+}
+
+/// Records flintlock's uid on an intent row (after CreateMicroVM, or adoption).
+pub async fn vm_set_uid(c: &impl GenericClient, vm_id: &str, uid: &str, event: EventType) -> Result<bool> {
+    let kind = event.as_str();
+    let n = c
+        .timed_execute(
+            "WITH v AS (
+                 UPDATE vms SET uid = $2, attempts = 0, next_attempt_at = NULL, updated_at = now()
+                 WHERE id = $1 AND uid IS NULL AND phase = 'PROVISIONING'
+                 RETURNING *
+             )
+             INSERT INTO events (type, pool_namespace, pool_name, vm_id, payload)
+             SELECT $3, v.pool_namespace, v.pool_name, v.id, jsonb_build_object('uid', v.uid, 'host', v.flintlock_host)
+             FROM v",
+            &[(&vm_id, Type::TEXT), (&uid, Type::TEXT), (&kind, Type::TEXT)],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Moves a VM from one phase to another (never out of DELETING: the guard is the `from`
+/// phase), recording interfaces when given and writing `event` in the same statement.
+/// `false` if the VM was not in `from` any more.
+pub async fn vm_transition(
+    c: &impl GenericClient,
+    vm_id: &str,
+    from: Phase,
+    to: Phase,
+    network_interfaces: Option<&serde_json::Value>,
+    event: Option<(EventType, &serde_json::Value)>,
+) -> Result<bool> {
+    let (from, to) = (from.as_str(), to.as_str());
+    let (kind, payload) = match event {
+        Some((k, p)) => (Some(k.as_str()), Some(p)),
+        None => (None, None),
+    };
+    let row = c
+        .timed_query_one(
+            "WITH v AS (
+                 UPDATE vms SET phase = $3, network_interfaces = coalesce($4, network_interfaces),
+                     attempts = 0, next_attempt_at = NULL, updated_at = now(),
+                     hook_step = 0,
+                     hook_started_at = CASE WHEN $3 IN ('CREATE_HOOK_RUNNING', 'PRE_LEASE_HOOK_RUNNING')
+                                            THEN now() END,
+                     -- Only a LEASED VM names a lease.
+                     lease_id = CASE WHEN $3 = 'LEASED' THEN lease_id END
+                 WHERE id = $1 AND phase = $2
+                 RETURNING *
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, payload)
+                 SELECT $5, v.pool_namespace, v.pool_name, v.id, coalesce($6, '{}'::jsonb) FROM v WHERE $5 IS NOT NULL
+             )
+             SELECT count(*) FROM v",
+            &[
+                (&vm_id, Type::TEXT),
+                (&from, Type::TEXT),
+                (&to, Type::TEXT),
+                (&network_interfaces, Type::JSONB),
+                (&kind, Type::TEXT),
+                (&payload, Type::JSONB),
+            ],
+        )
+        .await?;
+    Ok(row.try_get::<_, i64>(0)? == 1)
+}
+
+/// Backs a VM off after a failed step: attempts + 1, next try after an exponential delay
+/// (`base * 2^attempts`, at most `cap`).
+pub async fn vm_backoff(c: &impl GenericClient, vm_id: &str, base_seconds: f64, cap_seconds: f64) -> Result<()> {
+    c.timed_execute(
+        "UPDATE vms SET attempts = attempts + 1,
+             next_attempt_at = now() + make_interval(secs => least($3, $2 * power(2, least(attempts, 20))))
+         WHERE id = $1",
+        &[(&vm_id, Type::TEXT), (&base_seconds, Type::FLOAT8), (&cap_seconds, Type::FLOAT8)],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Removes an intent row that never got a uid (its host stayed unreachable). The orphan scan
+/// deletes the microVM should the create have reached flintlock after all.
+pub async fn vm_delete_intent(c: &impl GenericClient, vm_id: &str) -> Result<bool> {
+    let n = c
+        .timed_execute(
+            "DELETE FROM vms WHERE id = $1 AND uid IS NULL AND phase = 'PROVISIONING'",
+            &[(&vm_id, Type::TEXT)],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// DELETING VMs whose pool is gone (a deleted pool's stragglers), due for a retry. Each
+/// returned VM's next attempt is pushed back first, so an overlapping pass skips it.
+pub async fn vm_take_orphaned_deletions(c: &impl GenericClient, limit: i64) -> Result<Vec<VmRow>> {
+    let rows = c
+        .timed_query(
+            "UPDATE vms v SET next_attempt_at = now() + interval '30 seconds'
+             WHERE v.id IN (
+                 SELECT id FROM vms x
+                 WHERE x.phase = 'DELETING' AND (x.next_attempt_at IS NULL OR x.next_attempt_at <= now())
+                   AND NOT EXISTS (SELECT 1 FROM pools p WHERE p.namespace = x.pool_namespace AND p.name = x.pool_name)
+                 ORDER BY x.id
+                 LIMIT $1
+                 FOR UPDATE SKIP LOCKED
+             )
+             RETURNING to_jsonb(v) AS vm",
+            &[(&limit, Type::INT8)],
+        )
+        .await?;
+    rows.iter().map(|r| json_req(r, "vm")).collect()
+}
+
+/// The rows of the given VM ids: (id, host, uid).
+pub async fn vm_identities(c: &impl GenericClient, ids: &[String]) -> Result<Vec<(String, String, Option<String>)>> {
+    let rows = c
+        .timed_query("SELECT id, flintlock_host, uid FROM vms WHERE id = ANY ($1)", &[(&ids, Type::TEXT_ARRAY)])
+        .await?;
+    rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))).collect()
+}
+
+/// Records that a CREATE_HOOK_RUNNING VM finished create command `step - 1`.
+pub async fn vm_set_hook_step(c: &impl GenericClient, vm_id: &str, step: i32) -> Result<bool> {
+    let n = c
+        .timed_execute(
+            "UPDATE vms SET hook_step = $2, attempts = 0, next_attempt_at = NULL, updated_at = now()
+             WHERE id = $1 AND phase = 'CREATE_HOOK_RUNNING'",
+            &[(&vm_id, Type::TEXT), (&step, Type::INT4)],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Marks DELETING every VM of the pool stuck in PRE_LEASE_HOOK_RUNNING for longer than
+/// `older_than_seconds`: the claim that took it died mid-hook. Never back to AVAILABLE: the
+/// hook may have half-run, and the VM must not be handed out in an unknown state.
+pub async fn vm_recover_abandoned_claims(
+    c: &impl GenericClient,
+    pool: &PoolRef,
+    older_than_seconds: f64,
+) -> Result<Vec<String>> {
+    let rows = c
+        .timed_query(
+            "WITH v AS (
+                 UPDATE vms SET phase = 'DELETING', attempts = 0, next_attempt_at = NULL, updated_at = now()
+                 WHERE pool_namespace = $1 AND pool_name = $2 AND phase = 'PRE_LEASE_HOOK_RUNNING'
+                   AND hook_started_at < now() - make_interval(secs => $3)
+                 RETURNING *
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, payload)
+                 SELECT 'VM_HOOK_FAILED', v.pool_namespace, v.pool_name, v.id,
+                        jsonb_build_object('hook', 'pre_lease', 'reason', 'claim abandoned mid-hook; VM deleted')
+                 FROM v
+             )
+             SELECT id FROM v",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&older_than_seconds, Type::FLOAT8)],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Shrinks a pool whose size went down: up to `n` AVAILABLE VMs (oldest first) → DELETING,
+/// with VM_DELETED_ON_SCALE_DOWN. SKIP LOCKED: a VM being claimed right now is left alone.
+pub async fn vm_mark_surplus(c: &impl GenericClient, pool: &PoolRef, n: i64) -> Result<u64> {
+    c.timed_execute(
+        "WITH picked AS (
+                 SELECT id FROM vms
+                 WHERE pool_namespace = $1 AND pool_name = $2 AND phase = 'AVAILABLE'
+                 ORDER BY created_at
+                 LIMIT $3
+                 FOR NO KEY UPDATE SKIP LOCKED
+             ), v AS (
+                 UPDATE vms SET phase = 'DELETING', attempts = 0, next_attempt_at = NULL, updated_at = now()
+                 FROM picked WHERE vms.id = picked.id
+                 RETURNING vms.*
+             )
+             INSERT INTO events (type, pool_namespace, pool_name, vm_id)
+             SELECT 'VM_DELETED_ON_SCALE_DOWN', v.pool_namespace, v.pool_name, v.id FROM v",
+        &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&n, Type::INT8)],
+    )
+    .await
+}
