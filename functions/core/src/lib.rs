@@ -8,7 +8,8 @@
 //! # Layout
 //!
 //! - [`domain`], [`template`]: parsed, validated types (PoolSpec, RequestId, phases, …).
-//! - [`store`]: every SQL statement and the one row mapping of each table.
+//! - [`store`]: every SQL statement and the one row mapping of each table, one file per
+//!   table (`store/mod.rs` says what lives where).
 //! - [`db`]: connection pool, refinery migrations, schema version check.
 //! - [`service`]: claim, lease, pool and host operations.
 //! - [`http`]: the Routers and extractors of the HTTP contract; [`api`]: its JSON objects;

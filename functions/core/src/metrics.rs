@@ -2,8 +2,9 @@
 //! their CloudWatch Embedded Metric Format (EMF) twin for AWS Lambda.
 //!
 //! Counters live in memory per process (per Lambda instance); they are observations, never
-//! state that correctness depends on. Pool gauges are not kept here at all: `/metrics`
-//! computes them from the database at scrape time.
+//! state that correctness depends on. Pool gauges are not kept here: they are defined here
+//! once ([`POOL_GAUGES`]) and computed from the database when `/metrics` is scraped
+//! ([`render_pool_gauges`]).
 //!
 //! On Lambda nobody scrapes `/metrics`, so with EMF enabled (`Config::metrics_emf`) every
 //! observation is also buffered and [`Metrics::flush`] prints it as EMF JSON lines on stdout,
@@ -21,6 +22,38 @@ use serde_json::{Map, Value, json};
 
 use crate::domain::PoolRef;
 use crate::store::{PoolRow, PoolStatus};
+
+/// How one pool gauge is read off a pool and its status.
+pub type PoolGaugeValue = fn(&PoolRow, &PoolStatus) -> i64;
+
+/// The contract's pool gauges: name, help text, value. The one definition of them: the
+/// Prometheus text of `/metrics` ([`render_pool_gauges`]) and the EMF lines of the reconcile
+/// function ([`Metrics::pool_gauges`]) both read this list.
+pub const POOL_GAUGES: [(&str, &str, PoolGaugeValue); 5] = [
+    ("poolmgr_pool_size", "Target size of the pool.", |p, _| i64::from(p.size)),
+    ("poolmgr_pool_available", "AVAILABLE VMs.", |_, s| s.available),
+    ("poolmgr_pool_leased", "LEASED VMs, plus VMs being claimed.", |_, s| s.leased + s.claiming),
+    ("poolmgr_pool_provisioning", "VMs being provisioned or running create hooks.", |_, s| s.provisioning),
+    ("poolmgr_pool_quarantined", "QUARANTINED VMs.", |_, s| s.quarantined),
+];
+
+/// The pool gauges of `pools` (as `store::pool_gauges` reads them) in the Prometheus text
+/// exposition format: a HELP and TYPE line per gauge, then one sample per pool.
+pub fn render_pool_gauges(pools: &[(PoolRow, PoolStatus)]) -> String {
+    let mut text = String::new();
+    for (name, help, f) in POOL_GAUGES {
+        text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
+        for (p, s) in pools {
+            text.push_str(&format!(
+                "{name}{{pool_namespace=\"{}\",pool_name=\"{}\"}} {}\n",
+                p.namespace,
+                p.name,
+                f(p, s)
+            ));
+        }
+    }
+    text
+}
 
 /// The CloudWatch namespace of every EMF metric.
 pub const EMF_NAMESPACE: &str = "poolmgr";
@@ -240,22 +273,15 @@ impl Metrics {
         self.emf_count("poolmgr_orphans_total", pool_dims(namespace, name, Some(("action", action))));
     }
 
-    /// Records the contract's pool gauges (`poolmgr_pool_size`, `…_available`, `…_leased`,
-    /// `…_provisioning`, `…_quarantined`) for EMF. Prometheus computes them at scrape time
-    /// instead, so this does nothing without EMF.
+    /// Records the contract's pool gauges ([`POOL_GAUGES`]) for EMF. Prometheus computes them
+    /// at scrape time instead ([`render_pool_gauges`]), so this does nothing without EMF.
     pub fn pool_gauges(&self, pools: &[(PoolRow, PoolStatus)]) {
         if self.emf.is_none() {
             return;
         }
         for (p, s) in pools {
-            let gauges = [
-                ("poolmgr_pool_size", i64::from(p.size)),
-                ("poolmgr_pool_available", s.available),
-                ("poolmgr_pool_leased", s.leased + s.claiming),
-                ("poolmgr_pool_provisioning", s.provisioning),
-                ("poolmgr_pool_quarantined", s.quarantined),
-            ];
-            for (name, value) in gauges {
+            for (name, _, f) in POOL_GAUGES {
+                let value = f(p, s);
                 self.emf_record(
                     SeriesKey { name, dims: pool_dims(&p.namespace, &p.name, None) },
                     |v| *v = SeriesValue::Gauge(value),
@@ -460,6 +486,86 @@ mod tests {
         for d in &docs {
             assert_eq!(d["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Unit"], json!("Seconds"));
         }
+    }
+
+    fn pool_row(name: &str, size: i32) -> PoolRow {
+        serde_json::from_value(json!({
+            "namespace": "default", "name": name, "size": size, "flintlock_hosts": ["h1"],
+            "strategy": "IMMEDIATE_ON_LEASE", "min_size": null, "microvm_template": {},
+            "create_commands": [], "pre_lease_commands": [],
+            "hook_failure_policy": crate::domain::HookFailurePolicy::ALL[0].as_str(),
+            "heartbeat_interval_seconds": 30, "heartbeat_expiry_seconds": 60,
+            "created_at": "2024-01-01T00:00:00Z", "updated_at": "2024-01-01T00:00:00Z"
+        }))
+        .expect("a pools row")
+    }
+
+    fn status() -> PoolStatus {
+        PoolStatus { available: 2, claiming: 1, leased: 4, provisioning: 5, quarantined: 6, deleting: 7 }
+    }
+
+    #[test]
+    fn pool_gauges_render_as_prometheus_text_with_help_and_type_then_one_sample_per_pool() {
+        let pools = vec![(pool_row("a", 3), status()), (pool_row("b", 0), PoolStatus::default())];
+        let want = [
+            "# HELP poolmgr_pool_size Target size of the pool.",
+            "# TYPE poolmgr_pool_size gauge",
+            r#"poolmgr_pool_size{pool_namespace="default",pool_name="a"} 3"#,
+            r#"poolmgr_pool_size{pool_namespace="default",pool_name="b"} 0"#,
+            "# HELP poolmgr_pool_available AVAILABLE VMs.",
+            "# TYPE poolmgr_pool_available gauge",
+            r#"poolmgr_pool_available{pool_namespace="default",pool_name="a"} 2"#,
+            r#"poolmgr_pool_available{pool_namespace="default",pool_name="b"} 0"#,
+            "# HELP poolmgr_pool_leased LEASED VMs, plus VMs being claimed.",
+            "# TYPE poolmgr_pool_leased gauge",
+            r#"poolmgr_pool_leased{pool_namespace="default",pool_name="a"} 5"#,
+            r#"poolmgr_pool_leased{pool_namespace="default",pool_name="b"} 0"#,
+            "# HELP poolmgr_pool_provisioning VMs being provisioned or running create hooks.",
+            "# TYPE poolmgr_pool_provisioning gauge",
+            r#"poolmgr_pool_provisioning{pool_namespace="default",pool_name="a"} 5"#,
+            r#"poolmgr_pool_provisioning{pool_namespace="default",pool_name="b"} 0"#,
+            "# HELP poolmgr_pool_quarantined QUARANTINED VMs.",
+            "# TYPE poolmgr_pool_quarantined gauge",
+            r#"poolmgr_pool_quarantined{pool_namespace="default",pool_name="a"} 6"#,
+            r#"poolmgr_pool_quarantined{pool_namespace="default",pool_name="b"} 0"#,
+        ];
+        assert_eq!(render_pool_gauges(&pools), want.map(|l| format!("{l}\n")).concat());
+        assert_eq!(
+            render_pool_gauges(&[]),
+            want.iter().filter(|l| l.starts_with('#')).map(|l| format!("{l}\n")).collect::<String>()
+        );
+    }
+
+    #[test]
+    fn emf_pool_gauges_carry_the_same_gauges_and_values_as_the_prometheus_text() {
+        let m = Metrics::with_emf(true);
+        m.pool_gauges(&[(pool_row("a", 3), status())]);
+        let docs = parse(&m.take_emf_lines(1));
+        assert_eq!(docs.len(), 1, "{docs:#?}");
+        let doc = doc_with(&docs, &[("pool_namespace", "default"), ("pool_name", "a")]);
+        let mut got: Vec<&str> = doc["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["Name"].as_str().unwrap())
+            .collect();
+        let mut want: Vec<&str> = POOL_GAUGES.iter().map(|(name, _, _)| *name).collect();
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        for (name, value) in [
+            ("poolmgr_pool_size", 3),
+            ("poolmgr_pool_available", 2),
+            ("poolmgr_pool_leased", 5),
+            ("poolmgr_pool_provisioning", 5),
+            ("poolmgr_pool_quarantined", 6),
+        ] {
+            assert_eq!(doc[name], json!(value), "{name}");
+        }
+
+        let without = Metrics::new();
+        without.pool_gauges(&[(pool_row("a", 3), status())]);
+        assert!(without.take_emf_lines(1).is_empty(), "Prometheus computes the gauges at scrape time");
     }
 
     #[test]

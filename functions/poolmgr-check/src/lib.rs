@@ -30,7 +30,6 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use flintlock_proto::types::micro_vm_status::MicroVmState;
-use poolmgr_core::domain::Strategy;
 use poolmgr_core::flintlock::Flintlock;
 use poolmgr_core::reconcile::{Counts, desired_new, surplus};
 use poolmgr_core::store::{self, HostRow};
@@ -511,36 +510,19 @@ async fn settled_db_checks(tx: &tokio_postgres::Transaction<'_>, out: &mut Vec<F
         });
     }
 
-    let rows = tx
-        .query(
-            "SELECT p.namespace || '/' || p.name, p.strategy, p.size, p.min_size,
-                    count(*) FILTER (WHERE v.phase = 'AVAILABLE'),
-                    count(*) FILTER (WHERE v.phase = 'PRE_LEASE_HOOK_RUNNING'),
-                    count(*) FILTER (WHERE v.phase = 'LEASED'),
-                    count(*) FILTER (WHERE v.phase IN ('PROVISIONING', 'CREATE_HOOK_RUNNING')),
-                    count(*) FILTER (WHERE v.phase = 'QUARANTINED'),
-                    count(v.id)
-             FROM pools p
-             LEFT JOIN vms v ON v.pool_namespace = p.namespace AND v.pool_name = p.name
-             GROUP BY p.namespace, p.name ORDER BY 1",
-            &[],
-        )
-        .await?;
-    for r in rows {
-        let pool: String = r.get(0);
-        let strategy_s: String = r.get(1);
-        let size: i32 = r.get(2);
-        let min_size: Option<i32> = r.get(3);
+    // Counted as the reconciler counts them: the store's one definition of the phase counts.
+    for (p, n) in store::pool_list_with_counts(tx, None).await? {
+        let pool = format!("{}/{}", p.namespace, p.name);
+        let strategy = p.strategy;
+        let strategy_s = strategy.as_str();
+        let (size, min_size) = (p.size, p.min_size);
         let c = Counts {
-            available: r.get(4),
-            claiming: r.get(5),
-            leased: r.get(6),
-            provisioning: r.get(7),
-            quarantined: r.get(8),
-            rows: r.get(9),
-        };
-        let Some(strategy) = Strategy::parse(&strategy_s) else {
-            continue;
+            available: n.available,
+            claiming: n.claiming,
+            leased: n.leased,
+            provisioning: n.provisioning,
+            quarantined: n.quarantined,
+            rows: n.rows,
         };
         let look_at = format!(
             "poolmgrctl pool status {pool}; SELECT phase, count(*) FROM vms WHERE pool_namespace || '/' || pool_name = '{pool}' GROUP BY 1"

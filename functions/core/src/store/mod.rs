@@ -31,8 +31,9 @@
 //!   reconcile lease a pass takes on a pool.
 //! - `host.rs`: `hosts`. [`HostRow`]; register, update, cordon, remove; the orphan-scan lease
 //!   and the ServerInfo probe result.
-//! - `vm.rs`: `vms`. [`VmRow`]; get, list, insert, placement, phase transitions, backoff,
-//!   hook progress, surplus and teardown.
+//! - `vm.rs`: `vms`. [`VmRow`]; [`VmCounts`] and the one SQL definition of a pool's VM counts
+//!   by phase (the pool status, the gauges and `poolmgr-check` read it); get, list, insert,
+//!   placement, phase transitions, backoff, hook progress, surplus and teardown.
 //! - `lease.rs`: `leases`. [`LeaseView`] (a lease with its VM and host); get, heartbeat, list,
 //!   release, expiry and its warning.
 //! - `event.rs`: `events`. [`EventRow`]; insert and list.

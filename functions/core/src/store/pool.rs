@@ -1,5 +1,6 @@
-//! The `pools` table: [`PoolRow`], a pool's live [`PoolStatus`], and the `pool_*`
-//! statements, including the reconcile lease a pass takes on one pool.
+//! The `pools` table: [`PoolRow`], a pool's live [`PoolStatus`] (its VMs counted by
+//! `vm.rs`'s one definition), and the `pool_*` statements, including the reconcile lease a
+//! pass takes on one pool.
 //!
 //! Never writes a VM's phase except as part of deleting the pool (its VMs go DELETING in the
 //! same transaction).
@@ -9,7 +10,8 @@ use serde::Deserialize;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row};
 
-use super::{LeaseRow, Result, StoreError, Timed, VmRow, json_req};
+use super::vm::VM_COUNTS_OF_POOL_P;
+use super::{LeaseRow, Result, StoreError, Timed, VmCounts, VmRow, json_req};
 use crate::domain::{HookFailurePolicy, PoolRef, PoolSpec, Replenishment, Strategy};
 use crate::template::MicroVmTemplate;
 
@@ -54,7 +56,8 @@ impl PoolRow {
     }
 }
 
-/// Live VM counts of a pool, computed from `vms` and `leases`.
+/// Live VM counts of a pool, computed from `vms` and `leases`: the API's view of
+/// [`VmCounts`], every count but `rows`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 pub struct PoolStatus {
     pub available: i64,
@@ -66,21 +69,21 @@ pub struct PoolStatus {
     pub deleting: i64,
 }
 
-/// Status counts of pool `p`, as a jsonb column named `status`.
-const POOL_STATUS: &str = "
-    (SELECT jsonb_build_object(
-        'available',    count(*) FILTER (WHERE v.phase = 'AVAILABLE'),
-        'claiming',     count(*) FILTER (WHERE v.phase = 'PRE_LEASE_HOOK_RUNNING'
-                                            OR (v.phase = 'LEASED' AND l.lease_id IS NULL)),
-        'leased',       count(*) FILTER (WHERE v.phase = 'LEASED' AND l.lease_id IS NOT NULL),
-        'provisioning', count(*) FILTER (WHERE v.phase IN ('PROVISIONING', 'CREATE_HOOK_RUNNING')),
-        'quarantined',  count(*) FILTER (WHERE v.phase = 'QUARANTINED'),
-        'deleting',     count(*) FILTER (WHERE v.phase = 'DELETING'))
-     FROM vms v LEFT JOIN leases l ON l.vm_id = v.id
-     WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name) AS status";
+impl From<VmCounts> for PoolStatus {
+    fn from(c: VmCounts) -> PoolStatus {
+        PoolStatus {
+            available: c.available,
+            claiming: c.claiming,
+            leased: c.leased,
+            provisioning: c.provisioning,
+            quarantined: c.quarantined,
+            deleting: c.deleting,
+        }
+    }
+}
 
-fn pool_with_status(row: &Row) -> Result<(PoolRow, PoolStatus)> {
-    Ok((json_req(row, "pool")?, json_req(row, "status")?))
+fn pool_with_counts(row: &Row) -> Result<(PoolRow, VmCounts)> {
+    Ok((json_req(row, "pool")?, json_req(row, "counts")?))
 }
 
 /// Inserts a pool; `None` if one with that key exists.
@@ -143,19 +146,29 @@ pub async fn pool_update(c: &impl GenericClient, spec: &PoolSpec) -> Result<bool
 }
 
 pub async fn pool_get(c: &impl GenericClient, pool: &PoolRef) -> Result<Option<(PoolRow, PoolStatus)>> {
-    let sql = format!("SELECT to_jsonb(p) AS pool, {POOL_STATUS} FROM pools p WHERE p.namespace = $1 AND p.name = $2");
+    let sql = format!(
+        "SELECT to_jsonb(p) AS pool, {VM_COUNTS_OF_POOL_P} AS counts FROM pools p WHERE p.namespace = $1 AND p.name = $2"
+    );
     let row = c.timed_query_opt(&sql, &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)]).await?;
-    row.as_ref().map(pool_with_status).transpose()
+    Ok(row.as_ref().map(pool_with_counts).transpose()?.map(|(p, n)| (p, n.into())))
 }
 
 pub async fn pool_list(c: &impl GenericClient, namespace: Option<&str>) -> Result<Vec<(PoolRow, PoolStatus)>> {
+    Ok(pool_list_with_counts(c, namespace).await?.into_iter().map(|(p, n)| (p, n.into())).collect())
+}
+
+/// Every pool (optionally one namespace's), ordered by key, with its VMs counted by phase.
+pub async fn pool_list_with_counts(
+    c: &impl GenericClient,
+    namespace: Option<&str>,
+) -> Result<Vec<(PoolRow, VmCounts)>> {
     let sql = format!(
-        "SELECT to_jsonb(p) AS pool, {POOL_STATUS} FROM pools p
+        "SELECT to_jsonb(p) AS pool, {VM_COUNTS_OF_POOL_P} AS counts FROM pools p
          WHERE $1::text IS NULL OR p.namespace = $1
          ORDER BY p.namespace, p.name"
     );
     let rows = c.timed_query(&sql, &[(&namespace, Type::TEXT)]).await?;
-    rows.iter().map(pool_with_status).collect()
+    rows.iter().map(pool_with_counts).collect()
 }
 
 pub enum PoolDelete {
@@ -214,7 +227,7 @@ pub async fn pool_delete_and_mark_vms(c: &impl GenericClient, pool: &PoolRef, fo
     Ok(PoolDelete::Deleted { vms: json_req(&row, "vms")?, leases: json_req(&row, "leases")? })
 }
 
-/// Every pool with its size and status, for the scrape-time gauges.
+/// Every pool with its size and status, for the pool gauges (`metrics::POOL_GAUGES`).
 pub async fn pool_gauges(c: &impl GenericClient) -> Result<Vec<(PoolRow, PoolStatus)>> {
     pool_list(c, None).await
 }

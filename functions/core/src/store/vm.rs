@@ -37,6 +37,41 @@ impl VmRow {
     }
 }
 
+/// A pool's VMs counted by phase, as the API's pool status, the pool gauges and the
+/// replenishment strategies count them (reference-behaviour §4.2). Decoded from
+/// `VM_COUNTS_OF_POOL_P`, the one SQL definition of these counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct VmCounts {
+    pub available: i64,
+    /// PRE_LEASE_HOOK_RUNNING, or LEASED without a committed lease row.
+    pub claiming: i64,
+    /// LEASED with a committed lease row.
+    pub leased: i64,
+    /// PROVISIONING and CREATE_HOOK_RUNNING.
+    pub provisioning: i64,
+    pub quarantined: i64,
+    pub deleting: i64,
+    /// Every row, in any phase (FAILED included).
+    pub rows: i64,
+}
+
+/// The VMs of the pool named by the columns `p.namespace` and `p.name` of the enclosing
+/// query, counted by phase into one jsonb object that decodes into [`VmCounts`]. The one
+/// definition of these counts: every statement that counts a pool's VMs by phase uses it.
+pub(super) const VM_COUNTS_OF_POOL_P: &str = "
+    (SELECT jsonb_build_object(
+        'available',    count(*) FILTER (WHERE v.phase = 'AVAILABLE'),
+        'claiming',     count(*) FILTER (WHERE v.phase = 'PRE_LEASE_HOOK_RUNNING'
+                                            OR (v.phase = 'LEASED' AND l.lease_id IS NULL)),
+        'leased',       count(*) FILTER (WHERE v.phase = 'LEASED' AND l.lease_id IS NOT NULL),
+        'provisioning', count(*) FILTER (WHERE v.phase IN ('PROVISIONING', 'CREATE_HOOK_RUNNING')),
+        'quarantined',  count(*) FILTER (WHERE v.phase = 'QUARANTINED'),
+        'deleting',     count(*) FILTER (WHERE v.phase = 'DELETING'),
+        -- leases.vm_id is UNIQUE: the join never repeats a VM.
+        'rows',         count(*))
+     FROM vms v LEFT JOIN leases l ON l.vm_id = v.id
+     WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name)";
+
 pub async fn vm_get(c: &impl GenericClient, id: &str) -> Result<Option<VmRow>> {
     let row = c.timed_query_opt("SELECT to_jsonb(v) AS vm FROM vms v WHERE v.id = $1", &[(&id, Type::TEXT)]).await?;
     row.as_ref().map(|r| json_req(r, "vm")).transpose()
