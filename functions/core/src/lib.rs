@@ -12,8 +12,8 @@
 //!   table (`store/mod.rs` says what lives where).
 //! - [`db`]: connection pool, refinery migrations, schema version check.
 //! - [`service`]: claim, lease, pool and host operations.
-//! - [`http`]: the Routers and extractors of the HTTP contract; [`api`]: its JSON objects;
-//!   [`error`]: its error shape.
+//! - [`http`]: the Routers of the HTTP contract, one file per function's routes, its
+//!   extractors and its OpenAPI document; [`api`]: its JSON objects; [`error`]: its error shape.
 //! - [`auth`]: bearer tokens and principals; [`config`]: environment configuration;
 //!   [`secrets`]: secrets named by AWS Secrets Manager ARN, resolved into that configuration.
 //! - [`flintlock`]: the gRPC client for flintlock hosts.
@@ -30,7 +30,6 @@ pub mod error;
 pub mod flintlock;
 pub mod http;
 pub mod metrics;
-pub mod openapi;
 pub mod reconcile;
 pub mod secrets;
 pub mod service;

@@ -1,10 +1,19 @@
-//! The operations behind the routes: claim, lease, pool, host. Each takes the shared state
-//! and parsed input, runs its transactions, and answers in `ApiError` terms. No HTTP here.
+//! The operations behind the routes. Each takes the shared state and parsed input, runs its
+//! transactions, and answers in `ApiError` terms. No HTTP here: every handler in `crate::http`
+//! calls one of these, never the store.
+//!
+//! - `claim`: ClaimVM; `lease`: get, list, heartbeat, release.
+//! - `pool`, `host`: create, read, update, delete; host cordons.
+//! - `vm`, `event`: reads (VMs, the event feed and its long-poll).
+//! - `ops`: the health round trip and the `/metrics` text.
 
 pub mod claim;
+pub mod event;
 pub mod host;
 pub mod lease;
+pub mod ops;
 pub mod pool;
+pub mod vm;
 
 use std::future::Future;
 

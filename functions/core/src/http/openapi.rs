@@ -1,23 +1,23 @@
-//! The OpenAPI 3.1 document of the HTTP contract (`shared/http-api.md`), served unauthenticated
-//! at `GET /openapi.json`.
+//! The OpenAPI 3.1 document of the HTTP contract (`shared/http-api.md`): what the operations
+//! share — the API's info and tags, the bearer scheme, the error responses in the contract's
+//! shape — and [`build`], which documents a route table it is given.
 //!
 //! Its paths come from the same route table as the Routers: every handler is routed through
-//! `utoipa_axum::routes!` with its `#[utoipa::path]` next to it, and [`document`] splits the
-//! documentation out of [`crate::http::api_routes`], the table `poolmgr-local` and the tests
-//! serve. This module adds only what the operations share: the bearer scheme and the error
-//! responses in the contract's shape. It must never describe a path by hand.
+//! `utoipa_axum::routes!` with its `#[utoipa::path]` next to it, and `super::document` passes
+//! [`super::api_routes`], the table `poolmgr-local` and the tests serve. This module imports
+//! no route: it must never describe a path by hand.
 //!
 //! Request objects are closed (`additionalProperties: false`), because the service refuses
 //! unknown fields; response objects are left open so that a field added later does not break
 //! a client generated from this document (the Router test still refuses undocumented fields).
 
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
 
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, ObjectBuilder, OpenApi, Ref, RefOr, Response, ResponseBuilder, Type};
 use utoipa::{IntoResponses, Modify};
+use utoipa_axum::router::OpenApiRouter;
 
 use crate::error::ErrorBody;
 
@@ -64,17 +64,10 @@ impl Modify for BearerScheme {
     }
 }
 
-/// The document of every route, built once from [`crate::http::api_routes`].
-pub fn document() -> &'static OpenApi {
-    static DOC: LazyLock<OpenApi> = LazyLock::new(|| crate::http::api_routes().split_for_parts().1);
-    &DOC
-}
-
-/// [`document`] as the JSON served at `/openapi.json`.
-pub fn document_json() -> &'static str {
-    static JSON: LazyLock<String> =
-        LazyLock::new(|| serde_json::to_string(document()).expect("the OpenAPI document serializes"));
-    &JSON
+/// The document of `routes`: their paths and schemas under this API's info, tags, bearer
+/// scheme and error schema.
+pub fn build<S: Clone + Send + Sync + 'static>(routes: OpenApiRouter<S>) -> OpenApi {
+    OpenApiRouter::with_openapi(<ApiDoc as utoipa::OpenApi>::openapi()).merge(routes).split_for_parts().1
 }
 
 fn error_response(description: &str, retry_after: bool) -> RefOr<Response> {

@@ -1,0 +1,79 @@
+//! The events function's route: `GET /v1/events`, the outbox as a cursor feed with an
+//! optional long-poll.
+//!
+//! The handler checks the cursor, limit and wait, calls `service::event` and maps the
+//! answer. It must never touch the store.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extract::{Admin, ApiQuery, optional_name};
+use super::openapi::{AdminOnly, Common};
+use crate::api;
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::service::event;
+
+/// Longest long-poll on the events feed.
+const MAX_EVENTS_WAIT_SECONDS: u64 = 20;
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct EventsQuery {
+    /// Events with a greater id (the previous answer's `next_after`).
+    #[serde(default)]
+    #[param(minimum = 0, default = 0)]
+    after: i64,
+    /// Only this pool namespace (empty means any).
+    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
+    namespace: Option<String>,
+    /// Only pools of this name (empty means any).
+    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
+    pool: Option<String>,
+    /// Default 100.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<i64>,
+    /// Long-poll: wait up to this long for a first new event.
+    #[serde(default)]
+    #[param(minimum = 0, maximum = 20, default = 0)]
+    wait_seconds: u64,
+}
+
+/// The outbox as a cursor feed.
+#[utoipa::path(
+    get, path = "/v1/events", tag = "events", operation_id = "list_events",
+    security(("bearer" = [])), params(EventsQuery),
+    responses((status = 200, description = "Events after the cursor", body = api::EventList), Common, AdminOnly)
+)]
+async fn list_events(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiQuery(q): ApiQuery<EventsQuery>,
+) -> Result<Response, ApiError> {
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::InvalidArgument("limit must be between 1 and 1000".into()));
+    }
+    if q.wait_seconds > MAX_EVENTS_WAIT_SECONDS {
+        return Err(ApiError::InvalidArgument(format!("wait_seconds must be at most {MAX_EVENTS_WAIT_SECONDS}")));
+    }
+    if q.after < 0 {
+        return Err(ApiError::InvalidArgument("after must not be negative".into()));
+    }
+    let ns = optional_name("namespace", q.namespace)?;
+    let pool = optional_name("pool", q.pool)?;
+    let wait = Duration::from_secs(q.wait_seconds);
+    Ok(Json(event::list(&state, q.after, ns.as_deref(), pool.as_deref(), limit, wait).await?).into_response())
+}
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_events))
+}

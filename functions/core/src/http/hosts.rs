@@ -1,0 +1,227 @@
+//! The hosts function's routes: flintlock hosts (register, list, get, update, remove,
+//! cordon, uncordon) and the VMs on them (list, get).
+//!
+//! Handlers parse and authorise (every route is admin-only), call `service::host` or
+//! `service::vm` and map the answer. They must never touch the store.
+
+use axum::Json;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, body_error, optional_name, reject_nul_in_json};
+use super::openapi::{AdminOnly, AlreadyExists, Common, NotFound};
+use crate::api;
+use crate::app::AppState;
+use crate::domain::Phase;
+use crate::error::ApiError;
+use crate::service::{host, vm};
+
+/// A host name in a path.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct HostPath {
+    #[param(example = "spare")]
+    name: String,
+}
+
+/// Registers a flintlock host.
+#[utoipa::path(
+    post, path = "/v1/hosts", tag = "hosts", operation_id = "create_host",
+    security(("bearer" = [])), request_body = host::HostSpec,
+    responses((status = 201, description = "The new host", body = api::Host), Common, AdminOnly, AlreadyExists)
+)]
+async fn create_host(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiJson(spec): ApiJson<host::HostSpec>,
+) -> Result<Response, ApiError> {
+    Ok((StatusCode::CREATED, Json(host::create(&state, spec).await?)).into_response())
+}
+
+/// Registered hosts.
+#[utoipa::path(
+    get, path = "/v1/hosts", tag = "hosts", operation_id = "list_hosts",
+    security(("bearer" = [])),
+    responses((status = 200, description = "The hosts", body = api::HostList), Common, AdminOnly)
+)]
+async fn list_hosts(State(state): State<AppState>, Admin(_): Admin) -> Result<Response, ApiError> {
+    Ok(Json(api::HostList { hosts: host::list(&state).await? }).into_response())
+}
+
+/// A host.
+#[utoipa::path(
+    get, path = "/v1/hosts/{name}", tag = "hosts", operation_id = "get_host",
+    security(("bearer" = [])), params(HostPath),
+    responses((status = 200, description = "The host", body = api::Host), Common, AdminOnly, NotFound)
+)]
+async fn get_host(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(host::get(&state, &name).await?).into_response())
+}
+
+/// Replaces a host's address, TLS and credentials; a `name` in the body must match the path.
+#[utoipa::path(
+    put, path = "/v1/hosts/{name}", tag = "hosts", operation_id = "update_host",
+    security(("bearer" = [])), params(HostPath), request_body = host::HostSpec,
+    responses((status = 200, description = "The updated host", body = api::Host), Common, AdminOnly, NotFound)
+)]
+async fn update_host(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiPath(name): ApiPath<String>,
+    ApiJson(spec): ApiJson<host::HostSpec>,
+) -> Result<Response, ApiError> {
+    Ok(Json(host::update(&state, &name, spec).await?).into_response())
+}
+
+/// Removes a host; refused (FAILED_PRECONDITION) while a pool names it or it has VMs.
+#[utoipa::path(
+    delete, path = "/v1/hosts/{name}", tag = "hosts", operation_id = "delete_host",
+    security(("bearer" = [])), params(HostPath),
+    responses((status = 204, description = "Removed"), Common, AdminOnly, NotFound)
+)]
+async fn delete_host(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    host::remove(&state, &name).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The optional body of a cordon.
+#[derive(Deserialize, Default, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = CordonRequest)]
+struct CordonBody {
+    /// At most 1024 bytes.
+    #[serde(default)]
+    #[schema(max_length = 1024)]
+    reason: Option<String>,
+}
+
+/// Cordons a host: no new placements on it. An empty body cordons without a reason.
+#[utoipa::path(
+    post, path = "/v1/hosts/{name}/cordon", tag = "hosts", operation_id = "cordon_host",
+    security(("bearer" = [])), params(HostPath),
+    request_body(content = Option<CordonBody>, description = "Optional"),
+    responses((status = 200, description = "The cordoned host", body = api::Host), Common, AdminOnly, NotFound)
+)]
+async fn cordon_host(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiPath(name): ApiPath<String>,
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(body_error)?;
+    // The body is optional: an empty one cordons without a reason.
+    let body: CordonBody = if body.iter().all(u8::is_ascii_whitespace) {
+        CordonBody::default()
+    } else {
+        let b =
+            serde_json::from_slice(&body).map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
+        reject_nul_in_json(&body)?;
+        b
+    };
+    let reason = body.reason.unwrap_or_default();
+    if reason.len() > 1024 {
+        return Err(ApiError::InvalidArgument("reason is longer than 1024 bytes".into()));
+    }
+    Ok(Json(host::set_cordon(&state, &name, Some(&reason)).await?).into_response())
+}
+
+/// Uncordons a host.
+#[utoipa::path(
+    post, path = "/v1/hosts/{name}/uncordon", tag = "hosts", operation_id = "uncordon_host",
+    security(("bearer" = [])), params(HostPath),
+    responses((status = 200, description = "The host", body = api::Host), Common, AdminOnly, NotFound)
+)]
+async fn uncordon_host(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiPath(name): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(host::set_cordon(&state, &name, None).await?).into_response())
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct VmListQuery {
+    /// Only this pool namespace (empty means any).
+    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
+    namespace: Option<String>,
+    /// Only pools of this name (empty means any).
+    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
+    pool: Option<String>,
+    /// Only VMs in this phase.
+    #[param(value_type = Option<Phase>)]
+    phase: Option<String>,
+}
+
+/// VMs, optionally filtered.
+#[utoipa::path(
+    get, path = "/v1/vms", tag = "hosts", operation_id = "list_vms",
+    security(("bearer" = [])), params(VmListQuery),
+    responses((status = 200, description = "The VMs", body = api::VmList), Common, AdminOnly)
+)]
+async fn list_vms(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiQuery(q): ApiQuery<VmListQuery>,
+) -> Result<Response, ApiError> {
+    let phase = match q.phase.as_deref().filter(|s| !s.is_empty()) {
+        None => None,
+        Some(s) => Some(Phase::parse(s).ok_or_else(|| {
+            let all: Vec<&str> = Phase::ALL.iter().map(|p| p.as_str()).collect();
+            ApiError::InvalidArgument(format!("phase {s:?} is unknown: use one of {}", all.join(", ")))
+        })?),
+    };
+    let ns = optional_name("namespace", q.namespace)?;
+    let pool = optional_name("pool", q.pool)?;
+    let vms = vm::list(&state, ns.as_deref(), pool.as_deref(), phase).await?;
+    Ok(Json(api::VmList { vms }).into_response())
+}
+
+/// A VM id in a path.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct VmPath {
+    /// `<pool name>-<lowercase ULID>`.
+    id: String,
+}
+
+/// A VM.
+#[utoipa::path(
+    get, path = "/v1/vms/{id}", tag = "hosts", operation_id = "get_vm",
+    security(("bearer" = [])), params(VmPath),
+    responses((status = 200, description = "The VM", body = api::VmRecord), Common, AdminOnly, NotFound)
+)]
+async fn get_vm(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    Ok(Json(vm::get(&state, &id).await?).into_response())
+}
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_host, list_hosts))
+        .routes(routes!(get_host, update_host, delete_host))
+        .routes(routes!(cordon_host))
+        .routes(routes!(uncordon_host))
+        .routes(routes!(list_vms))
+        .routes(routes!(get_vm))
+}

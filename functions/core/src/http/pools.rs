@@ -1,0 +1,135 @@
+//! The pools function's routes: create, list, get, update and delete (drain) a pool.
+//!
+//! Handlers parse the pool's path and query, call `service::pool` and map the answer. They
+//! must never touch the store. The pools function also serves `/openapi.json` (see `mod.rs`).
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, pool_ref};
+use super::openapi::{AdminOnly, AlreadyExists, Common, NotFound};
+use crate::api;
+use crate::app::AppState;
+use crate::domain::{PoolSpec, validate_name};
+use crate::error::ApiError;
+use crate::service::pool;
+
+/// A pool's namespace and name in a path.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct PoolPath {
+    #[param(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", example = "default")]
+    namespace: String,
+    #[param(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", example = "ci")]
+    name: String,
+}
+
+/// Creates a pool; the reconciler fills it. Naming an unregistered host, or hosts that cannot
+/// run the pool's hooks, is FAILED_PRECONDITION.
+#[utoipa::path(
+    post, path = "/v1/pools", tag = "pools", operation_id = "create_pool",
+    security(("bearer" = [])), request_body = PoolSpec,
+    responses((status = 201, description = "The new pool", body = api::Pool), Common, AdminOnly, AlreadyExists)
+)]
+async fn create_pool(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiJson(spec): ApiJson<PoolSpec>,
+) -> Result<Response, ApiError> {
+    Ok((StatusCode::CREATED, Json(pool::create(&state, spec).await?)).into_response())
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct NamespaceQuery {
+    /// Only this namespace (empty means every namespace).
+    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
+    namespace: Option<String>,
+}
+
+/// Pools with their live status.
+#[utoipa::path(
+    get, path = "/v1/pools", tag = "pools", operation_id = "list_pools",
+    security(("bearer" = [])), params(NamespaceQuery),
+    responses((status = 200, description = "The pools", body = api::PoolList), Common, AdminOnly)
+)]
+async fn list_pools(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiQuery(q): ApiQuery<NamespaceQuery>,
+) -> Result<Response, ApiError> {
+    let ns = q.namespace.filter(|s| !s.is_empty());
+    if let Some(ns) = &ns {
+        validate_name("namespace", ns).map_err(ApiError::InvalidArgument)?;
+    }
+    let pools = pool::list(&state, ns.as_deref()).await?;
+    Ok(Json(api::PoolList { pools }).into_response())
+}
+
+/// A pool with its live status.
+#[utoipa::path(
+    get, path = "/v1/pools/{namespace}/{name}", tag = "pools", operation_id = "get_pool",
+    security(("bearer" = [])), params(PoolPath),
+    responses((status = 200, description = "The pool", body = api::Pool), Common, AdminOnly, NotFound)
+)]
+async fn get_pool(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiPath((ns, name)): ApiPath<(String, String)>,
+) -> Result<Response, ApiError> {
+    Ok(Json(pool::get(&state, &pool_ref(&ns, &name)?).await?).into_response())
+}
+
+/// Replaces a pool's spec; `namespace` and `name` in the body must match the path.
+#[utoipa::path(
+    put, path = "/v1/pools/{namespace}/{name}", tag = "pools", operation_id = "update_pool",
+    security(("bearer" = [])), params(PoolPath), request_body = PoolSpec,
+    responses((status = 200, description = "The updated pool", body = api::Pool), Common, AdminOnly, NotFound)
+)]
+async fn update_pool(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiPath((ns, name)): ApiPath<(String, String)>,
+    ApiJson(spec): ApiJson<PoolSpec>,
+) -> Result<Response, ApiError> {
+    Ok(Json(pool::update(&state, &pool_ref(&ns, &name)?, spec).await?).into_response())
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct DeletePoolQuery {
+    /// Delete even while VMs are leased (their leases end).
+    #[serde(default)]
+    #[param(default = false)]
+    force: bool,
+}
+
+/// Drains and deletes a pool: every VM goes DELETING, leases are removed. Refused with
+/// FAILED_PRECONDITION while a VM is leased, unless `force=true`.
+#[utoipa::path(
+    delete, path = "/v1/pools/{namespace}/{name}", tag = "pools", operation_id = "delete_pool",
+    security(("bearer" = [])), params(PoolPath, DeletePoolQuery),
+    responses((status = 204, description = "Deleted"), Common, AdminOnly, NotFound)
+)]
+async fn delete_pool(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiPath((ns, name)): ApiPath<(String, String)>,
+    ApiQuery(q): ApiQuery<DeletePoolQuery>,
+) -> Result<Response, ApiError> {
+    pool::delete(&state, &pool_ref(&ns, &name)?, q.force).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(create_pool, list_pools)).routes(routes!(get_pool, update_pool, delete_pool))
+}
