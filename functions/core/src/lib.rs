@@ -15,6 +15,7 @@
 //!   [`error`]: its error shape.
 //! - [`auth`]: bearer tokens and principals; [`config`]: environment configuration;
 //!   [`secrets`]: secrets named by AWS Secrets Manager ARN, resolved into that configuration.
+//! - [`teardown`]: the VM delete (flintlock, then rows) that `service` and `reconcile` share.
 //! - [`flintlock`]: the gRPC client for flintlock hosts.
 //! - [`metrics`]: Prometheus counters, and their CloudWatch EMF lines on Lambda;
 //!   [`telemetry`]: JSON logs.
@@ -34,6 +35,7 @@ pub mod reconcile;
 pub mod secrets;
 pub mod service;
 pub mod store;
+pub mod teardown;
 pub mod telemetry;
 pub mod template;
 

@@ -429,7 +429,7 @@ async fn delete_vm(
     host: Option<&HostRow>,
     report: &mut PassReport,
 ) -> Result<(), StoreError> {
-    match crate::service::lease::finish_vm_delete(pass.state, vm, host).await {
+    match crate::teardown::finish_vm_delete(&pass.state.flintlock, &pass.state.db, vm, host).await {
         Ok(VmFinish::Removed { lease, .. }) => {
             report.deleted += 1;
             if let Some(l) = lease {
