@@ -163,7 +163,15 @@ async fn an_unreachable_database_answers_503_with_retry_after_on_every_route() {
 
     // The reconcile function reports a retryable error instead of crashing.
     let err = poolmgr_core::reconcile::run_pass(&state).await.expect_err("no database");
-    assert!(matches!(err, poolmgr_core::reconcile::PassError::Retryable(_)), "{err}");
+    assert!(err.is_retryable(), "{err}");
+    // And the Lambda says so in its error type and message.
+    let event = serde_json::from_str(include_str!("../../functions/reconcile/events/scheduled.json")).unwrap();
+    let err = reconcile_fn::handle(&state, lambda_runtime::LambdaEvent::new(event, Default::default()))
+        .await
+        .expect_err("no database");
+    let diagnostic = lambda_runtime::Diagnostic::from(err);
+    assert_eq!(diagnostic.error_type, "Retryable", "{diagnostic:?}");
+    assert!(diagnostic.error_message.contains("retry later"), "{diagnostic:?}");
 }
 
 #[tokio::test]

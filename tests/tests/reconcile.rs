@@ -402,3 +402,64 @@ async fn a_pool_deleted_while_passes_provision_it_leaves_nothing_behind() {
     app.settle(80, "every microVM gone", || async { TestApp::sim_live(&app.sim).is_empty() }).await;
     assert_eq!(app.scalar_i64("SELECT count(*) FROM pools").await, 0);
 }
+
+/// On Lambda the pool has one connection while a pass steps up to 8 pools at once and calls
+/// flintlock while stepping them. No step may hold that connection while it waits for
+/// anything else: here every create-hook command outlasts the 1 s wait for a connection, so
+/// a step holding it through the command would fail the other pools' steps. Plain pools,
+/// hooked pools and a shrink (DELETING VMs finished through the teardown) all settle on one
+/// connection without a single step error.
+#[tokio::test]
+async fn a_pass_on_one_connection_steps_many_pools_without_any_waiting_for_it() {
+    let app = TestApp::spawn_with(|env| {
+        env.push(("POOLMGR_DB_POOL_SIZE".into(), "1".into()));
+        env.push(("POOLMGR_DB_CONNECT_TIMEOUT_SECONDS".into(), "1".into()));
+    })
+    .await;
+    assert_eq!(app.state.config.reconcile.concurrency, 8, "more workers than connections");
+    app.sim.set_exec_rule(
+        "prepare",
+        flintlock_sim::ExecRule { duration: std::time::Duration::from_millis(1500), ..Default::default() },
+    );
+    let plain = ["p0", "p1", "p2", "p3"];
+    let hooked = ["h0", "h1"];
+    for name in plain {
+        app.create_pool(name, 2).await;
+    }
+    for name in hooked {
+        let mut spec = pool_spec(name, 2);
+        spec["create_commands"] = json!(["prepare"]);
+        app.post(ADMIN, "/v1/pools", spec).await.assert_ok(201);
+    }
+
+    let pass_without_errors = || async {
+        let errors = app.pass().await.errors;
+        assert!(errors.is_empty(), "a step waited for the connection: {errors:?}");
+    };
+    let mut settled = false;
+    for _ in 0..60 {
+        pass_without_errors().await;
+        let mut full = true;
+        for name in plain.iter().chain(&hooked) {
+            full &= app.count_phase(name, "AVAILABLE").await == 2;
+        }
+        if full {
+            settled = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    }
+    assert!(settled, "the pools did not fill on one connection");
+
+    app.put(ADMIN, "/v1/pools/default/p0", pool_spec("p0", 1)).await.assert_ok(200);
+    for _ in 0..40 {
+        pass_without_errors().await;
+        if app.scalar_i64("SELECT count(*) FROM vms WHERE pool_name = 'p0'").await == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    }
+    assert_eq!(app.count_phase("p0", "AVAILABLE").await, 1, "the surplus VM was deleted");
+    assert_eq!(app.count_events("VM_DELETED_ON_SCALE_DOWN").await, 1);
+    assert_no_orphans(&app).await;
+}

@@ -16,6 +16,9 @@
 //!   extractors and its OpenAPI document; [`api`]: its JSON objects; [`error`]: its error shape.
 //! - [`auth`]: bearer tokens and principals; [`config`]: environment configuration;
 //!   [`secrets`]: secrets named by AWS Secrets Manager ARN, resolved into that configuration.
+//! - [`reconcile`]: the reconcile pass, one file per step (strategy arithmetic, provisioning,
+//!   create hooks, sweeps, orphans).
+//! - [`teardown`]: the VM delete (flintlock, then rows) that `service` and `reconcile` share.
 //! - [`flintlock`]: the gRPC client for flintlock hosts.
 //! - [`metrics`]: Prometheus counters, and their CloudWatch EMF lines on Lambda;
 //!   [`telemetry`]: JSON logs.
@@ -34,6 +37,7 @@ pub mod reconcile;
 pub mod secrets;
 pub mod service;
 pub mod store;
+pub mod teardown;
 pub mod telemetry;
 pub mod template;
 

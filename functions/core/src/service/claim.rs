@@ -258,7 +258,7 @@ async fn pre_lease_hook_failed(
     if to == Phase::Deleting {
         // Best effort now; a VM whose delete fails stays DELETING for the reconciler.
         let vm = VmRow { phase: Phase::Deleting, ..vm.clone() };
-        if let Err(e) = super::lease::finish_vm_delete(state, &vm, host).await {
+        if let Err(e) = crate::teardown::finish_vm_delete(&state.flintlock, &state.db, &vm, host).await {
             tracing::warn!(vm = %vm.id, error = %e, "VM of a failed hook left DELETING for the reconciler");
         }
     }

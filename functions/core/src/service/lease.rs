@@ -1,5 +1,5 @@
-//! Leases: get, heartbeat, list, release — and the delete step shared with pool deletion
-//! and the reconciler.
+//! Leases: get, heartbeat, list, release. The VM delete a release ends with is
+//! [`crate::teardown`], shared with pool deletion and the reconciler.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -10,8 +10,8 @@ use crate::app::AppState;
 use crate::auth::Principal;
 use crate::domain::{LeaseId, PoolRef};
 use crate::error::ApiError;
-use crate::flintlock::FlintlockError;
-use crate::store::{self, HostRow, VmFinish, VmRow};
+use crate::store::{self, VmFinish};
+use crate::teardown::{self, TeardownError};
 
 pub const DEFAULT_PAGE_SIZE: i64 = 100;
 pub const MAX_PAGE_SIZE: i64 = 1000;
@@ -73,23 +73,16 @@ pub async fn list(
     Ok(Page { leases: views.iter().map(LeaseRecord::from_view).collect(), next_page_token })
 }
 
-/// Deletes a DELETING VM in flintlock and then removes its row (and any lease left on it).
-/// A VM flintlock no longer knows counts as deleted. On a flintlock failure the VM stays
-/// DELETING for the reconciler to retry.
-pub async fn finish_vm_delete(state: &AppState, vm: &VmRow, host: Option<&HostRow>) -> Result<VmFinish, ApiError> {
-    if let Some(uid) = &vm.uid {
-        let host = host.ok_or_else(|| {
-            ApiError::unavailable(
-                "vm cleanup pending, retry later",
-                format!("host {} of vm {} is not registered", vm.flintlock_host, vm.id),
-            )
-        })?;
-        state.flintlock.delete(host, uid).await.map_err(|e: FlintlockError| {
+/// A VM teardown's failure in the contract's terms: the release answers 503 and leaves the
+/// VM DELETING, so a retry (or the reconciler) finishes it.
+fn cleanup_pending(e: TeardownError) -> ApiError {
+    match e {
+        TeardownError::HostNotRegistered { .. } => ApiError::unavailable("vm cleanup pending, retry later", e),
+        TeardownError::Flintlock(e) => {
             ApiError::unavailable("vm cleanup pending: flintlock could not delete the VM, retry later", e)
-        })?;
+        }
+        TeardownError::Store(e) => ApiError::from(e),
     }
-    let conn = state.conn().await?;
-    Ok(store::vm_finish_delete(&**conn, &vm.id).await?)
 }
 
 /// ReleaseVM: VM → DELETING, flintlock delete, then the VM and lease rows go together.
@@ -107,7 +100,10 @@ pub async fn release(state: &AppState, id: &LeaseId) -> Result<(), ApiError> {
             store::lease_delete(&**conn, id.as_str()).await?;
             return Ok(());
         };
-        match finish_vm_delete(&state, &vm, view.host.as_ref()).await? {
+        match teardown::finish_vm_delete(&state.flintlock, &state.db, &vm, view.host.as_ref())
+            .await
+            .map_err(cleanup_pending)?
+        {
             VmFinish::Removed { lease: Some(lease), .. } => {
                 let held = (Utc::now() - lease.claimed_at).as_seconds_f64();
                 state.metrics.release(&lease.pool_ref(), "api", Some(held));

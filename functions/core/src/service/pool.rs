@@ -156,7 +156,7 @@ pub async fn delete(state: &AppState, pool: &PoolRef, force: bool) -> Result<(),
             let state = &state;
             let host = hosts.get(&vm.flintlock_host);
             async move {
-                if let Err(e) = super::lease::finish_vm_delete(state, vm, host).await {
+                if let Err(e) = crate::teardown::finish_vm_delete(&state.flintlock, &state.db, vm, host).await {
                     tracing::warn!(vm = %vm.id, error = %e, "VM of deleted pool left DELETING for the reconciler");
                 }
             }

@@ -1,0 +1,251 @@
+//! Provisioning steps: placing and creating new VMs, adopting a VM whose create reply was
+//! lost, and polling PROVISIONING VMs until flintlock says CREATED.
+//!
+//! Never CreateMicroVM without a committed row naming the VM (the placement inserts it
+//! first), and never create again for a row without a uid before listing flintlock by its id.
+//! How many VMs to create is [`super::strategy`]'s answer, not decided here.
+
+use std::collections::HashMap;
+
+use chrono::Utc;
+use flintlock_proto::types::micro_vm_status::MicroVmState;
+use serde_json::json;
+
+use super::conn::StepConn;
+use super::hooks::fail_vm;
+use super::strategy::{Counts, desired_new};
+use super::{Pass, PassReport, ReconcileError};
+use crate::domain::{EventType, Phase};
+use crate::flintlock::FlintlockError;
+use crate::store::{self, HostRow, PoolRow, VmRow};
+
+/// A new VM id: `<pool name>-<lowercase ULID>`, unique across pools and time.
+pub fn new_vm_id(pool: &str) -> String {
+    format!("{pool}-{}", ulid::Ulid::new().to_string().to_lowercase())
+}
+
+fn nics_json(vm: &flintlock_proto::types::MicroVm) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    if let Some(status) = &vm.status {
+        let mut keys: Vec<_> = status.network_interfaces.keys().collect();
+        keys.sort();
+        for k in keys {
+            let n = &status.network_interfaces[k];
+            out.insert(
+                k.clone(),
+                json!({"host_device_name": n.host_device_name, "index": n.index, "mac_address": n.mac_address}),
+            );
+        }
+    }
+    serde_json::Value::Object(out)
+}
+
+/// Tops the pool up: as many new VMs as its strategy asks for (`counts` taken after this
+/// pass's other steps), at most `max_creates_per_pool`, each placed, then created.
+pub(super) async fn replenish(
+    pass: &Pass<'_>,
+    db: &mut StepConn<'_>,
+    pool: &PoolRow,
+    counts: Counts,
+    hosts: &HashMap<String, HostRow>,
+    report: &mut PassReport,
+) -> Result<(), ReconcileError> {
+    let pref = pool.pool_ref();
+    let mut want = desired_new(pool.strategy, pool.size, pool.min_size, counts);
+    if pool.microvm_template.has_static_network() {
+        // A static MAC or address may exist once: only when the pool has no VM row at all.
+        want = if counts.rows == 0 { want.min(1) } else { 0 };
+    }
+    let want = want.min(pass.state.config.reconcile.max_creates_per_pool as i64);
+    if want > 0 {
+        store::event_insert(
+            db.client().await?,
+            EventType::PoolReplenishing,
+            &pref,
+            None,
+            None,
+            &json!({"creating": want, "available": counts.available, "size": pool.size}),
+        )
+        .await?;
+    }
+    for _ in 0..want {
+        if pass.past_deadline() {
+            report.deadline_reached = true;
+            break;
+        }
+        let id = new_vm_id(&pool.name);
+        let placed = store::vm_place_and_insert(db.client().await?, &pref, &id, &pass.sick_list()).await?;
+        let Some(vm) = placed else {
+            tracing::info!(pool = %pref, "no eligible flintlock host: every host is cordoned, unregistered or failing");
+            store::event_insert(
+                db.client().await?,
+                EventType::PoolSizeBelowTarget,
+                &pref,
+                None,
+                None,
+                &json!({"reason": "no eligible flintlock host", "size": pool.size}),
+            )
+            .await?;
+            break;
+        };
+        create_vm(pass, db, pool, &vm, hosts.get(&vm.flintlock_host), report).await?;
+    }
+    Ok(())
+}
+
+fn flintlock_failed(pass: &Pass<'_>, report: &mut PassReport, vm: &VmRow, what: &str, e: &FlintlockError) {
+    if matches!(e, FlintlockError::Unavailable { .. }) {
+        pass.sick(&vm.flintlock_host);
+    }
+    tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, error = %e, "{what} failed; backing off");
+    report.errors.push(format!("{}: {what}: {e}", vm.id));
+}
+
+/// CreateMicroVM for a committed intent row, storing the uid it answers with.
+async fn create_vm(
+    pass: &Pass<'_>,
+    db: &mut StepConn<'_>,
+    pool: &PoolRow,
+    vm: &VmRow,
+    host: Option<&HostRow>,
+    report: &mut PassReport,
+) -> Result<(), ReconcileError> {
+    let state = pass.state;
+    let Some(host) = host else {
+        return drop_intent(db, vm, "its host is not registered").await;
+    };
+    let spec = pool.microvm_template.to_spec(&vm.id, &state.flintlock_namespace(&pool.namespace));
+    match db.released(state.flintlock.create(host, spec)).await {
+        Ok(m) => {
+            let uid = m.spec.as_ref().and_then(|s| s.uid.clone()).unwrap_or_default();
+            if uid.is_empty() {
+                report.errors.push(format!("{}: CreateMicroVM answered without a uid", vm.id));
+                return pass.backoff(db, &vm.id).await;
+            }
+            store::vm_set_uid(db.client().await?, &vm.id, &uid, EventType::VmProvisioned).await?;
+            report.created += 1;
+            Ok(())
+        }
+        Err(e) => {
+            // The create may have reached flintlock (a lost reply): the row stays without a
+            // uid and the next pass looks the id up before creating again.
+            flintlock_failed(pass, report, vm, "CreateMicroVM", &e);
+            give_up_or_backoff(pass, db, vm).await
+        }
+    }
+}
+
+async fn give_up_or_backoff(pass: &Pass<'_>, db: &mut StepConn<'_>, vm: &VmRow) -> Result<(), ReconcileError> {
+    if vm.attempts + 1 >= pass.state.config.reconcile.max_create_attempts {
+        drop_intent(db, vm, "its host kept failing").await
+    } else {
+        pass.backoff(db, &vm.id).await
+    }
+}
+
+async fn drop_intent(db: &mut StepConn<'_>, vm: &VmRow, why: &str) -> Result<(), ReconcileError> {
+    tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, "dropping provisioning intent: {why}; a replacement is placed elsewhere");
+    store::vm_delete_intent(db.client().await?, &vm.id).await?;
+    Ok(())
+}
+
+/// A row without a uid: its create was never answered. Adopt the VM flintlock has under our
+/// id, or create it now.
+pub(super) async fn create_or_adopt(
+    pass: &Pass<'_>,
+    db: &mut StepConn<'_>,
+    pool: &PoolRow,
+    vm: &VmRow,
+    hosts: &HashMap<String, HostRow>,
+    report: &mut PassReport,
+) -> Result<(), ReconcileError> {
+    let state = pass.state;
+    let Some(host) = hosts.get(&vm.flintlock_host) else {
+        return drop_intent(db, vm, "its host is not registered").await;
+    };
+    let ns = state.flintlock_namespace(&pool.namespace);
+    match db.released(state.flintlock.list(host, &ns, Some(&vm.id))).await {
+        Ok(mut found) => {
+            found.retain(|m| {
+                m.status.as_ref().is_none_or(|s| s.state != MicroVmState::Deleting as i32)
+                    && m.spec.as_ref().is_some_and(|s| s.id == vm.id && s.namespace == ns)
+            });
+            // Several (a duplicate create): adopt the oldest uid; the orphan scan deletes the rest.
+            found.sort_by_key(|m| m.spec.as_ref().and_then(|s| s.uid.clone()));
+            match found.first().and_then(|m| m.spec.as_ref()).and_then(|s| s.uid.clone()) {
+                Some(uid) => {
+                    if store::vm_set_uid(db.client().await?, &vm.id, &uid, EventType::VmAdopted).await? {
+                        state.metrics.orphan(&pool.namespace, &pool.name, "adopted");
+                        report.adopted += 1;
+                        tracing::info!(vm = %vm.id, %uid, "adopted a microVM whose create reply was lost");
+                    }
+                    Ok(())
+                }
+                None => create_vm(pass, db, pool, vm, Some(host), report).await,
+            }
+        }
+        Err(e) => {
+            flintlock_failed(pass, report, vm, "ListMicroVMs", &e);
+            give_up_or_backoff(pass, db, vm).await
+        }
+    }
+}
+
+/// A created VM: look at its flintlock state and move it one step.
+pub(super) async fn poll_provisioning(
+    pass: &Pass<'_>,
+    db: &mut StepConn<'_>,
+    pool: &PoolRow,
+    vm: &VmRow,
+    host: Option<&HostRow>,
+    report: &mut PassReport,
+) -> Result<(), ReconcileError> {
+    let state = pass.state;
+    let Some(host) = host else {
+        return fail_vm(pass, db, pool, vm, "its host is not registered", report).await;
+    };
+    let uid = vm.uid.as_deref().unwrap_or_default();
+    let m = match db.released(state.flintlock.get(host, uid)).await {
+        Ok(m) => m,
+        Err(e) => {
+            flintlock_failed(pass, report, vm, "GetMicroVM", &e);
+            return pass.backoff(db, &vm.id).await;
+        }
+    };
+    let Some(m) = m else {
+        return fail_vm(pass, db, pool, vm, "the microVM disappeared from flintlock", report).await;
+    };
+    let st = m.status.as_ref().map(|s| s.state).unwrap_or(MicroVmState::Pending as i32);
+    if st == MicroVmState::Created as i32 {
+        let nics = nics_json(&m);
+        let c = db.client().await?;
+        if !pool.create_commands.is_empty() {
+            // Create hooks run on the next passes, one step at a time.
+            store::vm_transition(c, &vm.id, Phase::Provisioning, Phase::CreateHookRunning, Some(&nics), None).await?;
+            return Ok(());
+        }
+        if store::vm_transition(
+            c,
+            &vm.id,
+            Phase::Provisioning,
+            Phase::Available,
+            Some(&nics),
+            Some((EventType::VmAvailable, &json!({"uid": uid}))),
+        )
+        .await?
+        {
+            let secs = (Utc::now() - vm.created_at).as_seconds_f64();
+            state.metrics.provisioned(&pool.namespace, &pool.name, secs);
+            report.available += 1;
+        }
+        Ok(())
+    } else if st == MicroVmState::Failed as i32 {
+        fail_vm(pass, db, pool, vm, "flintlock reports the microVM FAILED", report).await
+    } else if st == MicroVmState::Deleting as i32 {
+        fail_vm(pass, db, pool, vm, "the microVM is being deleted in flintlock", report).await
+    } else if (Utc::now() - vm.created_at).to_std().unwrap_or_default() > state.config.reconcile.provision_timeout {
+        fail_vm(pass, db, pool, vm, "the microVM stayed PENDING past the provision timeout", report).await
+    } else {
+        Ok(()) // Still booting: the next pass looks again.
+    }
+}

@@ -1,0 +1,132 @@
+//! The replenishment strategies as arithmetic: how many VMs a pool needs, and how many it has
+//! too many, from its counts (reference-behaviour §4.2).
+//!
+//! Pure: no I/O, no database rows, no clock. The pass (`provision`, `sweeps`) and
+//! `poolmgr-check` (which checks a pool settled where its strategy says) both count with
+//! these, so what "full" means is written once.
+
+use crate::domain::{Phase, Strategy};
+
+/// VM counts of a pool, as the strategies count them (reference-behaviour §4.2).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub available: i64,
+    /// PRE_LEASE_HOOK_RUNNING, and LEASED without a committed lease row.
+    pub claiming: i64,
+    pub leased: i64,
+    /// PROVISIONING and CREATE_HOOK_RUNNING.
+    pub provisioning: i64,
+    pub quarantined: i64,
+    /// Every row in any phase.
+    pub rows: i64,
+}
+
+impl Counts {
+    /// Counts a pool's VMs, each given as its phase and whether a lease row exists for it.
+    pub fn of(vms: impl IntoIterator<Item = (Phase, bool)>) -> Counts {
+        let mut c = Counts::default();
+        for (phase, has_lease) in vms {
+            c.rows += 1;
+            match phase {
+                Phase::Available => c.available += 1,
+                Phase::PreLeaseHookRunning => c.claiming += 1,
+                Phase::Leased if !has_lease => c.claiming += 1,
+                Phase::Leased => c.leased += 1,
+                Phase::Provisioning | Phase::CreateHookRunning => c.provisioning += 1,
+                Phase::Quarantined => c.quarantined += 1,
+                Phase::Deleting | Phase::Failed => {}
+            }
+        }
+        c
+    }
+}
+
+/// How many VMs a pool needs now. DELETING, FAILED and QUARANTINED VMs never count, so a
+/// replacement starts before an old VM's delete finishes. A fresh pool is topped up to
+/// `size` by every strategy (MIN_SIZE_THRESHOLD: because 0 available is below min_size).
+pub fn desired_new(strategy: Strategy, size: i32, min_size: Option<i32>, c: Counts) -> i64 {
+    let size = i64::from(size);
+    match strategy {
+        // Leased VMs are extra: the pool keeps `size` ready or coming.
+        Strategy::ImmediateOnLease => (size - (c.available + c.claiming + c.provisioning)).max(0),
+        Strategy::MinSizeThreshold => {
+            if c.available >= i64::from(min_size.unwrap_or(1)) {
+                0
+            } else {
+                (size - (c.available + c.claiming + c.leased + c.provisioning)).max(0)
+            }
+        }
+        // Leased VMs count: a VM is replaced only once it is gone.
+        Strategy::ReplaceOnDelete => (size - (c.available + c.claiming + c.leased + c.provisioning)).max(0),
+    }
+}
+
+/// How many AVAILABLE VMs a pool has beyond what its strategy keeps (after its size went
+/// down). Only AVAILABLE VMs are ever removed for this; leased ones wind down by release.
+pub fn surplus(strategy: Strategy, size: i32, c: Counts) -> i64 {
+    let kept = match strategy {
+        Strategy::ImmediateOnLease => c.available + c.claiming + c.provisioning,
+        Strategy::MinSizeThreshold | Strategy::ReplaceOnDelete => c.available + c.claiming + c.leased + c.provisioning,
+    };
+    (kept - i64::from(size)).clamp(0, c.available)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(available: i64, claiming: i64, leased: i64, provisioning: i64) -> Counts {
+        Counts { available, claiming, leased, provisioning, quarantined: 0, rows: 0 }
+    }
+
+    #[test]
+    fn immediate_on_lease_keeps_size_ready_and_ignores_leased() {
+        assert_eq!(desired_new(Strategy::ImmediateOnLease, 5, None, c(0, 0, 0, 0)), 5);
+        assert_eq!(desired_new(Strategy::ImmediateOnLease, 5, None, c(3, 0, 2, 0)), 2);
+        assert_eq!(desired_new(Strategy::ImmediateOnLease, 5, None, c(3, 1, 9, 1)), 0);
+        assert_eq!(desired_new(Strategy::ImmediateOnLease, 5, None, c(6, 0, 0, 0)), 0);
+    }
+
+    #[test]
+    fn replace_on_delete_counts_leased_vms() {
+        assert_eq!(desired_new(Strategy::ReplaceOnDelete, 5, None, c(0, 0, 0, 0)), 5);
+        assert_eq!(desired_new(Strategy::ReplaceOnDelete, 5, None, c(3, 0, 2, 0)), 0);
+        assert_eq!(desired_new(Strategy::ReplaceOnDelete, 5, None, c(2, 1, 1, 0)), 1);
+    }
+
+    #[test]
+    fn min_size_threshold_acts_only_below_min_size() {
+        assert_eq!(desired_new(Strategy::MinSizeThreshold, 5, Some(2), c(0, 0, 0, 0)), 5);
+        assert_eq!(desired_new(Strategy::MinSizeThreshold, 5, Some(2), c(2, 0, 0, 0)), 0);
+        assert_eq!(desired_new(Strategy::MinSizeThreshold, 5, Some(2), c(1, 0, 3, 0)), 1);
+        assert_eq!(desired_new(Strategy::MinSizeThreshold, 5, Some(2), c(1, 0, 1, 1)), 2);
+    }
+
+    #[test]
+    fn surplus_only_counts_available_vms_beyond_size() {
+        assert_eq!(surplus(Strategy::ReplaceOnDelete, 1, c(3, 0, 0, 0)), 2);
+        assert_eq!(surplus(Strategy::ReplaceOnDelete, 1, c(1, 0, 3, 0)), 1, "leased VMs are never removed");
+        assert_eq!(surplus(Strategy::ReplaceOnDelete, 5, c(3, 0, 2, 0)), 0);
+        assert_eq!(surplus(Strategy::ImmediateOnLease, 2, c(3, 0, 5, 0)), 1, "leased VMs are extra");
+        assert_eq!(surplus(Strategy::MinSizeThreshold, 0, c(2, 1, 0, 1)), 2);
+    }
+
+    #[test]
+    fn counts_sort_phases_and_leases_as_the_strategies_count_them() {
+        let vms = [
+            (Phase::Available, false),
+            (Phase::PreLeaseHookRunning, false),
+            (Phase::Leased, false),
+            (Phase::Leased, true),
+            (Phase::Provisioning, false),
+            (Phase::CreateHookRunning, false),
+            (Phase::Quarantined, false),
+            (Phase::Deleting, false),
+            (Phase::Failed, false),
+        ];
+        assert_eq!(
+            Counts::of(vms),
+            Counts { available: 1, claiming: 2, leased: 1, provisioning: 2, quarantined: 1, rows: 9 }
+        );
+    }
+}

@@ -1,0 +1,129 @@
+//! Sweeps: the steps that end things. Lease expiry and the expiring-soon warnings, claims
+//! abandoned mid pre-lease hook, finishing DELETING VMs (through [`crate::teardown`]), the
+//! stragglers of deleted pools, and the AVAILABLE VMs a shrunk pool no longer keeps.
+//!
+//! Never deletes a microVM whose row is not DELETING, and never removes a row before
+//! flintlock confirmed its microVM gone: a VM whose delete fails stays DELETING and backs off.
+
+use chrono::Utc;
+
+use super::conn::StepConn;
+use super::strategy::{Counts, surplus};
+use super::{Pass, PassReport, ReconcileError, hosts_by_name};
+use crate::domain::PoolRef;
+use crate::store::{self, HostRow, PoolRow, VmFinish, VmRow};
+use crate::teardown;
+
+/// Expiry: leases past expires_at go, their VMs become DELETING (deleted later in the same
+/// pool step); leases about to expire get their VM_EXPIRING_SOON event.
+pub(super) async fn expire_leases(
+    pass: &Pass<'_>,
+    db: &mut StepConn<'_>,
+    pref: &PoolRef,
+    report: &mut PassReport,
+) -> Result<(), ReconcileError> {
+    let state = pass.state;
+    let c = db.client().await?;
+    let expired = store::lease_expire_for_pool(c, pref).await?;
+    let now = Utc::now();
+    for l in &expired {
+        state.metrics.release(pref, "expiry", Some((now - l.claimed_at).as_seconds_f64()));
+        tracing::info!(pool = %pref, lease = %l.lease_id, vm = %l.vm_id, "lease expired");
+    }
+    report.expired += expired.len();
+    let window = state.config.reconcile.warning_window.as_secs_f64();
+    report.expiry_warnings += store::lease_warn_expiring_for_pool(c, pref, window).await?;
+    Ok(())
+}
+
+/// Claims whose function died mid-hook: their VMs are deleted, never handed out.
+pub(super) async fn recover_abandoned_claims(
+    pass: &Pass<'_>,
+    db: &mut StepConn<'_>,
+    pref: &PoolRef,
+) -> Result<(), ReconcileError> {
+    let after = pass.state.config.hooks.claim_abandon_after.as_secs_f64();
+    let abandoned = store::vm_recover_abandoned_claims(db.client().await?, pref, after).await?;
+    for id in &abandoned {
+        tracing::warn!(pool = %pref, vm = %id, "claim abandoned mid pre-lease hook; deleting the VM");
+    }
+    Ok(())
+}
+
+/// Deletes a DELETING VM in flintlock and removes its rows; on failure it stays DELETING
+/// and backs off.
+pub(super) async fn delete_vm(
+    pass: &Pass<'_>,
+    db: &mut StepConn<'_>,
+    vm: &VmRow,
+    host: Option<&HostRow>,
+    report: &mut PassReport,
+) -> Result<(), ReconcileError> {
+    let state = pass.state;
+    // The teardown checks out its own connection once flintlock answered.
+    match db.released(teardown::finish_vm_delete(&state.flintlock, &state.db, vm, host)).await {
+        Ok(VmFinish::Removed { lease, .. }) => {
+            report.deleted += 1;
+            if let Some(l) = lease {
+                // A release whose flintlock delete failed earlier, finished here.
+                let held = (Utc::now() - l.claimed_at).as_seconds_f64();
+                state.metrics.release(&l.pool_ref(), "api", Some(held));
+            }
+            Ok(())
+        }
+        Ok(VmFinish::Gone) => Ok(()),
+        Err(e) => {
+            pass.sick(&vm.flintlock_host);
+            tracing::warn!(vm = %vm.id, error = %e, "delete failed; backing off");
+            pass.backoff(db, &vm.id).await
+        }
+    }
+}
+
+/// A pool whose size went down: its AVAILABLE VMs beyond what the strategy keeps become
+/// DELETING (deleted in flintlock by the next pass).
+pub(super) async fn shed_surplus(db: &mut StepConn<'_>, pool: &PoolRow, counts: Counts) -> Result<(), ReconcileError> {
+    let extra = surplus(pool.strategy, pool.size, counts);
+    if extra > 0 {
+        let pref = pool.pool_ref();
+        let n = store::vm_mark_surplus(db.client().await?, &pref, extra).await?;
+        tracing::info!(pool = %pref, n, size = pool.size, "pool shrank: surplus VMs marked DELETING");
+    }
+    Ok(())
+}
+
+/// DELETING VMs of pools that no longer exist: nobody holds their pool lease, so they are
+/// taken one by one with SKIP LOCKED.
+pub(super) async fn finish_deleted_pools(pass: &Pass<'_>) -> PassReport {
+    let mut report = PassReport::default();
+    let mut db = StepConn::new(&pass.state.db);
+    let hosts = match hosts_by_name(&mut db).await {
+        Ok(h) => h,
+        Err(e) => {
+            report.errors.push(format!("loading hosts: {e}"));
+            return report;
+        }
+    };
+    // One batch per pass: a failed delete backs off and waits for a later pass.
+    let batch = match db.client().await {
+        Ok(c) => store::vm_take_orphaned_deletions(c, 500).await.map_err(ReconcileError::from),
+        Err(e) => Err(e),
+    };
+    let batch = match batch {
+        Ok(b) => b,
+        Err(e) => {
+            report.errors.push(format!("taking deletions: {e}"));
+            return report;
+        }
+    };
+    for vm in &batch {
+        if pass.past_deadline() {
+            report.deadline_reached = true;
+            break;
+        }
+        if let Err(e) = delete_vm(pass, &mut db, vm, hosts.get(&vm.flintlock_host), &mut report).await {
+            report.errors.push(format!("{}: {e}", vm.id));
+        }
+    }
+    report
+}
