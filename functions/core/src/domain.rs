@@ -19,9 +19,41 @@ pub const MAX_POOL_SIZE: i32 = 10_000;
 pub const MAX_COMMAND_BYTES: usize = 4096;
 pub const MAX_COMMANDS: usize = 64;
 
-/// A DNS-label-like name: pool, namespace, host. Also the `pattern` of those fields in the
-/// OpenAPI document.
+/// A DNS-label-like name: pool, namespace, host. The one definition: [`validate_name`]
+/// checks it, and the OpenAPI document states it through the schema-only types [`Name`] and
+/// [`NameFilter`] (fields say `value_type = Name, inline`), so the two can never disagree.
 pub const NAME_PATTERN: &str = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$";
+
+/// Schema only: a name field, a string matching [`NAME_PATTERN`].
+#[allow(dead_code)]
+pub struct Name(String);
+
+impl utoipa::PartialSchema for Name {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .pattern(Some(NAME_PATTERN))
+            .into()
+    }
+}
+
+impl ToSchema for Name {}
+
+/// Schema only: an optional name filter of a query string, a name or empty for "any".
+#[allow(dead_code)]
+pub struct NameFilter(String);
+
+impl utoipa::PartialSchema for NameFilter {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let body = NAME_PATTERN.trim_start_matches('^').trim_end_matches('$');
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .pattern(Some(format!("^({body})?$")))
+            .into()
+    }
+}
+
+impl ToSchema for NameFilter {}
 
 static NAME_RE: LazyLock<Regex> = LazyLock::new(|| Regex::new(NAME_PATTERN).expect("static regex"));
 
@@ -40,9 +72,9 @@ pub fn validate_name(field: &str, value: &str) -> Result<(), String> {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"namespace": "default", "name": "ci"}))]
 pub struct PoolRef {
-    #[schema(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
+    #[schema(value_type = Name, inline)]
     pub namespace: String,
-    #[schema(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
+    #[schema(value_type = Name, inline)]
     pub name: String,
 }
 
@@ -229,9 +261,9 @@ fn default_expiry() -> i32 {
 }))]
 pub struct PoolSpec {
     #[serde(default = "default_namespace")]
-    #[schema(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", default = "default")]
+    #[schema(value_type = Name, inline, default = "default")]
     pub namespace: String,
-    #[schema(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
+    #[schema(value_type = Name, inline)]
     pub name: String,
     #[schema(minimum = 0, maximum = 10000)]
     pub size: i32,
@@ -262,10 +294,20 @@ pub struct PoolSpec {
 }
 
 /// A host name in a PoolSpec (schema only).
-#[derive(ToSchema)]
-#[schema(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
 #[allow(dead_code)]
 pub struct HostName(String);
+
+impl utoipa::PartialSchema for HostName {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let mut schema = <Name as utoipa::PartialSchema>::schema();
+        if let utoipa::openapi::RefOr::T(utoipa::openapi::schema::Schema::Object(o)) = &mut schema {
+            o.description = Some("A host name in a PoolSpec (schema only).".into());
+        }
+        schema
+    }
+}
+
+impl ToSchema for HostName {}
 
 /// A hook command (schema only): not blank, at most 4096 bytes (checked by the service).
 #[derive(ToSchema)]

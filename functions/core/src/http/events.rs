@@ -18,6 +18,7 @@ use super::extract::{Admin, ApiQuery, optional_name};
 use super::openapi::{AdminOnly, Common};
 use crate::api;
 use crate::app::AppState;
+use crate::domain::NameFilter;
 use crate::error::ApiError;
 use crate::service::event;
 
@@ -33,10 +34,10 @@ struct EventsQuery {
     #[param(minimum = 0, default = 0)]
     after: i64,
     /// Only this pool namespace (empty means any).
-    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
+    #[param(value_type = Option<NameFilter>, inline)]
     namespace: Option<String>,
     /// Only pools of this name (empty means any).
-    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
+    #[param(value_type = Option<NameFilter>, inline)]
     pool: Option<String>,
     /// Default 100.
     #[param(minimum = 1, maximum = 1000)]

@@ -18,7 +18,7 @@ use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, body_error, optional_nam
 use super::openapi::{AdminOnly, AlreadyExists, Common, NotFound};
 use crate::api;
 use crate::app::AppState;
-use crate::domain::Phase;
+use crate::domain::{NameFilter, Phase};
 use crate::error::ApiError;
 use crate::service::{host, vm};
 
@@ -159,10 +159,10 @@ async fn uncordon_host(
 #[into_params(parameter_in = Query)]
 struct VmListQuery {
     /// Only this pool namespace (empty means any).
-    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
+    #[param(value_type = Option<NameFilter>, inline)]
     namespace: Option<String>,
     /// Only pools of this name (empty means any).
-    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
+    #[param(value_type = Option<NameFilter>, inline)]
     pool: Option<String>,
     /// Only VMs in this phase.
     #[param(value_type = Option<Phase>)]

@@ -16,6 +16,7 @@ use super::extract::{ApiPath, ApiQuery, Caller, lease_id, optional_pool};
 use super::openapi::{Common, NotFound};
 use crate::api;
 use crate::app::AppState;
+use crate::domain::NameFilter;
 use crate::error::ApiError;
 use crate::service::lease;
 
@@ -78,10 +79,10 @@ async fn release(
 #[into_params(parameter_in = Query)]
 struct LeaseListQuery {
     /// Pool namespace; give both `namespace` and `pool`, or neither (empty means absent).
-    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
+    #[param(value_type = Option<NameFilter>, inline)]
     namespace: Option<String>,
     /// Pool name; give both `namespace` and `pool`, or neither (empty means absent).
-    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
+    #[param(value_type = Option<NameFilter>, inline)]
     pool: Option<String>,
     /// Default 100.
     #[param(minimum = 1, maximum = 1000)]

@@ -16,7 +16,7 @@ use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, pool_ref};
 use super::openapi::{AdminOnly, AlreadyExists, Common, NotFound};
 use crate::api;
 use crate::app::AppState;
-use crate::domain::{PoolSpec, validate_name};
+use crate::domain::{Name, NameFilter, PoolSpec, validate_name};
 use crate::error::ApiError;
 use crate::service::pool;
 
@@ -25,9 +25,9 @@ use crate::service::pool;
 #[into_params(parameter_in = Path)]
 #[allow(dead_code)]
 struct PoolPath {
-    #[param(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", example = "default")]
+    #[param(value_type = Name, inline, example = "default")]
     namespace: String,
-    #[param(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", example = "ci")]
+    #[param(value_type = Name, inline, example = "ci")]
     name: String,
 }
 
@@ -51,7 +51,7 @@ async fn create_pool(
 #[into_params(parameter_in = Query)]
 struct NamespaceQuery {
     /// Only this namespace (empty means every namespace).
-    #[param(pattern = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)?$")]
+    #[param(value_type = Option<NameFilter>, inline)]
     namespace: Option<String>,
 }
 

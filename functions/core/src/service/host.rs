@@ -5,7 +5,7 @@ use utoipa::ToSchema;
 
 use crate::api::Host;
 use crate::app::AppState;
-use crate::domain::validate_name;
+use crate::domain::{Name, validate_name};
 use crate::error::ApiError;
 use crate::store::{self, HostDelete, HostWrite};
 
@@ -32,7 +32,7 @@ pub struct HostTls {
 pub struct HostSpec {
     /// Required to create; on update it may be given and must match the path.
     #[serde(default)]
-    #[schema(pattern = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
+    #[schema(value_type = Option<Name>, inline)]
     pub name: Option<String>,
     /// `host:port` of flintlockd's gRPC API, no scheme.
     #[schema(max_length = 255)]
