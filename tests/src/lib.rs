@@ -140,7 +140,7 @@ pub struct TestApp {
     pub sim: Sim,
     pub sim_server: SimServer,
     /// A direct pool for the tests' own SQL when the app goes through a pooler.
-    direct: Option<deadpool_postgres::Pool>,
+    direct: Option<db::Db>,
 }
 
 /// The template used by test pools: valid for flintlock's default provider.
@@ -370,7 +370,7 @@ impl TestApp {
     /// A pooled connection for direct SQL (straight to PostgreSQL, even when the app goes
     /// through a pooler: the tests' SQL uses named prepared statements).
     pub async fn conn(&self) -> deadpool_postgres::Object {
-        self.direct.as_ref().unwrap_or(&self.state.db).get().await.expect("test connection")
+        self.direct.as_ref().unwrap_or(&self.state.db).raw().get().await.expect("test connection")
     }
 
     /// Creates a VM in the simulator and its row in `phase`, as provisioning would.

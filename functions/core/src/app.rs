@@ -3,18 +3,16 @@
 
 use std::sync::Arc;
 
-use deadpool_postgres::{Object, Pool};
-
 use crate::auth::AuthConfig;
 use crate::config::Config;
+use crate::db::{Conn, Db};
 use crate::error::ApiError;
 use crate::flintlock::Flintlock;
 use crate::metrics::Metrics;
-use crate::store::StoreError;
 
 #[derive(Clone)]
 pub struct AppState {
-    pub db: Pool,
+    pub db: Db,
     pub auth: Arc<AuthConfig>,
     pub flintlock: Flintlock,
     pub metrics: Arc<Metrics>,
@@ -22,7 +20,7 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(cfg: &Config, db: Pool) -> AppState {
+    pub fn new(cfg: &Config, db: Db) -> AppState {
         if cfg.auth.disabled {
             tracing::warn!(
                 "POOLMGR_AUTH=disabled: every request is served as admin without a token; never do this outside local development"
@@ -45,8 +43,8 @@ impl AppState {
     /// A pooled connection; an unreachable database is UNAVAILABLE (503, retry). A connection
     /// that died while idle (a Lambda thaw, a database restart) is replaced here, transparently:
     /// see [`crate::db::connect_pool`].
-    pub async fn conn(&self) -> Result<Object, ApiError> {
-        self.db.get().await.map_err(|e| ApiError::from(StoreError::from(e)))
+    pub async fn conn(&self) -> Result<Conn, ApiError> {
+        Ok(self.db.get().await?)
     }
 }
 

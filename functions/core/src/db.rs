@@ -20,6 +20,7 @@ use deadpool_postgres::{
 use refinery::Target;
 
 use crate::config::Config;
+use crate::store::{Executor, Limits, StoreError};
 
 mod embedded {
     refinery::embed_migrations!("../../migrations");
@@ -57,7 +58,7 @@ pub struct PoolOptions {
     pub connect_timeout: Duration,
     /// A connection idle at least this long is pinged before it is handed out.
     pub check_idle: Duration,
-    /// Client-side limit of each store statement (see [`crate::store::set_statement_timeout`]).
+    /// Client-side limit of each store statement (see [`crate::store::Limits`]).
     pub statement_timeout: Option<Duration>,
     /// Send a cancel request for a statement past `statement_timeout`.
     pub cancel_on_timeout: bool,
@@ -91,7 +92,7 @@ const PING_TIMEOUT: Duration = Duration::from_secs(2);
 ///
 /// Schema check: the first connection the pool opens checks the schema version (once per
 /// pool, until it passes). A mismatch fails the checkout (503, logged) instead of the start.
-pub fn connect_pool(url: &str, opts: &PoolOptions) -> Result<Pool, DbError> {
+pub fn connect_pool(url: &str, opts: &PoolOptions) -> Result<Db, DbError> {
     let mut pg: tokio_postgres::Config =
         url.parse().map_err(|e: tokio_postgres::Error| DbError::BadUrl(e.to_string()))?;
     if pg.get_connect_timeout().is_none() {
@@ -100,13 +101,13 @@ pub fn connect_pool(url: &str, opts: &PoolOptions) -> Result<Pool, DbError> {
     if pg.get_application_name().is_none() {
         pg.application_name("poolmgr");
     }
-    crate::store::set_statement_timeout(opts.statement_timeout, opts.cancel_on_timeout);
+    let limits = Limits { statement_timeout: opts.statement_timeout, cancel_on_timeout: opts.cancel_on_timeout };
     // `Fast` recycling only checks the socket is open; the pre-recycle hook adds the ping.
     let mgr =
         Manager::from_config(pg, tokio_postgres::NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     let check_idle = opts.check_idle;
     let schema_ok = Arc::new(AtomicBool::new(false));
-    Pool::builder(mgr)
+    let pool = Pool::builder(mgr)
         .max_size(opts.size)
         .runtime(Runtime::Tokio1)
         .timeouts(Timeouts {
@@ -134,7 +135,8 @@ pub fn connect_pool(url: &str, opts: &PoolOptions) -> Result<Pool, DbError> {
             })
         }))
         .build()
-        .map_err(|e| DbError::Pool(e.to_string()))
+        .map_err(|e| DbError::Pool(e.to_string()))?;
+    Ok(Db { pool, limits })
 }
 
 /// The pre-recycle check: `Err` discards the connection and the checkout moves on.
@@ -182,8 +184,91 @@ fn schema_matches(database: i32, binary: i32) -> Result<(), DbError> {
     }
 }
 
-pub fn pool_from_config(cfg: &Config) -> Result<Pool, DbError> {
+pub fn pool_from_config(cfg: &Config) -> Result<Db, DbError> {
     connect_pool(&cfg.database_url, &PoolOptions::from_config(cfg))
+}
+
+/// The database handle the state carries: the connection pool and the [`Limits`] every
+/// statement on its connections runs under. Cheap to clone (one shared pool).
+#[derive(Clone)]
+pub struct Db {
+    pool: Pool,
+    limits: Limits,
+}
+
+impl Db {
+    /// A pooled connection carrying this handle's limits. An unreachable database is
+    /// `Unavailable`; a connection that died while idle is replaced (see [`connect_pool`]).
+    pub async fn get(&self) -> Result<Conn, StoreError> {
+        Ok(Conn { client: self.pool.get().await?, limits: self.limits })
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The pool itself, for tools and tests that run their own SQL: connections from it
+    /// carry no limits.
+    pub fn raw(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+/// One pooled connection of a [`Db`]; back to the pool when dropped.
+pub struct Conn {
+    client: deadpool_postgres::Object,
+    limits: Limits,
+}
+
+impl Conn {
+    /// A transaction on this connection, with the same limits. Dropped without
+    /// [`Tx::commit`], it rolls back.
+    pub async fn transaction(&mut self) -> Result<Tx<'_>, StoreError> {
+        let limits = self.limits;
+        Ok(Tx { tx: self.client.transaction().await?, limits })
+    }
+
+    /// The socket is known closed (the database restarted, the connection was dropped).
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// deadpool's wrapper, for its per-connection statement cache.
+    pub(crate) fn wrapper(&self) -> &ClientWrapper {
+        &self.client
+    }
+}
+
+impl Executor for Conn {
+    type Client = tokio_postgres::Client;
+    fn pg(&self) -> &Self::Client {
+        &self.client
+    }
+    fn limits(&self) -> Limits {
+        self.limits
+    }
+}
+
+/// A transaction of a [`Conn`].
+pub struct Tx<'a> {
+    tx: deadpool_postgres::Transaction<'a>,
+    limits: Limits,
+}
+
+impl Tx<'_> {
+    pub async fn commit(self) -> Result<(), StoreError> {
+        Ok(self.tx.commit().await?)
+    }
+}
+
+impl<'a> Executor for Tx<'a> {
+    type Client = tokio_postgres::Transaction<'a>;
+    fn pg(&self) -> &Self::Client {
+        &self.tx
+    }
+    fn limits(&self) -> Limits {
+        self.limits
+    }
 }
 
 /// Opens one dedicated connection (migrations need `&mut Client`).

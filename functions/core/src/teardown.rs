@@ -7,7 +7,7 @@
 //! release, a backoff for the reconciler). Never marks a VM DELETING itself, and never holds
 //! a database connection during the flintlock call.
 
-use deadpool_postgres::Pool;
+use crate::db::Db;
 
 use crate::flintlock::{Flintlock, FlintlockError};
 use crate::store::{self, HostRow, StoreError, VmFinish, VmRow};
@@ -31,7 +31,7 @@ pub enum TeardownError {
 /// answered, so a caller holding none never waits on the database during the gRPC call.
 pub async fn finish_vm_delete(
     flintlock: &Flintlock,
-    db: &Pool,
+    db: &Db,
     vm: &VmRow,
     host: Option<&HostRow>,
 ) -> Result<VmFinish, TeardownError> {
@@ -40,6 +40,6 @@ pub async fn finish_vm_delete(
             .ok_or_else(|| TeardownError::HostNotRegistered { host: vm.flintlock_host.clone(), vm: vm.id.clone() })?;
         flintlock.delete(host, uid).await?;
     }
-    let conn = db.get().await.map_err(StoreError::from)?;
-    Ok(store::vm_finish_delete(&**conn, &vm.id).await?)
+    let conn = db.get().await?;
+    Ok(store::vm_finish_delete(&conn, &vm.id).await?)
 }

@@ -237,7 +237,7 @@ async fn reconcile_bench(pools: usize, vms: i32, max_passes: usize) -> anyhow::R
         let t = Instant::now();
         let r = reconcile::run_pass(&state).await?;
         pass_times.push(t.elapsed());
-        let conn = state.db.get().await?;
+        let conn = state.db.raw().get().await?;
         let available: i64 = conn.query_one("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'", &[]).await?.get(0);
         eprintln!(
             "    pass {pass}: {} (created {}, available now {available}/{total}, errors {})",
@@ -304,7 +304,7 @@ async fn hook_claims(clients: usize, per_client: usize, hook_ms: u64) -> anyhow:
     eprintln!("==> filling pool default/hook with {total} VMs");
     for _ in 0..200 {
         reconcile::run_pass(&state).await?;
-        let conn = state.db.get().await?;
+        let conn = state.db.raw().get().await?;
         let available: i64 = conn.query_one("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'", &[]).await?.get(0);
         if available as usize >= total {
             break;

@@ -74,7 +74,7 @@ pub async fn record_pool_gauges(state: &AppState) -> Result<(), StoreError> {
         return Ok(());
     }
     let conn = state.db.get().await?;
-    let pools = store::pool_gauges(&**conn).await?;
+    let pools = store::pool_gauges(&conn).await?;
     state.metrics.pool_gauges(&pools);
     Ok(())
 }

@@ -8,34 +8,32 @@
 
 use std::future::Future;
 
-use deadpool_postgres::{Object, Pool};
+use crate::db::{Conn, Db};
 
 use super::ReconcileError;
-use crate::store::StoreError;
 
 pub(super) struct StepConn<'a> {
-    pool: &'a Pool,
-    held: Option<Object>,
+    db: &'a Db,
+    held: Option<Conn>,
 }
 
 impl<'a> StepConn<'a> {
     /// Holds nothing yet: the first [`StepConn::client`] checks a connection out.
-    pub(super) fn new(pool: &'a Pool) -> StepConn<'a> {
-        StepConn { pool, held: None }
+    pub(super) fn new(db: &'a Db) -> StepConn<'a> {
+        StepConn { db, held: None }
     }
 
     /// The step's connection, checked out now if none is held. A held connection the
     /// database closed meanwhile (a restart, a dropped socket) is let go and replaced, as the
     /// pool's own checkout would, so one failed statement does not fail the rest of the step.
-    pub(super) async fn client(&mut self) -> Result<&tokio_postgres::Client, ReconcileError> {
+    pub(super) async fn client(&mut self) -> Result<&Conn, ReconcileError> {
         if self.held.as_ref().is_some_and(|c| c.is_closed()) {
             self.held = None;
         }
         if self.held.is_none() {
-            self.held = Some(self.pool.get().await.map_err(StoreError::from)?);
+            self.held = Some(self.db.get().await?);
         }
-        let client: &tokio_postgres::Client = self.held.as_ref().expect("checked out just above");
-        Ok(client)
+        Ok(self.held.as_ref().expect("checked out just above"))
     }
 
     /// Gives the connection back to the pool (a no-op when none is held).

@@ -67,7 +67,7 @@ use serde::Serialize;
 
 use crate::app::AppState;
 use crate::domain::{Phase, PoolRef};
-use crate::store::{self, HostRow, PoolRow, StoreError, VmRow};
+use crate::store::{self, HostRow, PoolRow, VmRow};
 use conn::StepConn;
 
 pub use error::ReconcileError;
@@ -147,9 +147,8 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     let t0 = Instant::now();
     let rc = &state.config.reconcile;
     let started_db: DateTime<Utc> = {
-        let conn = state.db.get().await.map_err(StoreError::from)?;
-        // query_typed: an unnamed statement, safe through a transaction-mode pooler.
-        conn.query_typed_one("SELECT now()", &[]).await.map_err(StoreError::from)?.get(0)
+        let conn = state.db.get().await?;
+        store::database_now(&conn).await?
     };
     let pass = Arc::new(Pass {
         state,

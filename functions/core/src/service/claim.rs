@@ -54,7 +54,7 @@ pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -
         false => None,
     };
     let outcome = store::lease_claim(
-        &**conn,
+        &conn,
         prepared.as_ref(),
         &req.pool,
         lease_id.as_str(),
@@ -95,7 +95,7 @@ fn exhausted(pool: &PoolRef) -> ApiError {
 async fn replay_winner(state: &AppState, principal: &Principal, req: &ClaimRequest) -> Result<ClaimResponse, ApiError> {
     let rid = req.request_id.as_ref().ok_or_else(|| ApiError::internal("a duplicate needs a request_id"))?;
     let conn = state.conn().await?;
-    match store::lease_get_by_request_id(&**conn, &principal.name, rid.as_str()).await? {
+    match store::lease_get_by_request_id(&conn, &principal.name, rid.as_str()).await? {
         Some(view) => replay(state, req, rid, view),
         None => {
             state.metrics.claim_failure(&req.pool, "aborted");
@@ -119,7 +119,7 @@ async fn claim_with_hook(
 ) -> Result<ClaimResponse, ApiError> {
     let taken = {
         let conn = state.conn().await?;
-        store::vm_claim_for_hook(&**conn, &req.pool).await?
+        store::vm_claim_for_hook(&conn, &req.pool).await?
     };
     if !taken.pool_found {
         return Err(pool_not_found(&req.pool));
@@ -164,7 +164,7 @@ async fn finish_hook_claim(
     let rid = req.request_id.as_ref().map(RequestId::as_str);
     let outcome = {
         let conn = state.conn().await?;
-        store::lease_insert_after_hook(&**conn, &vm.id, lease_id.as_str(), rid, &principal.name).await?
+        store::lease_insert_after_hook(&conn, &vm.id, lease_id.as_str(), rid, &principal.name).await?
     };
     match outcome {
         HookLease::VmTaken => Err(vm_taken(state, req, &vm)),
@@ -173,7 +173,7 @@ async fn finish_hook_claim(
             // with the winner's lease.
             let given_back = {
                 let conn = state.conn().await?;
-                store::vm_transition(&**conn, &vm.id, Phase::PreLeaseHookRunning, Phase::Available, None, None).await?
+                store::vm_transition(&conn, &vm.id, Phase::PreLeaseHookRunning, Phase::Available, None, None).await?
             };
             if !given_back {
                 return Err(vm_taken(state, req, &vm));
@@ -223,7 +223,7 @@ async fn pre_lease_hook_failed(
             Ok(c) => c,
             Err(e) => return e,
         };
-        match store::pool_get(&**conn, &req.pool).await {
+        match store::pool_get(&conn, &req.pool).await {
             Ok(Some((p, _))) => p.hook_failure_policy,
             Ok(None) => return vm_taken(state, req, vm),
             Err(e) => return e.into(),
@@ -236,7 +236,7 @@ async fn pre_lease_hook_failed(
     let payload = serde_json::json!({"hook": "pre_lease", "reason": reason, "policy": policy});
     let moved = match state.conn().await {
         Ok(conn) => store::vm_transition(
-            &**conn,
+            &conn,
             &vm.id,
             Phase::PreLeaseHookRunning,
             to,

@@ -24,7 +24,7 @@ pub async fn list(
     let events = loop {
         let events = {
             let conn = state.conn().await?;
-            store::event_list(&**conn, after, namespace, pool, limit).await?
+            store::event_list(&conn, after, namespace, pool, limit).await?
         };
         if !events.is_empty() || tokio::time::Instant::now() >= deadline {
             break events;

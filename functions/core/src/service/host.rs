@@ -110,7 +110,7 @@ pub async fn create(state: &AppState, spec: HostSpec) -> Result<Host, ApiError> 
     validate_name("name", &name).map_err(ApiError::InvalidArgument)?;
     let tls = spec.validate()?;
     let conn = state.conn().await?;
-    let (row, n) = store::host_insert(&**conn, &write(&name, &spec, &tls)).await?.ok_or_else(|| {
+    let (row, n) = store::host_insert(&conn, &write(&name, &spec, &tls)).await?.ok_or_else(|| {
         ApiError::AlreadyExists(format!("host {name} already exists: use PUT /v1/hosts/{name} to change it"))
     })?;
     tracing::info!(host = %name, address = %row.address, "host registered");
@@ -128,38 +128,38 @@ pub async fn update(state: &AppState, name: &str, spec: HostSpec) -> Result<Host
     }
     let tls = spec.validate()?;
     let conn = state.conn().await?;
-    let (row, n) = store::host_update(&**conn, &write(name, &spec, &tls)).await?.ok_or_else(|| not_found(name))?;
+    let (row, n) = store::host_update(&conn, &write(name, &spec, &tls)).await?.ok_or_else(|| not_found(name))?;
     Ok(Host::new(&row, n))
 }
 
 pub async fn get(state: &AppState, name: &str) -> Result<Host, ApiError> {
     let conn = state.conn().await?;
-    let (row, n) = store::host_get(&**conn, name).await?.ok_or_else(|| not_found(name))?;
+    let (row, n) = store::host_get(&conn, name).await?.ok_or_else(|| not_found(name))?;
     Ok(Host::new(&row, n))
 }
 
 pub async fn list(state: &AppState) -> Result<Vec<Host>, ApiError> {
     let conn = state.conn().await?;
-    Ok(store::host_list(&**conn).await?.iter().map(|(h, n)| Host::new(h, *n)).collect())
+    Ok(store::host_list(&conn).await?.iter().map(|(h, n)| Host::new(h, *n)).collect())
 }
 
 /// Cordons (`Some(reason)`) or uncordons (`None`) a host. Idempotent.
 pub async fn set_cordon(state: &AppState, name: &str, reason: Option<&str>) -> Result<Host, ApiError> {
     let conn = state.conn().await?;
-    let (row, n) = store::host_set_cordon(&**conn, name, reason).await?.ok_or_else(|| not_found(name))?;
+    let (row, n) = store::host_set_cordon(&conn, name, reason).await?.ok_or_else(|| not_found(name))?;
     tracing::info!(host = %name, cordoned = row.cordoned, "host cordon changed");
     Ok(Host::new(&row, n))
 }
 
 pub async fn remove(state: &AppState, name: &str) -> Result<(), ApiError> {
     let mut conn = state.conn().await?;
-    let tx = conn.transaction().await.map_err(store::StoreError::from)?;
+    let tx = conn.transaction().await?;
     // Lock the host row in a statement of its own first. Under READ COMMITTED the in-use
     // check below then takes its snapshot after the lock is granted, so it sees a pool that a
     // concurrent create/update (holding KEY SHARE on this row) has just committed. Checking
     // in the locking statement itself would use a snapshot from before the wait and miss it.
-    store::host_lock(&*tx, name).await?;
-    match store::host_delete(&*tx, name).await? {
+    store::host_lock(&tx, name).await?;
+    match store::host_delete(&tx, name).await? {
         HostDelete::NotFound => Err(not_found(name)),
         HostDelete::InUse { pools, vm_count } => Err(ApiError::FailedPrecondition(format!(
             "host {name} is still in use ({} pool(s){}{}, {vm_count} VM(s)): cordon it, remove it from those pools' flintlock_hosts and wait for its VMs to go",
@@ -168,7 +168,7 @@ pub async fn remove(state: &AppState, name: &str) -> Result<(), ApiError> {
             pools.join(", ")
         ))),
         HostDelete::Deleted => {
-            tx.commit().await.map_err(store::StoreError::from)?;
+            tx.commit().await?;
             Ok(())
         }
     }

@@ -22,13 +22,13 @@ fn lease_not_found(id: &LeaseId) -> ApiError {
 
 pub async fn get(state: &AppState, id: &LeaseId) -> Result<LeaseRecord, ApiError> {
     let conn = state.conn().await?;
-    let view = store::lease_get(&**conn, id.as_str()).await?.ok_or_else(|| lease_not_found(id))?;
+    let view = store::lease_get(&conn, id.as_str()).await?.ok_or_else(|| lease_not_found(id))?;
     Ok(LeaseRecord::from_view(&view))
 }
 
 pub async fn heartbeat(state: &AppState, id: &LeaseId) -> Result<LeaseRecord, ApiError> {
     let conn = state.conn().await?;
-    match store::lease_heartbeat(&**conn, id.as_str()).await? {
+    match store::lease_heartbeat(&conn, id.as_str()).await? {
         Some(view) => Ok(LeaseRecord::from_view(&view)),
         None => Err(ApiError::NotFound(format!(
             "lease {} not found (released, expired, or its pool was deleted): claim a new VM",
@@ -63,7 +63,7 @@ pub async fn list(
     let only = (!principal.is_admin()).then_some(principal.name.as_str());
     let conn = state.conn().await?;
     // One extra row tells whether another page exists.
-    let mut views = store::lease_list(&**conn, pool, only, &after, size + 1).await?;
+    let mut views = store::lease_list(&conn, pool, only, &after, size + 1).await?;
     let more = views.len() as i64 > size;
     views.truncate(size as usize);
     let next_page_token = match (more, views.last()) {
@@ -92,12 +92,12 @@ pub async fn release(state: &AppState, id: &LeaseId) -> Result<(), ApiError> {
     let id = id.clone();
     super::detached(async move {
         let conn = state.conn().await?;
-        let view = store::lease_begin_release(&**conn, id.as_str()).await?.ok_or_else(|| lease_not_found(&id))?;
+        let view = store::lease_begin_release(&conn, id.as_str()).await?.ok_or_else(|| lease_not_found(&id))?;
         drop(conn);
         let Some(vm) = view.vm else {
             // The VM row is gone (a concurrent deleter finished it); only the lease remains.
             let conn = state.conn().await?;
-            store::lease_delete(&**conn, id.as_str()).await?;
+            store::lease_delete(&conn, id.as_str()).await?;
             return Ok(());
         };
         match teardown::finish_vm_delete(&state.flintlock, &state.db, &vm, view.host.as_ref())

@@ -8,7 +8,7 @@ use crate::store;
 /// One round trip to the database: `Ok` when it answers.
 pub async fn health(state: &AppState) -> Result<(), ApiError> {
     let conn = state.conn().await?;
-    store::ping(&**conn).await?;
+    store::ping(&conn).await?;
     Ok(())
 }
 
@@ -17,6 +17,6 @@ pub async fn health(state: &AppState) -> Result<(), ApiError> {
 pub async fn metrics_text(state: &AppState) -> Result<String, ApiError> {
     let mut text = state.metrics.render();
     let conn = state.conn().await?;
-    text.push_str(&crate::metrics::render_pool_gauges(&store::pool_gauges(&**conn).await?));
+    text.push_str(&crate::metrics::render_pool_gauges(&store::pool_gauges(&conn).await?));
     Ok(text)
 }

@@ -14,7 +14,7 @@ fn not_found(pool: &PoolRef) -> ApiError {
 
 /// Refuses a spec that names hosts nobody registered. Locks the named hosts (KEY SHARE) for
 /// the rest of the transaction so a concurrent RemoveHost cannot slip in.
-async fn check_hosts(tx: &tokio_postgres::Transaction<'_>, spec: &PoolSpec) -> Result<(), ApiError> {
+async fn check_hosts(tx: &crate::db::Tx<'_>, spec: &PoolSpec) -> Result<(), ApiError> {
     let missing = store::host_missing_for_pool(tx, &spec.flintlock_hosts).await?;
     if missing.is_empty() {
         Ok(())
@@ -42,7 +42,7 @@ async fn check_hosts_can_exec(state: &AppState, spec: &PoolSpec) -> Result<(), A
     for name in &spec.flintlock_hosts {
         let host = {
             let conn = state.conn().await?;
-            store::host_get(&**conn, name).await?
+            store::host_get(&conn, name).await?
         };
         // Unregistered hosts are refused by check_hosts with their own message.
         let Some((host, _)) = host else { continue };
@@ -58,7 +58,7 @@ async fn check_hosts_can_exec(state: &AppState, spec: &PoolSpec) -> Result<(), A
         };
         {
             let conn = state.conn().await?;
-            store::host_record_probe(&**conn, name, version.as_deref(), why.as_deref()).await?;
+            store::host_record_probe(&conn, name, version.as_deref(), why.as_deref()).await?;
         }
         if let Some(why) = why {
             refused.push(format!("{name}: {why}"));
@@ -79,12 +79,12 @@ pub async fn create(state: &AppState, spec: PoolSpec) -> Result<Pool, ApiError> 
     validated(&spec)?;
     check_hosts_can_exec(state, &spec).await?;
     let mut conn = state.conn().await?;
-    let tx = conn.transaction().await.map_err(store::StoreError::from)?;
+    let tx = conn.transaction().await?;
     check_hosts(&tx, &spec).await?;
-    let row = store::pool_insert(&*tx, &spec).await?.ok_or_else(|| {
+    let row = store::pool_insert(&tx, &spec).await?.ok_or_else(|| {
         ApiError::AlreadyExists(format!("pool {} already exists: use PUT to change it", spec.pool_ref()))
     })?;
-    tx.commit().await.map_err(store::StoreError::from)?;
+    tx.commit().await?;
     tracing::info!(pool = %spec.pool_ref(), size = spec.size, "pool created");
     Ok(Pool::new(&row, PoolStatus::default()))
 }
@@ -99,26 +99,26 @@ pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec) -> Result<
     validated(&spec)?;
     check_hosts_can_exec(state, &spec).await?;
     let mut conn = state.conn().await?;
-    let tx = conn.transaction().await.map_err(store::StoreError::from)?;
+    let tx = conn.transaction().await?;
     check_hosts(&tx, &spec).await?;
-    if !store::pool_update(&*tx, &spec).await? {
+    if !store::pool_update(&tx, &spec).await? {
         return Err(not_found(path));
     }
-    let (row, status) = store::pool_get(&*tx, path).await?.ok_or_else(|| not_found(path))?;
-    tx.commit().await.map_err(store::StoreError::from)?;
+    let (row, status) = store::pool_get(&tx, path).await?.ok_or_else(|| not_found(path))?;
+    tx.commit().await?;
     tracing::info!(pool = %path, size = spec.size, "pool updated");
     Ok(Pool::new(&row, status))
 }
 
 pub async fn get(state: &AppState, pool: &PoolRef) -> Result<Pool, ApiError> {
     let conn = state.conn().await?;
-    let (row, status) = store::pool_get(&**conn, pool).await?.ok_or_else(|| not_found(pool))?;
+    let (row, status) = store::pool_get(&conn, pool).await?.ok_or_else(|| not_found(pool))?;
     Ok(Pool::new(&row, status))
 }
 
 pub async fn list(state: &AppState, namespace: Option<&str>) -> Result<Vec<Pool>, ApiError> {
     let conn = state.conn().await?;
-    Ok(store::pool_list(&**conn, namespace).await?.into_iter().map(|(r, s)| Pool::new(&r, s)).collect())
+    Ok(store::pool_list(&conn, namespace).await?.into_iter().map(|(r, s)| Pool::new(&r, s)).collect())
 }
 
 /// Deletes a pool: its row goes, every VM becomes DELETING and every lease is removed in one
@@ -129,8 +129,8 @@ pub async fn delete(state: &AppState, pool: &PoolRef, force: bool) -> Result<(),
     let pool = pool.clone();
     super::detached(async move {
         let mut conn = state.conn().await?;
-        let tx = conn.transaction().await.map_err(store::StoreError::from)?;
-        let (vms, leases) = match store::pool_delete_and_mark_vms(&*tx, &pool, force).await? {
+        let tx = conn.transaction().await?;
+        let (vms, leases) = match store::pool_delete_and_mark_vms(&tx, &pool, force).await? {
             PoolDelete::NotFound => return Err(not_found(&pool)),
             // Dropping the transaction rolls the pool row back.
             PoolDelete::HasLeasedVms(n) => {
@@ -140,7 +140,7 @@ pub async fn delete(state: &AppState, pool: &PoolRef, force: bool) -> Result<(),
             }
             PoolDelete::Deleted { vms, leases } => (vms, leases),
         };
-        tx.commit().await.map_err(store::StoreError::from)?;
+        tx.commit().await?;
         drop(conn);
         let now = chrono::Utc::now();
         for l in &leases {
@@ -150,7 +150,7 @@ pub async fn delete(state: &AppState, pool: &PoolRef, force: bool) -> Result<(),
 
         let hosts: HashMap<String, store::HostRow> = {
             let conn = state.conn().await?;
-            store::host_list(&**conn).await?.into_iter().map(|(h, _)| (h.name.clone(), h)).collect()
+            store::host_list(&conn).await?.into_iter().map(|(h, _)| (h.name.clone(), h)).collect()
         };
         let deletes = vms.iter().map(|vm| {
             let state = &state;

@@ -15,12 +15,12 @@ pub async fn list(
     phase: Option<Phase>,
 ) -> Result<Vec<VmRecord>, ApiError> {
     let conn = state.conn().await?;
-    let vms = store::vm_list(&**conn, namespace, pool, phase).await?;
+    let vms = store::vm_list(&conn, namespace, pool, phase).await?;
     Ok(vms.iter().map(Into::into).collect())
 }
 
 pub async fn get(state: &AppState, id: &str) -> Result<VmRecord, ApiError> {
     let conn = state.conn().await?;
-    let vm = store::vm_get(&**conn, id).await?.ok_or_else(|| ApiError::NotFound(format!("vm {id} not found")))?;
+    let vm = store::vm_get(&conn, id).await?.ok_or_else(|| ApiError::NotFound(format!("vm {id} not found")))?;
     Ok(VmRecord::from(&vm))
 }

@@ -11,7 +11,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Statement};
 
 use super::lease::lease_view;
-use super::{HostRow, LeaseRow, LeaseView, Result, Timed, VmRow, json_col, timed};
+use super::{Executor, HostRow, LeaseRow, LeaseView, Result, Timed, VmRow, json_col, timed};
 use crate::domain::PoolRef;
 
 pub enum ClaimOutcome {
@@ -62,8 +62,9 @@ macro_rules! pick_available_vm {
 
 /// The claim statement prepared on this connection, from deadpool's per-connection cache:
 /// planned at most a few times per connection instead of on every claim.
-pub async fn lease_claim_prepare(c: &deadpool_postgres::ClientWrapper) -> Result<Statement> {
-    timed(&**c, c.prepare_typed_cached(LEASE_CLAIM_SQL, &[Type::TEXT; 5])).await
+pub async fn lease_claim_prepare(c: &crate::db::Conn) -> Result<Statement> {
+    let cached = c.wrapper();
+    timed(c.limits(), c.pg(), cached.prepare_typed_cached(LEASE_CLAIM_SQL, &[Type::TEXT; 5])).await
 }
 
 /// The claim: replay lookup, pick, lease insert, VM update and event in one statement.
@@ -129,7 +130,7 @@ pub const LEASE_CLAIM_SQL: &str = concat!(
 /// `prepared` is [`lease_claim_prepare`]'s statement for this connection, or `None` to send
 /// the text (one unnamed statement, planned every time: what a transaction pooler needs).
 pub async fn lease_claim(
-    c: &impl GenericClient,
+    c: &impl Executor,
     prepared: Option<&Statement>,
     pool: &PoolRef,
     lease_id: &str,
@@ -138,7 +139,12 @@ pub async fn lease_claim(
 ) -> Result<ClaimOutcome> {
     let row = match prepared {
         Some(stmt) => {
-            timed(c, c.query_one(stmt, &[&pool.namespace, &pool.name, &lease_id, &request_id, &principal])).await?
+            timed(
+                c.limits(),
+                c.pg(),
+                c.pg().query_one(stmt, &[&pool.namespace, &pool.name, &lease_id, &request_id, &principal]),
+            )
+            .await?
         }
         None => {
             c.timed_query_one(
@@ -182,7 +188,7 @@ pub struct HookClaim {
     pub commands: Vec<String>,
 }
 
-pub async fn vm_claim_for_hook(c: &impl GenericClient, pool: &PoolRef) -> Result<HookClaim> {
+pub async fn vm_claim_for_hook(c: &impl Executor, pool: &PoolRef) -> Result<HookClaim> {
     let row = c
         .timed_query_one(
             concat!(
@@ -231,7 +237,7 @@ pub enum HookLease {
 /// [`lease_claim`], the INSERT runs before the UPDATE, so a rejected request_id changes
 /// nothing.
 pub async fn lease_insert_after_hook(
-    c: &impl GenericClient,
+    c: &impl Executor,
     vm_id: &str,
     lease_id: &str,
     request_id: Option<&str>,

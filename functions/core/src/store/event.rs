@@ -6,10 +6,9 @@
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
-use tokio_postgres::GenericClient;
 use tokio_postgres::types::Type;
 
-use super::{Result, Timed, json_req};
+use super::{Executor, Result, Timed, json_req};
 use crate::domain::{EventType, PoolRef};
 
 /// An `events` row.
@@ -27,7 +26,7 @@ pub struct EventRow {
 }
 
 pub async fn event_insert(
-    c: &impl GenericClient,
+    c: &impl Executor,
     kind: EventType,
     pool: &PoolRef,
     vm_id: Option<&str>,
@@ -53,7 +52,7 @@ pub async fn event_insert(
 }
 
 pub async fn event_list(
-    c: &impl GenericClient,
+    c: &impl Executor,
     after: i64,
     namespace: Option<&str>,
     pool: Option<&str>,

@@ -5,10 +5,10 @@
 //!
 //! Never revives an expired lease: a heartbeat after `expires_at` finds nothing.
 
+use tokio_postgres::Row;
 use tokio_postgres::types::Type;
-use tokio_postgres::{GenericClient, Row};
 
-use super::{HostRow, LeaseRow, Result, Timed, VmRow, json_col, json_req};
+use super::{Executor, HostRow, LeaseRow, Result, Timed, VmRow, json_col, json_req};
 use crate::domain::PoolRef;
 
 /// A lease with the VM and host it points at (either may be gone).
@@ -31,7 +31,7 @@ const LEASE_VIEW_SELECT: &str = "SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm,
 /// The live lease this principal created with this request_id, on any pool: how a claim that
 /// lost a concurrent request_id race finds the winner's lease.
 pub async fn lease_get_by_request_id(
-    c: &impl GenericClient,
+    c: &impl Executor,
     principal: &str,
     request_id: &str,
 ) -> Result<Option<LeaseView>> {
@@ -40,7 +40,7 @@ pub async fn lease_get_by_request_id(
     row.as_ref().map(lease_view).transpose()
 }
 
-pub async fn lease_get(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseView>> {
+pub async fn lease_get(c: &impl Executor, lease_id: &str) -> Result<Option<LeaseView>> {
     let sql = format!("{LEASE_VIEW_SELECT} WHERE l.lease_id = $1");
     let row = c.timed_query_opt(&sql, &[(&lease_id, Type::TEXT)]).await?;
     row.as_ref().map(lease_view).transpose()
@@ -49,7 +49,7 @@ pub async fn lease_get(c: &impl GenericClient, lease_id: &str) -> Result<Option<
 /// Extends a lease by its pool's *current* expiry. `None` if the lease or its pool is gone,
 /// or the lease already expired (an expired lease is not revived: the reconciler is about to
 /// delete its VM).
-pub async fn lease_heartbeat(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseView>> {
+pub async fn lease_heartbeat(c: &impl Executor, lease_id: &str) -> Result<Option<LeaseView>> {
     let row = c
         .timed_query_opt(
             "WITH l AS (
@@ -74,7 +74,7 @@ pub async fn lease_heartbeat(c: &impl GenericClient, lease_id: &str) -> Result<O
 /// Leases ordered by id, after `after`, at most `limit`; optionally one pool's, optionally
 /// one principal's.
 pub async fn lease_list(
-    c: &impl GenericClient,
+    c: &impl Executor,
     pool: Option<&PoolRef>,
     principal: Option<&str>,
     after: &str,
@@ -107,7 +107,7 @@ pub async fn lease_list(
 
 /// First step of a release: marks the lease's VM DELETING (terminal), keeping the lease row
 /// until flintlock confirms the delete. `None` for an unknown lease.
-pub async fn lease_begin_release(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseView>> {
+pub async fn lease_begin_release(c: &impl Executor, lease_id: &str) -> Result<Option<LeaseView>> {
     let row = c
         .timed_query_opt(
             "WITH l AS (
@@ -128,7 +128,7 @@ pub async fn lease_begin_release(c: &impl GenericClient, lease_id: &str) -> Resu
 }
 
 /// Removes a lease whose VM row is already gone.
-pub async fn lease_delete(c: &impl GenericClient, lease_id: &str) -> Result<Option<LeaseRow>> {
+pub async fn lease_delete(c: &impl Executor, lease_id: &str) -> Result<Option<LeaseRow>> {
     let row = c
         .timed_query_opt(
             "DELETE FROM leases l WHERE lease_id = $1 RETURNING to_jsonb(l) AS lease",
@@ -141,7 +141,7 @@ pub async fn lease_delete(c: &impl GenericClient, lease_id: &str) -> Result<Opti
 /// Expires a pool's leases with `expires_at <= now()`: lease removed, VM → DELETING and
 /// VM_DELETED_DUE_TO_EXPIRY, in one statement. A concurrent heartbeat either commits first
 /// (and the lease is no longer expired when this re-checks it) or finds the lease gone.
-pub async fn lease_expire_for_pool(c: &impl GenericClient, pool: &PoolRef) -> Result<Vec<LeaseRow>> {
+pub async fn lease_expire_for_pool(c: &impl Executor, pool: &PoolRef) -> Result<Vec<LeaseRow>> {
     let rows = c
         .timed_query(
             "WITH exp AS (
@@ -163,7 +163,7 @@ pub async fn lease_expire_for_pool(c: &impl GenericClient, pool: &PoolRef) -> Re
 }
 
 /// Writes VM_EXPIRING_SOON once per expiry deadline for leases expiring within `window`.
-pub async fn lease_warn_expiring_for_pool(c: &impl GenericClient, pool: &PoolRef, window_seconds: f64) -> Result<u64> {
+pub async fn lease_warn_expiring_for_pool(c: &impl Executor, pool: &PoolRef, window_seconds: f64) -> Result<u64> {
     c.timed_execute(
         "WITH w AS (
                  UPDATE leases SET warned_expires_at = expires_at

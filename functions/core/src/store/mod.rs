@@ -3,8 +3,8 @@
 //! Rows are read as `to_jsonb(<table alias>)` and decoded into the `*Row` structs, so a
 //! table's columns are defined once, by the table, and every statement that returns a row of
 //! it (SELECT, INSERT … RETURNING, a CTE) maps it the same way. Statements are named
-//! `entity_verb`. Each function takes any client — a pooled connection or a transaction — so
-//! callers compose them into larger transactions.
+//! `entity_verb`. Each function takes any [`Executor`] — a pooled connection or a transaction
+//! of a [`crate::db::Db`] — so callers compose them into larger transactions.
 //!
 //! Statements go through `query_typed` (the unnamed statement, parameter types given here):
 //! no named prepared statements and no session state, so a transaction-mode pooler (RDS
@@ -15,8 +15,9 @@
 //! place, [`interpret`].
 //!
 //! Every statement is issued through [`Timed`] (`timed_query`, `timed_query_one`, …), which
-//! bounds it by the client-side statement timeout: a server-side `statement_timeout` would
-//! need session state or a startup parameter that transaction poolers drop or refuse.
+//! bounds it by the client-side statement timeout of the executor's database handle
+//! ([`Limits`]): a server-side `statement_timeout` would need session state or a startup
+//! parameter that transaction poolers drop or refuse.
 //!
 //! The store never decides what a result means to a client (404 or 409, retry or not: that
 //! is `service`'s and `reconcile`'s), and never lets a `tokio_postgres` error out untranslated.
@@ -43,17 +44,15 @@
 //!   hooks ([`vm_claim_for_hook`], [`lease_insert_after_hook`]).
 //! - `rows.rs`: [`LeaseRow`], kept below `vm.rs` and `lease.rs` because each of those returns
 //!   the other's row (no import circle).
-//! - this file: [`StoreError`] and [`interpret`], the statement timeout and [`Timed`], the
+//! - this file: [`StoreError`] and [`interpret`], [`Executor`], [`Limits`] and [`Timed`], the
 //!   jsonb row decoding, [`ping`].
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
-use tokio_postgres::GenericClient;
-use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{GenericClient, Row};
 
 mod claim;
 mod event;
@@ -120,57 +119,85 @@ impl From<deadpool_postgres::PoolError> for StoreError {
 }
 
 // ---------------------------------------------------------------------------------------
-// Statement timeout
+// Executors and the statement timeout
 // ---------------------------------------------------------------------------------------
 
-/// The client-side statement timeout in milliseconds, 0 for none. Process-wide: a process
-/// serves one configuration, and [`crate::db::connect_pool`] sets it from that.
-static STATEMENT_TIMEOUT_MS: AtomicU64 = AtomicU64::new(0);
-/// Whether a timed-out statement gets a cancel request.
-static CANCEL_ON_TIMEOUT: AtomicBool = AtomicBool::new(true);
-
-/// Sets the limit [`Timed`] applies to every statement (`None`: no limit), and whether a
-/// statement past it is cancelled on the server. Turn cancelling off in front of PgBouncer
-/// older than 1.19: it can crash on the cancel request of a client that closes the cancel
-/// socket right away, as tokio-postgres does (PgBouncer issue #801).
-pub fn set_statement_timeout(limit: Option<Duration>, cancel: bool) {
-    let ms = limit.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1));
-    STATEMENT_TIMEOUT_MS.store(ms, Ordering::Relaxed);
-    CANCEL_ON_TIMEOUT.store(cancel, Ordering::Relaxed);
+/// The client-side limits of one database handle ([`crate::db::Db`]), which the store applies
+/// to every statement run through that handle's connections. They live in the handle, not in
+/// a process global, so two handles in one process (tests, tools) can differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Past this a statement is abandoned and answers `Unavailable` (`None`: no limit). A
+    /// server-side `statement_timeout` would need session state or a startup parameter that
+    /// transaction poolers drop or refuse.
+    pub statement_timeout: Option<Duration>,
+    /// Send a cancel request for a statement past the timeout, so the server stops working on
+    /// it. Turn it off in front of PgBouncer older than 1.19: it can crash on the cancel
+    /// request of a client that closes the cancel socket right away, as tokio-postgres does
+    /// (PgBouncer issue #801).
+    pub cancel_on_timeout: bool,
 }
 
-/// The current limit of [`Timed`] statements.
-pub fn statement_timeout() -> Option<Duration> {
-    match STATEMENT_TIMEOUT_MS.load(Ordering::Relaxed) {
-        0 => None,
-        ms => Some(Duration::from_millis(ms)),
+impl Limits {
+    /// No timeout: a plain client that a tool or test opened itself.
+    pub const NONE: Limits = Limits { statement_timeout: None, cancel_on_timeout: false };
+}
+
+/// What the store runs statements on: a connection or transaction of a [`crate::db::Db`]
+/// (with that handle's [`Limits`]), or a plain tokio-postgres client or transaction that a
+/// tool or test opened itself (no limits). Every store function takes `&impl Executor`, so
+/// one function composes into a caller's larger transaction (River's `Executor`).
+pub trait Executor: Send + Sync {
+    type Client: GenericClient + Sync;
+    /// The client statements are sent on.
+    fn pg(&self) -> &Self::Client;
+    /// The limits every statement on it runs under.
+    fn limits(&self) -> Limits;
+}
+
+impl Executor for tokio_postgres::Client {
+    type Client = tokio_postgres::Client;
+    fn pg(&self) -> &Self::Client {
+        self
+    }
+    fn limits(&self) -> Limits {
+        Limits::NONE
     }
 }
 
-/// Runs one statement under the statement timeout. Past it the statement's future is
-/// dropped (tokio-postgres discards the late answer), a cancel request is sent so the server
-/// stops working on it (poolers forward cancels; see [`set_statement_timeout`]), and the
-/// caller gets `Unavailable`: the request answers 503 and a transaction it was part of
-/// rolls back.
-async fn timed<C: GenericClient + ?Sized, T>(
+impl<'a> Executor for tokio_postgres::Transaction<'a> {
+    type Client = tokio_postgres::Transaction<'a>;
+    fn pg(&self) -> &Self::Client {
+        self
+    }
+    fn limits(&self) -> Limits {
+        Limits::NONE
+    }
+}
+
+/// Runs one statement under `limits`. Past the timeout the statement's future is dropped
+/// (tokio-postgres discards the late answer), a cancel request is sent so the server stops
+/// working on it (poolers forward cancels; see [`Limits::cancel_on_timeout`]), and the caller
+/// gets `Unavailable`: the request answers 503 and a transaction it was part of rolls back.
+pub(crate) async fn timed<C: GenericClient + ?Sized, T>(
+    limits: Limits,
     c: &C,
     statement: impl Future<Output = std::result::Result<T, tokio_postgres::Error>>,
 ) -> Result<T> {
-    let Some(limit) = statement_timeout() else {
+    let Some(limit) = limits.statement_timeout else {
         return statement.await.map_err(interpret);
     };
     match tokio::time::timeout(limit, statement).await {
         Ok(r) => r.map_err(interpret),
         Err(_) => {
-            let cancel = c.client().cancel_token();
-            tokio::spawn(async move {
-                if !CANCEL_ON_TIMEOUT.load(Ordering::Relaxed) {
-                    return;
-                }
-                if let Err(e) = cancel.cancel_query(tokio_postgres::NoTls).await {
-                    tracing::debug!(error = %e, "cancel request after a statement timeout failed");
-                }
-            });
+            if limits.cancel_on_timeout {
+                let cancel = c.client().cancel_token();
+                tokio::spawn(async move {
+                    if let Err(e) = cancel.cancel_query(tokio_postgres::NoTls).await {
+                        tracing::debug!(error = %e, "cancel request after a statement timeout failed");
+                    }
+                });
+            }
             Err(StoreError::Unavailable(format!(
                 "statement timed out after {} ms (POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS)",
                 limit.as_millis()
@@ -181,38 +208,38 @@ async fn timed<C: GenericClient + ?Sized, T>(
 
 type Params<'a> = &'a [(&'a (dyn ToSql + Sync), Type)];
 
-/// `query_typed` and friends under the statement timeout, answering in `StoreError`.
-pub trait Timed: GenericClient {
+/// `query_typed` and friends under the executor's limits, answering in `StoreError`.
+pub trait Timed: Executor {
     fn timed_query<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<Vec<Row>>> + 'a
     where
         Self: Sized,
     {
-        timed(self, self.query_typed(sql, params))
+        timed(self.limits(), self.pg(), self.pg().query_typed(sql, params))
     }
 
     fn timed_query_one<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<Row>> + 'a
     where
         Self: Sized,
     {
-        timed(self, self.query_typed_one(sql, params))
+        timed(self.limits(), self.pg(), self.pg().query_typed_one(sql, params))
     }
 
     fn timed_query_opt<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<Option<Row>>> + 'a
     where
         Self: Sized,
     {
-        timed(self, self.query_typed_opt(sql, params))
+        timed(self.limits(), self.pg(), self.pg().query_typed_opt(sql, params))
     }
 
     fn timed_execute<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<u64>> + 'a
     where
         Self: Sized,
     {
-        timed(self, self.execute_typed(sql, params))
+        timed(self.limits(), self.pg(), self.pg().execute_typed(sql, params))
     }
 }
 
-impl<C: GenericClient> Timed for C {}
+impl<E: Executor> Timed for E {}
 
 /// Decodes a `to_jsonb(...)` column; NULL (an outer join that found nothing) is `None`.
 fn json_col<T: DeserializeOwned>(row: &Row, col: &str) -> Result<Option<T>> {
@@ -227,7 +254,12 @@ fn json_req<T: DeserializeOwned>(row: &Row, col: &str) -> Result<T> {
     json_col(row, col)?.ok_or_else(|| StoreError::Db(format!("{col} is unexpectedly NULL")))
 }
 
-pub async fn ping(c: &impl GenericClient) -> Result<()> {
+/// The database's clock: the one every time comparison in the store uses.
+pub async fn database_now(c: &impl Executor) -> Result<chrono::DateTime<chrono::Utc>> {
+    Ok(c.timed_query_one("SELECT now()", &[]).await?.get(0))
+}
+
+pub async fn ping(c: &impl Executor) -> Result<()> {
     c.timed_query("SELECT 1", &[]).await?;
     Ok(())
 }

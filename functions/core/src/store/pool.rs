@@ -7,11 +7,11 @@
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
+use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{GenericClient, Row};
 
 use super::vm::VM_COUNTS_OF_POOL_P;
-use super::{LeaseRow, Result, StoreError, Timed, VmCounts, VmRow, json_req};
+use super::{Executor, LeaseRow, Result, StoreError, Timed, VmCounts, VmRow, json_req};
 use crate::domain::{HookFailurePolicy, PoolRef, PoolSpec, Replenishment, Strategy};
 use crate::template::MicroVmTemplate;
 
@@ -87,7 +87,7 @@ fn pool_with_counts(row: &Row) -> Result<(PoolRow, VmCounts)> {
 }
 
 /// Inserts a pool; `None` if one with that key exists.
-pub async fn pool_insert(c: &impl GenericClient, spec: &PoolSpec) -> Result<Option<PoolRow>> {
+pub async fn pool_insert(c: &impl Executor, spec: &PoolSpec) -> Result<Option<PoolRow>> {
     let template = serde_json::to_value(&spec.microvm_template).map_err(|e| StoreError::Db(e.to_string()))?;
     let row = c
         .timed_query_opt(
@@ -117,7 +117,7 @@ pub async fn pool_insert(c: &impl GenericClient, spec: &PoolSpec) -> Result<Opti
 }
 
 /// Replaces a pool's spec; `false` if the pool does not exist.
-pub async fn pool_update(c: &impl GenericClient, spec: &PoolSpec) -> Result<bool> {
+pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<bool> {
     let template = serde_json::to_value(&spec.microvm_template).map_err(|e| StoreError::Db(e.to_string()))?;
     let n = c
         .timed_execute(
@@ -145,7 +145,7 @@ pub async fn pool_update(c: &impl GenericClient, spec: &PoolSpec) -> Result<bool
     Ok(n == 1)
 }
 
-pub async fn pool_get(c: &impl GenericClient, pool: &PoolRef) -> Result<Option<(PoolRow, PoolStatus)>> {
+pub async fn pool_get(c: &impl Executor, pool: &PoolRef) -> Result<Option<(PoolRow, PoolStatus)>> {
     let sql = format!(
         "SELECT to_jsonb(p) AS pool, {VM_COUNTS_OF_POOL_P} AS counts FROM pools p WHERE p.namespace = $1 AND p.name = $2"
     );
@@ -153,15 +153,12 @@ pub async fn pool_get(c: &impl GenericClient, pool: &PoolRef) -> Result<Option<(
     Ok(row.as_ref().map(pool_with_counts).transpose()?.map(|(p, n)| (p, n.into())))
 }
 
-pub async fn pool_list(c: &impl GenericClient, namespace: Option<&str>) -> Result<Vec<(PoolRow, PoolStatus)>> {
+pub async fn pool_list(c: &impl Executor, namespace: Option<&str>) -> Result<Vec<(PoolRow, PoolStatus)>> {
     Ok(pool_list_with_counts(c, namespace).await?.into_iter().map(|(p, n)| (p, n.into())).collect())
 }
 
 /// Every pool (optionally one namespace's), ordered by key, with its VMs counted by phase.
-pub async fn pool_list_with_counts(
-    c: &impl GenericClient,
-    namespace: Option<&str>,
-) -> Result<Vec<(PoolRow, VmCounts)>> {
+pub async fn pool_list_with_counts(c: &impl Executor, namespace: Option<&str>) -> Result<Vec<(PoolRow, VmCounts)>> {
     let sql = format!(
         "SELECT to_jsonb(p) AS pool, {VM_COUNTS_OF_POOL_P} AS counts FROM pools p
          WHERE $1::text IS NULL OR p.namespace = $1
@@ -185,7 +182,7 @@ pub enum PoolDelete {
 /// Deletes a pool and marks its VMs DELETING. Must run inside a transaction: the pool row and
 /// every VM row are locked first, so a claim cannot slip a lease in between the leased-VM
 /// check and the marking.
-pub async fn pool_delete_and_mark_vms(c: &impl GenericClient, pool: &PoolRef, force: bool) -> Result<PoolDelete> {
+pub async fn pool_delete_and_mark_vms(c: &impl Executor, pool: &PoolRef, force: bool) -> Result<PoolDelete> {
     let p: &[(&(dyn ToSql + Sync), Type)] = &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)];
     let deleted = c.timed_execute("DELETE FROM pools WHERE namespace = $1 AND name = $2", p).await?;
     if deleted == 0 {
@@ -228,7 +225,7 @@ pub async fn pool_delete_and_mark_vms(c: &impl GenericClient, pool: &PoolRef, fo
 }
 
 /// Every pool with its size and status, for the pool gauges (`metrics::POOL_GAUGES`).
-pub async fn pool_gauges(c: &impl GenericClient) -> Result<Vec<(PoolRow, PoolStatus)>> {
+pub async fn pool_gauges(c: &impl Executor) -> Result<Vec<(PoolRow, PoolStatus)>> {
     pool_list(c, None).await
 }
 
@@ -236,7 +233,7 @@ pub async fn pool_gauges(c: &impl GenericClient) -> Result<Vec<(PoolRow, PoolSta
 /// before the pass started), oldest first. SKIP LOCKED: overlapping passes take different
 /// pools; the row lease then keeps them apart until `lease_seconds` pass.
 pub async fn pool_take_reconcile_lease(
-    c: &impl GenericClient,
+    c: &impl Executor,
     owner: &str,
     pass_started: DateTime<Utc>,
     lease_seconds: f64,
@@ -259,7 +256,7 @@ pub async fn pool_take_reconcile_lease(
 }
 
 /// Gives a pool's reconcile lease back (only if this owner still holds it).
-pub async fn pool_release_reconcile_lease(c: &impl GenericClient, pool: &PoolRef, owner: &str) -> Result<()> {
+pub async fn pool_release_reconcile_lease(c: &impl Executor, pool: &PoolRef, owner: &str) -> Result<()> {
     c.timed_execute(
         "UPDATE pools SET reconcile_owner = NULL, reconcile_until = now()
          WHERE namespace = $1 AND name = $2 AND reconcile_owner = $3",

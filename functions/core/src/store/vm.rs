@@ -6,10 +6,9 @@
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
-use tokio_postgres::GenericClient;
 use tokio_postgres::types::Type;
 
-use super::{LeaseRow, Result, Timed, json_col, json_req};
+use super::{Executor, LeaseRow, Result, Timed, json_col, json_req};
 use crate::domain::{EventType, Phase, PoolRef};
 
 /// A `vms` row.
@@ -72,13 +71,13 @@ pub(super) const VM_COUNTS_OF_POOL_P: &str = "
      FROM vms v LEFT JOIN leases l ON l.vm_id = v.id
      WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name)";
 
-pub async fn vm_get(c: &impl GenericClient, id: &str) -> Result<Option<VmRow>> {
+pub async fn vm_get(c: &impl Executor, id: &str) -> Result<Option<VmRow>> {
     let row = c.timed_query_opt("SELECT to_jsonb(v) AS vm FROM vms v WHERE v.id = $1", &[(&id, Type::TEXT)]).await?;
     row.as_ref().map(|r| json_req(r, "vm")).transpose()
 }
 
 pub async fn vm_list(
-    c: &impl GenericClient,
+    c: &impl Executor,
     namespace: Option<&str>,
     pool: Option<&str>,
     phase: Option<Phase>,
@@ -107,7 +106,7 @@ pub struct VmInsert<'a> {
     pub network_interfaces: &'a serde_json::Value,
 }
 
-pub async fn vm_insert(c: &impl GenericClient, vm: &VmInsert<'_>) -> Result<VmRow> {
+pub async fn vm_insert(c: &impl Executor, vm: &VmInsert<'_>) -> Result<VmRow> {
     let phase = vm.phase.as_str();
     let row = c
         .timed_query_one(
@@ -139,7 +138,7 @@ pub enum VmFinish {
 /// delete. A lease still present means a release is being finished: VM_DELETED_ON_RELEASE is
 /// written in the same transaction. Expiry and pool delete wrote their events when they
 /// marked the VM.
-pub async fn vm_finish_delete(c: &impl GenericClient, vm_id: &str) -> Result<VmFinish> {
+pub async fn vm_finish_delete(c: &impl Executor, vm_id: &str) -> Result<VmFinish> {
     let row = c
         .timed_query_one(
             "WITH v AS (
@@ -161,7 +160,7 @@ pub async fn vm_finish_delete(c: &impl GenericClient, vm_id: &str) -> Result<VmF
 }
 
 /// Every VM row of a pool with whether it has a committed lease.
-pub async fn vm_list_for_pool(c: &impl GenericClient, pool: &PoolRef) -> Result<Vec<(VmRow, bool)>> {
+pub async fn vm_list_for_pool(c: &impl Executor, pool: &PoolRef) -> Result<Vec<(VmRow, bool)>> {
     let rows = c
         .timed_query(
             "SELECT to_jsonb(v) AS vm, EXISTS (SELECT 1 FROM leases l WHERE l.vm_id = v.id) AS has_lease
@@ -178,7 +177,7 @@ pub async fn vm_list_for_pool(c: &impl GenericClient, pool: &PoolRef) -> Result<
 /// first. The chosen host row is share-locked, so a cordon committing meanwhile waits for
 /// this insert (and the next placement sees it). `None`: no eligible host.
 pub async fn vm_place_and_insert(
-    c: &impl GenericClient,
+    c: &impl Executor,
     pool: &PoolRef,
     id: &str,
     skip: &[String],
@@ -213,7 +212,7 @@ pub async fn vm_place_and_insert(
 }
 
 /// Records flintlock's uid on an intent row (after CreateMicroVM, or adoption).
-pub async fn vm_set_uid(c: &impl GenericClient, vm_id: &str, uid: &str, event: EventType) -> Result<bool> {
+pub async fn vm_set_uid(c: &impl Executor, vm_id: &str, uid: &str, event: EventType) -> Result<bool> {
     let kind = event.as_str();
     let n = c
         .timed_execute(
@@ -235,7 +234,7 @@ pub async fn vm_set_uid(c: &impl GenericClient, vm_id: &str, uid: &str, event: E
 /// phase), recording interfaces when given and writing `event` in the same statement.
 /// `false` if the VM was not in `from` any more.
 pub async fn vm_transition(
-    c: &impl GenericClient,
+    c: &impl Executor,
     vm_id: &str,
     from: Phase,
     to: Phase,
@@ -279,7 +278,7 @@ pub async fn vm_transition(
 
 /// Backs a VM off after a failed step: attempts + 1, next try after an exponential delay
 /// (`base * 2^attempts`, at most `cap`).
-pub async fn vm_backoff(c: &impl GenericClient, vm_id: &str, base_seconds: f64, cap_seconds: f64) -> Result<()> {
+pub async fn vm_backoff(c: &impl Executor, vm_id: &str, base_seconds: f64, cap_seconds: f64) -> Result<()> {
     c.timed_execute(
         "UPDATE vms SET attempts = attempts + 1,
              next_attempt_at = now() + make_interval(secs => least($3, $2 * power(2, least(attempts, 20))))
@@ -292,7 +291,7 @@ pub async fn vm_backoff(c: &impl GenericClient, vm_id: &str, base_seconds: f64, 
 
 /// Removes an intent row that never got a uid (its host stayed unreachable). The orphan scan
 /// deletes the microVM should the create have reached flintlock after all.
-pub async fn vm_delete_intent(c: &impl GenericClient, vm_id: &str) -> Result<bool> {
+pub async fn vm_delete_intent(c: &impl Executor, vm_id: &str) -> Result<bool> {
     let n = c
         .timed_execute(
             "DELETE FROM vms WHERE id = $1 AND uid IS NULL AND phase = 'PROVISIONING'",
@@ -304,7 +303,7 @@ pub async fn vm_delete_intent(c: &impl GenericClient, vm_id: &str) -> Result<boo
 
 /// DELETING VMs whose pool is gone (a deleted pool's stragglers), due for a retry. Each
 /// returned VM's next attempt is pushed back first, so an overlapping pass skips it.
-pub async fn vm_take_orphaned_deletions(c: &impl GenericClient, limit: i64) -> Result<Vec<VmRow>> {
+pub async fn vm_take_orphaned_deletions(c: &impl Executor, limit: i64) -> Result<Vec<VmRow>> {
     let rows = c
         .timed_query(
             "UPDATE vms v SET next_attempt_at = now() + interval '30 seconds'
@@ -324,7 +323,7 @@ pub async fn vm_take_orphaned_deletions(c: &impl GenericClient, limit: i64) -> R
 }
 
 /// The rows of the given VM ids: (id, host, uid).
-pub async fn vm_identities(c: &impl GenericClient, ids: &[String]) -> Result<Vec<(String, String, Option<String>)>> {
+pub async fn vm_identities(c: &impl Executor, ids: &[String]) -> Result<Vec<(String, String, Option<String>)>> {
     let rows = c
         .timed_query("SELECT id, flintlock_host, uid FROM vms WHERE id = ANY ($1)", &[(&ids, Type::TEXT_ARRAY)])
         .await?;
@@ -332,7 +331,7 @@ pub async fn vm_identities(c: &impl GenericClient, ids: &[String]) -> Result<Vec
 }
 
 /// Records that a CREATE_HOOK_RUNNING VM finished create command `step - 1`.
-pub async fn vm_set_hook_step(c: &impl GenericClient, vm_id: &str, step: i32) -> Result<bool> {
+pub async fn vm_set_hook_step(c: &impl Executor, vm_id: &str, step: i32) -> Result<bool> {
     let n = c
         .timed_execute(
             "UPDATE vms SET hook_step = $2, attempts = 0, next_attempt_at = NULL, updated_at = now()
@@ -347,7 +346,7 @@ pub async fn vm_set_hook_step(c: &impl GenericClient, vm_id: &str, step: i32) ->
 /// `older_than_seconds`: the claim that took it died mid-hook. Never back to AVAILABLE: the
 /// hook may have half-run, and the VM must not be handed out in an unknown state.
 pub async fn vm_recover_abandoned_claims(
-    c: &impl GenericClient,
+    c: &impl Executor,
     pool: &PoolRef,
     older_than_seconds: f64,
 ) -> Result<Vec<String>> {
@@ -373,7 +372,7 @@ pub async fn vm_recover_abandoned_claims(
 
 /// Shrinks a pool whose size went down: up to `n` AVAILABLE VMs (oldest first) → DELETING,
 /// with VM_DELETED_ON_SCALE_DOWN. SKIP LOCKED: a VM being claimed right now is left alone.
-pub async fn vm_mark_surplus(c: &impl GenericClient, pool: &PoolRef, n: i64) -> Result<u64> {
+pub async fn vm_mark_surplus(c: &impl Executor, pool: &PoolRef, n: i64) -> Result<u64> {
     c.timed_execute(
         "WITH picked AS (
                  SELECT id FROM vms

@@ -527,7 +527,7 @@ async fn passes(a: PassesArgs) -> anyhow::Result<bool> {
             }
         }
         // Never above size: every live VM of a pool counted, after every round.
-        let conn = admin.db.get().await?;
+        let conn = admin.db.raw().get().await?;
         let rows = conn
             .query(
                 "SELECT p.name, p.size,
