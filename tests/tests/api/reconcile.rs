@@ -352,7 +352,7 @@ async fn a_deleted_pools_stragglers_are_finished_by_the_pass() {
 async fn the_scheduled_event_decodes_and_runs_one_pass() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
-    let raw = include_str!("../../functions/reconcile/events/scheduled.json");
+    let raw = include_str!("../../../functions/reconcile/events/scheduled.json");
     let event: aws_lambda_events::eventbridge::EventBridgeEvent<serde_json::Value> = serde_json::from_str(raw).unwrap();
     assert_eq!(event.detail_type, "Scheduled Event");
     let report =
