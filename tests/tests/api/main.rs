@@ -19,6 +19,7 @@
 //! | `db_resilience` | dead connections, an unreachable database, schema mismatch, EMF |
 //! | `events_metrics` | `GET /v1/events`, `GET /metrics`, `/healthz` |
 //! | `flintlock_client` | the flintlock client against flintlock-sim over gRPC |
+//! | `harness` | the typed reads of `TestResponse` are as strict as the wire |
 //! | `hooks` | create and pre-lease hooks, the two-phase claim |
 //! | `hosts` | `/v1/hosts…` and `/v1/vms…` |
 //! | `leases` | `/v1/leases…`: get, heartbeat, release, list, and their races |
@@ -32,6 +33,7 @@ mod claims;
 mod db_resilience;
 mod events_metrics;
 mod flintlock_client;
+mod harness;
 mod hooks;
 mod hosts;
 mod leases;
