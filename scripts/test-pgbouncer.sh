@@ -7,7 +7,7 @@
 #
 # Starts a private PostgreSQL under .dev/pgbouncer-pg and PgBouncer (installed with apt-get
 # when missing and we are root) on a free port under .dev/pgbouncer, then runs
-# `cargo test -p poolmgr-tests` on the test files below with
+# `cargo test -p poolmgr-tests` on the test areas below with
 #   POOLMGR_TEST_DATABASE_URL          = PostgreSQL directly (create/migrate/drop databases,
 #                                        the tests' own SQL)
 #   POOLMGR_TEST_POOLER_URL_TEMPLATE   = PgBouncer (what the app under test connects to)
@@ -21,7 +21,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=lib/pg.sh
 . "$ROOT/scripts/lib/pg.sh"
 
-# POOLMGR_PGBOUNCER_TESTS (space-separated test file names) overrides the subset.
+# POOLMGR_PGBOUNCER_TESTS (space-separated test area names) overrides the subset.
 read -r -a TEST_FILES <<<"${POOLMGR_PGBOUNCER_TESTS:-claims leases reconcile hooks db_resilience statement_timeout}"
 
 log() { printf '==> %s\n' "$*" >&2; }
@@ -29,6 +29,29 @@ die() {
     printf 'error: %s\n' "$*" >&2
     exit 1
 }
+
+# An area is a module of the `api` test binary (tests/tests/api/NAME.rs) or a test binary of
+# its own (tests/tests/NAME.rs). The api binary runs with --skip for every module not named,
+# so filters given on the command line still narrow the subset.
+TARGETS=()
+API_MODULES=()
+for t in "${TEST_FILES[@]}"; do
+    if [[ $t != main && -f "$ROOT/tests/tests/api/$t.rs" ]]; then
+        API_MODULES+=("$t")
+    elif [[ -f "$ROOT/tests/tests/$t.rs" ]]; then
+        TARGETS+=(--test "$t")
+    else
+        die "unknown test area '$t': neither tests/tests/api/$t.rs nor tests/tests/$t.rs exists"
+    fi
+done
+SKIPS=()
+if [[ ${#API_MODULES[@]} -gt 0 ]]; then
+    TARGETS+=(--test api)
+    for f in "$ROOT"/tests/tests/api/*.rs; do
+        m=$(basename "$f" .rs)
+        [[ $m == main || " ${API_MODULES[*]} " == *" $m "* ]] || SKIPS+=(--skip "$m::")
+    done
+fi
 
 PG_DIR_OURS=$ROOT/.dev/pgbouncer-pg
 PGB_DIR=$ROOT/.dev/pgbouncer
@@ -171,14 +194,19 @@ log "PgBouncer is up (pid $PGB_PID)"
 export POOLMGR_TEST_DATABASE_URL=$PG_ADMIN_URL
 export POOLMGR_TEST_POOLER_URL_TEMPLATE="postgres://postgres@127.0.0.1:$PGB_PORT/{db}"
 log "POOLMGR_TEST_POOLER_URL_TEMPLATE=$POOLMGR_TEST_POOLER_URL_TEMPLATE"
-tests=()
-for t in "${TEST_FILES[@]}"; do
-    tests+=(--test "$t")
-done
+args=("$@")
+if [[ ${#SKIPS[@]} -gt 0 ]]; then
+    separator=0
+    for a in "$@"; do
+        [[ $a == -- ]] && separator=1
+    done
+    [[ $separator == 1 ]] || args+=(--)
+    args+=("${SKIPS[@]}")
+fi
 cd "$ROOT"
-log "RUST_BACKTRACE=1 cargo test -p poolmgr-tests ${tests[*]} --no-fail-fast${*:+ $*}"
+log "RUST_BACKTRACE=1 cargo test -p poolmgr-tests ${TARGETS[*]} --no-fail-fast${args[*]:+ ${args[*]}}"
 status=0
-RUST_BACKTRACE=1 cargo test -p poolmgr-tests "${tests[@]}" --no-fail-fast "$@" || status=$?
+RUST_BACKTRACE=1 cargo test -p poolmgr-tests "${TARGETS[@]}" --no-fail-fast "${args[@]}" || status=$?
 if [[ $status -ne 0 ]]; then
     show_tail "$PGB_DIR/pgbouncer.log"
     printf 'error: the suite failed through PgBouncer (exit %s); a test that passes with scripts/test.sh but fails here depends on session state (named prepared statements, SET, advisory locks)\n' "$status" >&2

@@ -6,6 +6,14 @@
 //! starts a private PostgreSQL and sets it. Each test's database is dropped when its `TestApp`
 //! drops; `scripts/test.sh` drops leftovers of crashed runs before starting.
 //!
+//! Response bodies: [`TestResponse::json`] reads a body as its `poolmgr_core::api` type and
+//! checks it serializes back to exactly the wire body, and the typed helpers per endpoint
+//! ([`TestApp::claimed`], [`TestApp::get_lease`], [`TestApp::heartbeated`],
+//! [`TestApp::list_leases`]) use it. The untyped [`TestResponse::body`] is for what a test
+//! checks on the wire itself: error bodies, exact key sets and `null`s, the contract-shape
+//! tests (`bad_input`, `openapi`), and the responses whose `api` type does not derive
+//! `Deserialize` (pools, hosts, VMs, events).
+//!
 //! With `POOLMGR_TEST_POOLER_URL_TEMPLATE` set (a URL containing `{db}`, e.g.
 //! `postgres://postgres@127.0.0.1:6432/{db}`), the app under test reaches its database through
 //! that pooler (`scripts/test-pgbouncer.sh`), while creating, migrating and dropping databases
@@ -21,7 +29,9 @@ use http_body_util::BodyExt;
 use poolmgr_core::config::Config;
 use poolmgr_core::domain::{Phase, PoolRef};
 use poolmgr_core::store::{self, VmInsert};
-use poolmgr_core::{AppState, db, http};
+use poolmgr_core::{AppState, api, db, http};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -102,10 +112,30 @@ impl Drop for TestDb {
 pub struct TestResponse {
     pub status: StatusCode,
     pub headers: HeaderMap,
+    /// The body as untyped JSON (`Null` when empty, a string when not JSON): for wire-shape
+    /// checks. Read contract objects with [`TestResponse::json`] instead.
     pub body: Value,
 }
 
 impl TestResponse {
+    /// The body as the contract type `T` (a `poolmgr_core::api` type). Panics unless the body
+    /// deserializes into `T` and `T` serializes back to exactly the body, so typing never
+    /// hides a missing, extra or renamed field, a `null` turned absent, or a timestamp's
+    /// format. Does not check the status: see [`TestResponse::assert_ok_response`].
+    #[track_caller]
+    pub fn json<T: DeserializeOwned + Serialize>(&self) -> T {
+        typed(&self.body, "")
+    }
+
+    /// Like [`TestResponse::json`], for the part of the body at a JSON pointer (`"/lease"`):
+    /// for the responses whose `api` wrapper does not derive `Deserialize`
+    /// (`HeartbeatResponse`, `LeaseList`).
+    #[track_caller]
+    pub fn json_at<T: DeserializeOwned + Serialize>(&self, pointer: &str) -> T {
+        let part = self.body.pointer(pointer).unwrap_or_else(|| panic!("no {pointer} in body: {}", self.body));
+        typed(part, pointer)
+    }
+
     /// The contract error status (`"ABORTED"`, …), or "" for a success.
     pub fn error_status(&self) -> &str {
         self.body["error"]["status"].as_str().unwrap_or("")
@@ -131,6 +161,17 @@ impl TestResponse {
         self.assert_ok(http);
         self
     }
+}
+
+/// `value` (the body's part at `pointer`) as `T`, checked to serialize back to exactly itself.
+#[track_caller]
+fn typed<T: DeserializeOwned + Serialize>(value: &Value, pointer: &str) -> T {
+    let name = std::any::type_name::<T>();
+    let t: T =
+        serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("body{pointer} is not a {name}: {e}: {value}"));
+    let back = serde_json::to_value(&t).unwrap_or_else(|e| panic!("{name} does not serialize: {e}"));
+    assert_eq!(&back, value, "body{pointer} is not exactly a {name}: left is what {name} serializes to");
+    t
 }
 
 pub struct TestApp {
@@ -289,12 +330,40 @@ impl TestApp {
         self.post(token, "/v1/claims", body).await
     }
 
+    /// `POST /v1/claims` on pool default/`pool`, expecting 200: the ClaimVM response.
+    pub async fn claimed(&self, token: &str, pool: &str, request_id: Option<&str>) -> api::ClaimResponse {
+        self.claim(token, pool, request_id).await.assert_ok_response(200).json()
+    }
+
     pub async fn heartbeat(&self, token: &str, lease_id: &str) -> TestResponse {
         self.request(Method::POST, &format!("/v1/leases/{lease_id}/heartbeat"), Some(token), None, &[]).await
     }
 
+    /// `POST /v1/leases/{lease_id}/heartbeat`, expecting 200: the body's `lease`.
+    pub async fn heartbeated(&self, token: &str, lease_id: &str) -> api::LeaseRecord {
+        let r = self.heartbeat(token, lease_id).await;
+        r.assert_ok(200);
+        assert_eq!(r.body.as_object().map(|o| o.len()), Some(1), "the body is {{\"lease\": LeaseRecord}}: {}", r.body);
+        r.json_at("/lease")
+    }
+
     pub async fn release(&self, token: &str, lease_id: &str) -> TestResponse {
         self.delete(token, &format!("/v1/leases/{lease_id}")).await
+    }
+
+    /// `GET /v1/leases/{lease_id}`, expecting 200.
+    pub async fn get_lease(&self, token: &str, lease_id: &str) -> api::LeaseRecord {
+        self.get(token, &format!("/v1/leases/{lease_id}")).await.assert_ok_response(200).json()
+    }
+
+    /// `GET /v1/leases?{query}` (`""`: no query), expecting 200: one page and its
+    /// `next_page_token`.
+    pub async fn list_leases(&self, token: &str, query: &str) -> (Vec<api::LeaseRecord>, String) {
+        let path = if query.is_empty() { "/v1/leases".to_owned() } else { format!("/v1/leases?{query}") };
+        let r = self.get(token, &path).await;
+        r.assert_ok(200);
+        assert_eq!(r.body.as_object().map(|o| o.len()), Some(2), "leases and next_page_token only: {}", r.body);
+        (r.json_at("/leases"), r.json_at("/next_page_token"))
     }
 
     /// Creates pool default/`name` on the simulator host.

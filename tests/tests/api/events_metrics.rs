@@ -4,6 +4,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use poolmgr_core::api::ClaimResponse;
 use poolmgr_core::domain::{Phase, PoolRef};
 use poolmgr_core::store::{self, VmInsert};
 use poolmgr_tests::*;
@@ -36,11 +37,11 @@ async fn create_pool_in(app: &TestApp, namespace: &str, name: &str) {
     app.post(ADMIN, "/v1/pools", spec).await.assert_ok(201);
 }
 
-async fn claim_in(app: &TestApp, namespace: &str, pool: &str) -> Value {
+async fn claim_in(app: &TestApp, namespace: &str, pool: &str) -> ClaimResponse {
     app.post(CLIENT_A, "/v1/claims", json!({"pool": {"namespace": namespace, "name": pool}}))
         .await
-        .assert_ok(200)
-        .clone()
+        .assert_ok_response(200)
+        .json()
 }
 
 fn events(b: &Value) -> &Vec<Value> {
@@ -64,9 +65,9 @@ async fn events_come_in_id_order_with_the_contract_shape() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
     app.seed_available("ci", 2).await;
-    let first = app.claim(CLIENT_A, "ci", None).await.assert_ok(200).clone();
-    let second = app.claim(CLIENT_A, "ci", None).await.assert_ok(200).clone();
-    app.release(CLIENT_A, first["lease"]["lease_id"].as_str().unwrap()).await.assert_ok(204);
+    let first = app.claimed(CLIENT_A, "ci", None).await;
+    let second = app.claimed(CLIENT_A, "ci", None).await;
+    app.release(CLIENT_A, &first.lease.lease_id).await.assert_ok(204);
 
     let b = app.get(ADMIN, "/v1/events").await.assert_ok(200).clone();
     let keys: HashSet<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
@@ -89,8 +90,8 @@ async fn events_come_in_id_order_with_the_contract_shape() {
     }
     let ev = events(&b);
     for (e, claim) in [(&ev[0], &first), (&ev[1], &second), (&ev[2], &first)] {
-        assert_eq!(e["vm_id"], claim["vm"]["id"], "{e}");
-        assert_eq!(e["lease_id"], claim["lease"]["lease_id"], "{e}");
+        assert_eq!(e["vm_id"], json!(claim.vm.id), "{e}");
+        assert_eq!(e["lease_id"], json!(claim.lease.lease_id), "{e}");
     }
 }
 
@@ -108,7 +109,7 @@ async fn the_after_cursor_and_limit_page_through_the_feed() {
     app.seed_available("ci", 5).await;
     let mut leases = Vec::new();
     for _ in 0..5 {
-        leases.push(app.claim(CLIENT_A, "ci", None).await.assert_ok(200)["lease"]["lease_id"].clone());
+        leases.push(json!(app.claimed(CLIENT_A, "ci", None).await.lease.lease_id));
     }
     let all = ids(app.get(ADMIN, "/v1/events").await.assert_ok(200));
     assert_eq!(all.len(), 5);
@@ -153,7 +154,7 @@ async fn namespace_and_pool_filter_the_feed() {
     let ci = claim_in(&app, "default", "ci").await;
     let other = claim_in(&app, "default", "other").await;
     let team = claim_in(&app, "team-a", "ci").await;
-    let lease = |c: &Value| c["lease"]["lease_id"].clone();
+    let lease = |c: &ClaimResponse| json!(c.lease.lease_id);
     let leases = |b: &Value| events(b).iter().map(|e| e["lease_id"].clone()).collect::<Vec<_>>();
 
     let b = app.get(ADMIN, "/v1/events?namespace=default&pool=ci").await.assert_ok(200).clone();
@@ -208,14 +209,14 @@ async fn a_long_poll_returns_the_event_of_a_claim_made_while_it_waits() {
         tokio::spawn(async move { app.get(ADMIN, &format!("/v1/events?after={cursor}&wait_seconds=5")).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let claim = app.claim(CLIENT_A, "ci", None).await.assert_ok(200).clone();
+    let claim = app.claimed(CLIENT_A, "ci", None).await;
 
     let r = poll.await.unwrap();
     let b = r.assert_ok(200);
     assert_eq!(types(b), vec!["VM_CLAIMED"], "{b}");
     let e = &events(b)[0];
-    assert_eq!(e["lease_id"], claim["lease"]["lease_id"]);
-    assert_eq!(e["vm_id"], claim["vm"]["id"]);
+    assert_eq!(e["lease_id"], json!(claim.lease.lease_id));
+    assert_eq!(e["vm_id"], json!(claim.vm.id));
     assert_eq!(b["next_after"], e["id"]);
     assert!(e["id"].as_i64().unwrap() > cursor);
 }

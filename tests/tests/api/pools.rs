@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flintlock_proto::types::micro_vm_status::MicroVmState;
+use poolmgr_core::api::ClaimResponse;
 use poolmgr_core::domain::Phase;
 use poolmgr_tests::*;
 use serde_json::{Value, json};
@@ -516,8 +517,8 @@ async fn delete_with_a_leased_vm_without_force_is_refused_and_changes_nothing() 
     let app = TestApp::spawn().await;
     app.create_pool("ci", 3).await;
     app.seed_available("ci", 3).await;
-    let claim = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200).clone();
-    let lease_id = claim["lease"]["lease_id"].as_str().unwrap().to_owned();
+    let claim = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    let lease_id = claim.lease.lease_id.clone();
     let phases = vm_phases(&app, "ci").await;
     let events = app.scalar_i64("SELECT count(*) FROM events").await;
     let pool_before = app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200).clone();
@@ -530,7 +531,7 @@ async fn delete_with_a_leased_vm_without_force_is_refused_and_changes_nothing() 
 
     assert_eq!(app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200), &pool_before, "pool unchanged");
     assert_eq!(vm_phases(&app, "ci").await, phases, "every VM in its phase");
-    assert_eq!(app.get(CLIENT_A, &format!("/v1/leases/{lease_id}")).await.assert_ok(200), &claim["lease"]);
+    assert_eq!(app.get_lease(CLIENT_A, &lease_id).await, claim.lease);
     assert_eq!(app.scalar_i64("SELECT count(*) FROM events").await, events, "no event");
     assert_eq!(app.sim.calls(flintlock_sim::METHOD_DELETE), 0, "no flintlock delete");
     for vm in app.sim.vms() {
@@ -538,7 +539,7 @@ async fn delete_with_a_leased_vm_without_force_is_refused_and_changes_nothing() 
     }
     // The lease still works.
     app.heartbeat(CLIENT_A, &lease_id).await.assert_ok(200);
-    assert_eq!(app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200)["replayed"], json!(true));
+    assert!(app.claimed(CLIENT_A, "ci", Some("r-1")).await.replayed);
 }
 
 /// Reference §4.6: a VM in its pre-lease hook is being leased, so it blocks a plain delete.
@@ -559,10 +560,9 @@ async fn force_delete_ends_the_leases_and_deletes_every_vm() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 3).await;
     let vms = app.seed_available("ci", 3).await;
-    let a = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200).clone();
-    let b = app.claim(CLIENT_B, "ci", None).await.assert_ok(200).clone();
-    let leased: HashSet<String> =
-        [&a, &b].iter().map(|c| c["lease"]["lease_id"].as_str().unwrap().to_owned()).collect();
+    let a = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    let b = app.claimed(CLIENT_B, "ci", None).await;
+    let leased: HashSet<String> = [a.lease.lease_id, b.lease.lease_id].into();
 
     app.delete(ADMIN, "/v1/pools/default/ci?force=true").await.assert_ok(204);
 
@@ -599,7 +599,7 @@ async fn delete_with_flintlock_failing_is_204_and_leaves_vms_deleting_for_the_re
     let app = TestApp::spawn().await;
     app.create_pool("ci", 3).await;
     let vms = app.seed_available("ci", 2).await;
-    let claim = app.claim(CLIENT_A, "ci", None).await.assert_ok(200).clone();
+    let claim = app.claimed(CLIENT_A, "ci", None).await;
     app.sim.fail_deletes(u32::MAX);
 
     app.delete(ADMIN, "/v1/pools/default/ci?force=true").await.assert_ok(204);
@@ -616,7 +616,7 @@ async fn delete_with_flintlock_failing_is_204_and_leaves_vms_deleting_for_the_re
     for vm in &vms {
         assert_alive_in_sim(&app, vm.uid.as_deref().unwrap());
     }
-    app.heartbeat(CLIENT_A, claim["lease"]["lease_id"].as_str().unwrap()).await.assert_error(404, "NOT_FOUND");
+    app.heartbeat(CLIENT_A, &claim.lease.lease_id).await.assert_error(404, "NOT_FOUND");
 }
 
 #[tokio::test]
@@ -704,8 +704,7 @@ async fn claims_racing_a_non_force_delete_never_leave_a_lease_on_a_deleted_vm() 
                     // a head start, odd rounds the claims, so both outcomes happen.
                     let head_start = if round % 2 == 0 { 2 * round + 2 } else { 0 };
                     tokio::time::sleep(Duration::from_millis(head_start + i % 4)).await;
-                    let r = app.claim(CLIENT_A, &name, None).await;
-                    (r.status.as_u16(), r.body)
+                    app.claim(CLIENT_A, &name, None).await
                 })
             })
             .collect();
@@ -721,9 +720,10 @@ async fn claims_racing_a_non_force_delete_never_leave_a_lease_on_a_deleted_vm() 
         };
         let mut won = Vec::new();
         for t in claims {
-            let (status, body) = t.await.unwrap();
-            match status {
-                200 => won.push(body["lease"]["lease_id"].as_str().unwrap().to_owned()),
+            let r = t.await.unwrap();
+            let body = &r.body;
+            match r.status.as_u16() {
+                200 => won.push(r.json::<ClaimResponse>().lease.lease_id),
                 // The pool was gone, or every VM was locked by the delete.
                 404 => assert_eq!(body["error"]["status"], json!("NOT_FOUND"), "{body}"),
                 429 => assert_eq!(body["error"]["status"], json!("RESOURCE_EXHAUSTED"), "{body}"),
@@ -794,9 +794,7 @@ async fn releases_and_heartbeats_racing_a_force_delete_never_fail() {
     let vms = app.seed_available("ci", 8).await;
     let mut leases = Vec::new();
     for _ in 0..6 {
-        leases.push(
-            app.claim(CLIENT_A, "ci", None).await.assert_ok(200)["lease"]["lease_id"].as_str().unwrap().to_owned(),
-        );
+        leases.push(app.claimed(CLIENT_A, "ci", None).await.lease.lease_id);
     }
     let barrier = Arc::new(Barrier::new(2 * leases.len() + 1));
     let mut holders = Vec::new();

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use poolmgr_core::api::ClaimResponse;
 use poolmgr_core::domain::Phase;
 use poolmgr_tests::*;
 use serde_json::json;
@@ -15,18 +16,18 @@ async fn claim_returns_lease_vm_and_host_from_stored_data() {
     let calls_before = app.sim.calls(flintlock_sim::METHOD_GET) + app.sim.calls(flintlock_sim::METHOD_LIST);
 
     let r = app.claim(CLIENT_A, "ci", Some("r-1")).await;
-    let b = r.assert_ok(200);
-    assert_eq!(b["replayed"], json!(false));
+    let b: ClaimResponse = r.assert_ok_response(200).json();
+    assert!(!b.replayed);
     assert!(r.headers.get("idempotent-replayed").is_none());
-    assert_eq!(b["vm"]["id"], json!(vm.id));
-    assert_eq!(b["vm"]["uid"], json!(vm.uid.clone().unwrap()));
-    assert_eq!(b["vm"]["flintlock_host"]["name"], json!(SIM_HOST));
-    assert_eq!(b["vm"]["flintlock_host"]["address"], json!(app.sim_server.addr.to_string()));
-    assert_eq!(b["vm"]["network_interfaces"]["eth1"]["index"], json!(7));
-    assert_eq!(b["lease"]["request_id"], json!("r-1"));
-    assert_eq!(b["lease"]["pool"], json!({"namespace": "default", "name": "ci"}));
-    assert_eq!(b["lease"]["vm_uid"], json!(vm.uid.unwrap()));
-    let lease_id = b["lease"]["lease_id"].as_str().unwrap();
+    assert_eq!(b.vm.id, vm.id);
+    assert_eq!(b.vm.uid, vm.uid.clone().unwrap());
+    assert_eq!(b.vm.flintlock_host.name, SIM_HOST);
+    assert_eq!(b.vm.flintlock_host.address, app.sim_server.addr.to_string());
+    assert_eq!(b.vm.network_interfaces["eth1"]["index"], json!(7));
+    assert_eq!(b.lease.request_id.as_deref(), Some("r-1"));
+    assert_eq!(b.lease.pool, pool("ci"));
+    assert_eq!(b.lease.vm_uid, vm.uid.unwrap());
+    let lease_id = &b.lease.lease_id;
     assert!(lease_id.len() >= 32, "lease ids must be unguessable: {lease_id}");
 
     assert_eq!(app.phase_of(&vm.id).await.as_deref(), Some("LEASED"));
@@ -39,9 +40,7 @@ async fn claim_returns_lease_vm_and_host_from_stored_data() {
     let calls_after = app.sim.calls(flintlock_sim::METHOD_GET) + app.sim.calls(flintlock_sim::METHOD_LIST);
     assert_eq!(calls_before, calls_after);
     // Expiry = claim time + the pool's heartbeat_expiry_seconds (120).
-    let claimed = chrono::DateTime::parse_from_rfc3339(b["lease"]["claimed_at"].as_str().unwrap()).unwrap();
-    let expires = chrono::DateTime::parse_from_rfc3339(b["lease"]["expires_at"].as_str().unwrap()).unwrap();
-    assert_eq!((expires - claimed).num_seconds(), 120);
+    assert_eq!((b.lease.expires_at - b.lease.claimed_at).num_seconds(), 120);
 }
 
 #[tokio::test]
@@ -50,8 +49,8 @@ async fn request_id_of_255_bytes_is_accepted() {
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
     let rid = "x".repeat(255);
-    let b = app.claim(CLIENT_A, "ci", Some(&rid)).await.assert_ok(200).clone();
-    assert_eq!(b["lease"]["request_id"], json!(rid));
+    let b = app.claimed(CLIENT_A, "ci", Some(&rid)).await;
+    assert_eq!(b.lease.request_id, Some(rid));
 }
 
 #[tokio::test]
@@ -94,15 +93,15 @@ async fn replay_returns_the_identical_response_and_leaves_expiry_unchanged() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
     app.seed_available("ci", 2).await;
-    let first = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200).clone();
+    let first = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
 
     let r = app.claim(CLIENT_A, "ci", Some("r-1")).await;
-    let second = r.assert_ok(200).clone();
+    let second: ClaimResponse = r.assert_ok_response(200).json();
     assert_eq!(r.headers.get("idempotent-replayed").and_then(|v| v.to_str().ok()), Some("true"));
-    assert_eq!(second["replayed"], json!(true));
-    assert_eq!(second["lease"], first["lease"], "a replay is not a heartbeat: lease unchanged");
-    assert_eq!(second["vm"], first["vm"]);
+    assert!(second.replayed);
+    assert_eq!(second.lease, first.lease, "a replay is not a heartbeat: lease unchanged");
+    assert_eq!(second.vm, first.vm);
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
     assert_eq!(app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'").await, 1);
     assert_eq!(app.count_events("VM_CLAIMED").await, 1, "a replay writes no event");
@@ -122,7 +121,7 @@ async fn idempotency_key_header_is_an_alias_for_request_id() {
     app.create_pool("ci", 2).await;
     app.seed_available("ci", 2).await;
     let body = json!({"pool": {"namespace": "default", "name": "ci"}});
-    let first = app
+    let first: ClaimResponse = app
         .request(
             axum::http::Method::POST,
             "/v1/claims",
@@ -130,13 +129,14 @@ async fn idempotency_key_header_is_an_alias_for_request_id() {
             Some(body.clone()),
             &[("Idempotency-Key", "k-1")],
         )
-        .await;
-    first.assert_ok(200);
-    assert_eq!(first.body["lease"]["request_id"], json!("k-1"));
+        .await
+        .assert_ok_response(200)
+        .json();
+    assert_eq!(first.lease.request_id.as_deref(), Some("k-1"));
     // The body field and the header are the same key.
-    let second = app.claim(CLIENT_A, "ci", Some("k-1")).await;
-    assert_eq!(second.assert_ok(200)["replayed"], json!(true));
-    assert_eq!(second.body["lease"]["lease_id"], first.body["lease"]["lease_id"]);
+    let second = app.claimed(CLIENT_A, "ci", Some("k-1")).await;
+    assert!(second.replayed);
+    assert_eq!(second.lease.lease_id, first.lease.lease_id);
     // Both given and equal: fine. Both given and different: refused, nothing claimed.
     let mut with_both = body.clone();
     with_both["request_id"] = json!("k-1");
@@ -177,11 +177,11 @@ async fn request_ids_are_scoped_by_principal() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
     app.seed_available("ci", 2).await;
-    let a = app.claim(CLIENT_A, "ci", Some("same")).await.assert_ok(200).clone();
-    let b = app.claim(CLIENT_B, "ci", Some("same")).await.assert_ok(200).clone();
-    assert_eq!(b["replayed"], json!(false));
-    assert_ne!(a["lease"]["lease_id"], b["lease"]["lease_id"]);
-    assert_ne!(a["vm"]["id"], b["vm"]["id"]);
+    let a = app.claimed(CLIENT_A, "ci", Some("same")).await;
+    let b = app.claimed(CLIENT_B, "ci", Some("same")).await;
+    assert!(!b.replayed);
+    assert_ne!(a.lease.lease_id, b.lease.lease_id);
+    assert_ne!(a.vm.id, b.vm.id);
 }
 
 #[tokio::test]
@@ -189,14 +189,13 @@ async fn request_id_is_reusable_after_release() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
     app.seed_available("ci", 2).await;
-    let first = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200).clone();
-    app.release(CLIENT_A, first["lease"]["lease_id"].as_str().unwrap()).await.assert_ok(204);
+    let first = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    app.release(CLIENT_A, &first.lease.lease_id).await.assert_ok(204);
 
-    let again = app.claim(CLIENT_A, "ci", Some("r-1")).await;
-    let b = again.assert_ok(200);
-    assert_eq!(b["replayed"], json!(false), "a fresh claim after the lease ended");
-    assert_ne!(b["lease"]["lease_id"], first["lease"]["lease_id"]);
-    assert_ne!(b["vm"]["id"], first["vm"]["id"]);
+    let b = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    assert!(!b.replayed, "a fresh claim after the lease ended");
+    assert_ne!(b.lease.lease_id, first.lease.lease_id);
+    assert_ne!(b.vm.id, first.vm.id);
 }
 
 #[tokio::test]
@@ -206,10 +205,10 @@ async fn empty_request_id_claims_a_new_vm_each_time() {
     app.seed_available("ci", 3).await;
     let mut vms = std::collections::HashSet::new();
     for rid in [Some(""), Some(""), None] {
-        let b = app.claim(CLIENT_A, "ci", rid).await.assert_ok(200).clone();
-        assert_eq!(b["replayed"], json!(false));
-        assert_eq!(b["lease"]["request_id"], json!(null));
-        vms.insert(b["vm"]["id"].as_str().unwrap().to_owned());
+        let b = app.claimed(CLIENT_A, "ci", rid).await;
+        assert!(!b.replayed);
+        assert_eq!(b.lease.request_id, None);
+        vms.insert(b.vm.id);
     }
     assert_eq!(vms.len(), 3);
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases WHERE request_id IS NULL").await, 3);
@@ -220,11 +219,11 @@ async fn replay_with_the_vm_deleting_is_aborted() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
     app.seed_available("ci", 2).await;
-    let first = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200).clone();
+    let first = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
     // A release whose flintlock delete failed leaves the VM DELETING and the lease in place.
     app.sim.fail_deletes(1);
-    app.release(CLIENT_A, first["lease"]["lease_id"].as_str().unwrap()).await.assert_error(503, "UNAVAILABLE");
-    assert_eq!(app.phase_of(first["vm"]["id"].as_str().unwrap()).await.as_deref(), Some("DELETING"));
+    app.release(CLIENT_A, &first.lease.lease_id).await.assert_error(503, "UNAVAILABLE");
+    assert_eq!(app.phase_of(&first.vm.id).await.as_deref(), Some("DELETING"));
 
     app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_error(409, "ABORTED");
     assert_eq!(app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'").await, 1, "nothing claimed");
@@ -235,8 +234,8 @@ async fn replay_with_the_vm_row_gone_is_aborted() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
     app.seed_available("ci", 2).await;
-    let first = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200).clone();
-    let vm_id = first["vm"]["id"].as_str().unwrap();
+    let first = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    let vm_id = first.vm.id.as_str();
     app.conn().await.execute("DELETE FROM vms WHERE id = $1", &[&vm_id]).await.unwrap();
 
     app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_error(409, "ABORTED");
@@ -273,7 +272,7 @@ async fn a_claim_finds_the_only_vm_whatever_its_claim_slot() {
         for i in 0..12 {
             let r = app.claim(CLIENT_A, "ci", None).await;
             assert_eq!(r.status, 200, "slot {slot}, claim {i}: {}", r.body);
-            assert_eq!(r.body["vm"]["id"], vm.id.as_str());
+            assert_eq!(r.json::<ClaimResponse>().vm.id, vm.id);
             // Back to AVAILABLE for the next claim, the way the reconciler never would but a
             // test may: drop the lease and the claim's event.
             app.conn()
@@ -299,22 +298,21 @@ async fn concurrent_claims_never_hand_out_a_vm_twice() {
             let (app, barrier) = (app.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                let r = app.claim(CLIENT_A, "ci", None).await;
-                (r.status.as_u16(), r.body)
+                app.claim(CLIENT_A, "ci", None).await
             })
         })
         .collect();
     let mut vms = std::collections::HashSet::new();
     let (mut ok, mut exhausted) = (0, 0);
     for t in tasks {
-        let (status, body) = t.await.unwrap();
-        match status {
+        let r = t.await.unwrap();
+        match r.status.as_u16() {
             200 => {
                 ok += 1;
-                assert!(vms.insert(body["vm"]["id"].as_str().unwrap().to_owned()), "VM handed out twice");
+                assert!(vms.insert(r.json::<ClaimResponse>().vm.id), "VM handed out twice");
             }
             429 => exhausted += 1,
-            other => panic!("unexpected {other}: {body}"),
+            other => panic!("unexpected {other}: {}", r.body),
         }
     }
     assert_eq!((ok, exhausted), (20, 44));
@@ -335,18 +333,18 @@ async fn concurrent_claims_with_one_request_id_create_one_lease() {
             let (app, barrier) = (app.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                let r = app.claim(CLIENT_A, "ci", Some("the-one")).await;
-                (r.status.as_u16(), r.body)
+                app.claim(CLIENT_A, "ci", Some("the-one")).await
             })
         })
         .collect();
     let mut lease_ids = std::collections::HashSet::new();
     let mut fresh = 0;
     for t in tasks {
-        let (status, body) = t.await.unwrap();
-        assert_eq!(status, 200, "{body}");
-        lease_ids.insert(body["lease"]["lease_id"].as_str().unwrap().to_owned());
-        if body["replayed"] == json!(false) {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        let b: ClaimResponse = r.json();
+        lease_ids.insert(b.lease.lease_id);
+        if !b.replayed {
             fresh += 1;
         }
     }

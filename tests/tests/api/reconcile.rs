@@ -56,8 +56,8 @@ async fn a_pool_of_five_reaches_five_available_vms_through_passes_alone() {
     // Settled: another pass creates nothing.
     let r = app.pass().await;
     assert_eq!((r.created, r.available), (0, 0));
-    let claim = app.claim(CLIENT_A, "ci", Some("r")).await;
-    assert!(claim.assert_ok(200)["vm"]["network_interfaces"]["eth1"].is_object());
+    let claim = app.claimed(CLIENT_A, "ci", Some("r")).await;
+    assert!(claim.vm.network_interfaces["eth1"].is_object());
 }
 
 #[tokio::test]
@@ -65,7 +65,7 @@ async fn replace_on_delete_replaces_only_what_was_released() {
     let app = TestApp::spawn().await;
     create_pool_with(&app, "ci", 3, json!({"strategy": "REPLACE_ON_DELETE"}), "DELETE_AND_REPLACE").await;
     app.settle(40, "3 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 3 }).await;
-    let lease = app.claim(CLIENT_A, "ci", None).await.assert_ok(200)["lease"]["lease_id"].as_str().unwrap().to_owned();
+    let lease = app.claimed(CLIENT_A, "ci", None).await.lease.lease_id;
     for _ in 0..3 {
         app.pass().await;
     }
@@ -95,9 +95,7 @@ async fn min_size_threshold_provisions_only_below_min_size() {
     app.settle(40, "fresh pool topped up", || async { app.count_phase("ci", "AVAILABLE").await == 4 }).await;
     let mut leases = vec![];
     for _ in 0..3 {
-        leases.push(
-            app.claim(CLIENT_A, "ci", None).await.assert_ok(200)["lease"]["lease_id"].as_str().unwrap().to_owned(),
-        );
+        leases.push(app.claimed(CLIENT_A, "ci", None).await.lease.lease_id);
     }
     // 1 available < min 2, but 1 + 3 leased = size: nothing to add.
     for _ in 0..3 {
@@ -119,8 +117,7 @@ async fn an_abandoned_lease_expires_and_its_vm_is_deleted_in_flintlock() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.settle(40, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
-    let c = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200).clone();
-    let uid = c["vm"]["uid"].as_str().unwrap().to_owned();
+    let uid = app.claimed(CLIENT_A, "ci", Some("r-1")).await.vm.uid;
     // Move time instead of sleeping: the holder stopped heartbeating long ago.
     app.conn().await.execute("UPDATE leases SET expires_at = now() - interval '1 second'", &[]).await.unwrap();
 
@@ -138,7 +135,7 @@ async fn an_abandoned_lease_expires_and_its_vm_is_deleted_in_flintlock() {
     .await;
     // The request_id is free again, and the pool was replenished.
     app.settle(40, "replacement", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
-    assert_eq!(app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200)["replayed"], json!(false));
+    assert!(!app.claimed(CLIENT_A, "ci", Some("r-1")).await.replayed);
 }
 
 #[tokio::test]
@@ -146,7 +143,7 @@ async fn expiring_soon_is_written_once_per_deadline() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    let lease = app.claim(CLIENT_A, "ci", None).await.assert_ok(200)["lease"]["lease_id"].as_str().unwrap().to_owned();
+    let lease = app.claimed(CLIENT_A, "ci", None).await.lease.lease_id;
     let soon = "UPDATE leases SET expires_at = now() + interval '10 seconds'";
     app.conn().await.execute(soon, &[]).await.unwrap();
     app.pass().await;
@@ -268,10 +265,10 @@ async fn a_failing_delete_stays_deleting_and_is_retried() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.settle(40, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
-    let c = app.claim(CLIENT_A, "ci", None).await.assert_ok(200).clone();
+    let c = app.claimed(CLIENT_A, "ci", None).await;
     app.sim.fail_deletes(u32::MAX);
-    app.release(CLIENT_A, c["lease"]["lease_id"].as_str().unwrap()).await.assert_error(503, "UNAVAILABLE");
-    let vm_id = c["vm"]["id"].as_str().unwrap().to_owned();
+    app.release(CLIENT_A, &c.lease.lease_id).await.assert_error(503, "UNAVAILABLE");
+    let vm_id = c.vm.id;
     app.pass().await;
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     app.pass().await;
@@ -352,7 +349,7 @@ async fn a_deleted_pools_stragglers_are_finished_by_the_pass() {
 async fn the_scheduled_event_decodes_and_runs_one_pass() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
-    let raw = include_str!("../../functions/reconcile/events/scheduled.json");
+    let raw = include_str!("../../../functions/reconcile/events/scheduled.json");
     let event: aws_lambda_events::eventbridge::EventBridgeEvent<serde_json::Value> = serde_json::from_str(raw).unwrap();
     assert_eq!(event.detail_type, "Scheduled Event");
     let report =

@@ -67,10 +67,8 @@ async fn fixture() -> Fixture {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
     app.seed_available("ci", 2).await;
-    let claim = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200).clone();
-    let lease_id = claim["lease"]["lease_id"].as_str().unwrap().to_owned();
-    let vm_id = claim["vm"]["id"].as_str().unwrap().to_owned();
-    Fixture { app, lease_id, vm_id }
+    let claim = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    Fixture { app, lease_id: claim.lease.lease_id, vm_id: claim.vm.id }
 }
 
 /// Everything a refused request could have changed.

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use flintlock_proto::types::micro_vm_status::MicroVmState;
 use flintlock_sim::ExecRule;
+use poolmgr_core::api::ClaimResponse;
 use poolmgr_tests::*;
 use serde_json::json;
 use tokio::sync::Barrier;
@@ -49,9 +50,8 @@ async fn wait_for(what: &str, f: impl AsyncFn() -> bool) {
 async fn a_pre_lease_hook_runs_on_the_vm_before_the_lease_is_written() {
     let app = TestApp::spawn().await;
     let vms = hook_pool(&app, "DELETE_AND_REPLACE", 1).await;
-    let r = app.claim(CLIENT_A, "ci", Some("r-1")).await;
-    let b = r.assert_ok(200).clone();
-    assert_eq!(b["vm"]["id"], json!(vms[0].id));
+    let b = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    assert_eq!(b.vm.id, vms[0].id);
     let calls = app.sim.exec_calls();
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].cmd, "reset-state");
@@ -61,8 +61,7 @@ async fn a_pre_lease_hook_runs_on_the_vm_before_the_lease_is_written() {
     assert_eq!(app.count_events("VM_CLAIMED").await, 1);
     assert!(app.state.metrics.render().contains("poolmgr_hook_duration_seconds_count{hook=\"pre_lease\""));
     // A replay does not rerun the hook.
-    let again = app.claim(CLIENT_A, "ci", Some("r-1")).await;
-    assert_eq!(again.assert_ok(200)["replayed"], json!(true));
+    assert!(app.claimed(CLIENT_A, "ci", Some("r-1")).await.replayed);
     assert_eq!(app.sim.exec_calls().len(), 1);
 }
 
@@ -105,11 +104,11 @@ async fn a_hook_failure_then_a_retry_with_the_same_request_id_claims_fresh() {
     app.sim.set_exec_rule("reset-state", failing(1));
     app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_error(500, "INTERNAL");
     app.sim.clear_exec_rules();
-    let b = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200).clone();
-    assert_eq!(b["replayed"], json!(false), "the failed attempt left no request_id behind");
+    let b = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    assert!(!b.replayed, "the failed attempt left no request_id behind");
     let quarantined = app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'QUARANTINED'").await;
     assert_eq!(quarantined, 1);
-    assert!(vms.iter().any(|v| json!(v.id) == b["vm"]["id"]));
+    assert!(vms.iter().any(|v| v.id == b.vm.id));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -130,10 +129,10 @@ async fn concurrent_duplicate_request_ids_with_a_slow_hook_create_one_lease() {
     let mut bodies = vec![];
     for t in tasks {
         let r = t.await.unwrap();
-        bodies.push(r.assert_ok(200).clone());
+        bodies.push(r.assert_ok_response(200).json::<ClaimResponse>());
     }
-    assert_eq!(bodies[0]["lease"]["lease_id"], bodies[1]["lease"]["lease_id"], "both carry the winner's lease");
-    let replayed: Vec<bool> = bodies.iter().map(|b| b["replayed"].as_bool().unwrap()).collect();
+    assert_eq!(bodies[0].lease.lease_id, bodies[1].lease.lease_id, "both carry the winner's lease");
+    let replayed: Vec<bool> = bodies.iter().map(|b| b.replayed).collect();
     assert!(replayed.contains(&true) && replayed.contains(&false), "{replayed:?}");
     assert_eq!(app.sim.exec_calls().len(), 2, "both ran the hook: the loser's VM went back");
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
@@ -240,8 +239,8 @@ async fn a_claim_cancelled_during_its_hook_still_finishes_and_its_retry_replays(
     wait_for("the detached claim to finish", async || app.count_phase("ci", "LEASED").await == 1).await;
     assert_eq!(app.count_phase("ci", "PRE_LEASE_HOOK_RUNNING").await, 0, "nothing stuck");
     app.sim.clear_exec_rules();
-    let r = app.claim(CLIENT_A, "ci", Some("r-1")).await;
-    assert_eq!(r.assert_ok(200)["replayed"], json!(true), "the retry finds the lease the cancelled call made");
+    let r = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    assert!(r.replayed, "the retry finds the lease the cancelled call made");
     assert_eq!(app.count_phase("ci", "AVAILABLE").await, 1);
     let _ = vms;
 }

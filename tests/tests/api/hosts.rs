@@ -619,10 +619,10 @@ async fn vm_list_returns_vm_records() {
     rfc3339(&rec["updated_at"]);
 
     // A claimed VM carries its lease id.
-    let claim = app.claim(CLIENT_A, "ci", None).await.assert_ok(200).clone();
+    let claim = app.claimed(CLIENT_A, "ci", None).await;
     let rec = app.get(ADMIN, &format!("/v1/vms/{}", vm.id)).await.assert_ok(200).clone();
     assert_eq!(rec["phase"], json!("LEASED"));
-    assert_eq!(rec["lease_id"], claim["lease"]["lease_id"]);
+    assert_eq!(rec["lease_id"], json!(claim.lease.lease_id));
 }
 
 #[tokio::test]

@@ -4,8 +4,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, FixedOffset};
+use chrono::DateTime;
 use flintlock_proto::types::micro_vm_status::MicroVmState;
+use poolmgr_core::api::{ClaimResponse, LeaseRecord};
 use poolmgr_core::domain::Phase;
 use poolmgr_core::store;
 use poolmgr_tests::*;
@@ -14,26 +15,9 @@ use tokio::sync::Barrier;
 
 const RELEASES_API: &str = "poolmgr_vm_releases_total{pool_name=\"ci\",pool_namespace=\"default\",reason=\"api\"}";
 
-fn ts(v: &Value) -> DateTime<FixedOffset> {
-    DateTime::parse_from_rfc3339(v.as_str().unwrap_or_else(|| panic!("not a timestamp: {v}")))
-        .unwrap_or_else(|e| panic!("{v} is not RFC 3339: {e}"))
-}
-
-/// Claims one VM of default/`pool` and returns the whole ClaimVM response.
-async fn claimed(app: &TestApp, token: &str, pool: &str, request_id: Option<&str>) -> Value {
-    app.claim(token, pool, request_id).await.assert_ok(200).clone()
-}
-
-fn lease_id_of(claim: &Value) -> String {
-    claim["lease"]["lease_id"].as_str().unwrap().to_owned()
-}
-
-fn vm_id_of(claim: &Value) -> String {
-    claim["vm"]["id"].as_str().unwrap().to_owned()
-}
-
-fn uid_of(claim: &Value) -> String {
-    claim["vm"]["uid"].as_str().unwrap().to_owned()
+/// The (lease id, VM id, flintlock uid) of a claim.
+fn ids_of(claim: &ClaimResponse) -> (String, String, String) {
+    (claim.lease.lease_id.clone(), claim.vm.id.clone(), claim.vm.uid.clone())
 }
 
 async fn lease_rows(app: &TestApp, lease_id: &str) -> i64 {
@@ -60,8 +44,8 @@ fn assert_alive_in_sim(app: &TestApp, uid: &str) {
     assert_ne!(state, MicroVmState::Deleting as i32, "flintlock VM {uid} is DELETING");
 }
 
-fn lease_ids(body: &Value) -> Vec<String> {
-    body["leases"].as_array().unwrap().iter().map(|l| l["lease_id"].as_str().unwrap().to_owned()).collect()
+fn lease_ids(leases: &[LeaseRecord]) -> Vec<String> {
+    leases.iter().map(|l| l.lease_id.clone()).collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -73,25 +57,27 @@ async fn get_lease_returns_the_lease_record_of_the_claim() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     let vm = app.seed_vm("ci", Phase::Available).await;
-    let claim = claimed(&app, CLIENT_A, "ci", Some("r-1")).await;
-    let lease_id = lease_id_of(&claim);
+    let claim = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    let lease_id = claim.lease.lease_id.clone();
 
-    let b = app.get(CLIENT_A, &format!("/v1/leases/{lease_id}")).await.assert_ok(200).clone();
+    let r = app.get(CLIENT_A, &format!("/v1/leases/{lease_id}")).await;
+    let b = r.assert_ok(200);
     let keys: HashSet<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(
         keys,
         HashSet::from(["lease_id", "vm_uid", "pool", "claimed_at", "last_heartbeat_at", "expires_at", "request_id"]),
         "exactly the LeaseRecord fields: {b}"
     );
-    assert_eq!(b["lease_id"], json!(lease_id));
-    assert_eq!(b["vm_uid"], json!(vm.uid.unwrap()));
-    assert_eq!(b["pool"], json!({"namespace": "default", "name": "ci"}));
-    assert_eq!(b["request_id"], json!("r-1"));
-    assert_eq!(b, claim["lease"], "the stored lease is what the claim returned");
-    assert_eq!(ts(&b["claimed_at"]), ts(&b["last_heartbeat_at"]));
-    assert_eq!((ts(&b["expires_at"]) - ts(&b["claimed_at"])).num_seconds(), 120);
+    let l: LeaseRecord = r.json();
+    assert_eq!(l.lease_id, lease_id);
+    assert_eq!(l.vm_uid, vm.uid.unwrap());
+    assert_eq!(l.pool, pool("ci"));
+    assert_eq!(l.request_id.as_deref(), Some("r-1"));
+    assert_eq!(l, claim.lease, "the stored lease is what the claim returned");
+    assert_eq!(l.claimed_at, l.last_heartbeat_at);
+    assert_eq!((l.expires_at - l.claimed_at).num_seconds(), 120);
     // Any token may read a lease by id (the id is the capability), admin included.
-    assert_eq!(app.get(ADMIN, &format!("/v1/leases/{lease_id}")).await.assert_ok(200), &b);
+    assert_eq!(app.get_lease(ADMIN, &lease_id).await, l);
 }
 
 #[tokio::test]
@@ -99,7 +85,7 @@ async fn get_lease_of_a_claim_without_request_id_has_null_request_id() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    let lease_id = lease_id_of(&claimed(&app, CLIENT_A, "ci", None).await);
+    let lease_id = app.claimed(CLIENT_A, "ci", None).await.lease.lease_id;
     let b = app.get(CLIENT_A, &format!("/v1/leases/{lease_id}")).await.assert_ok(200).clone();
     assert!(b.as_object().unwrap().contains_key("request_id"));
     assert_eq!(b["request_id"], Value::Null);
@@ -122,7 +108,7 @@ async fn lease_routes_need_a_valid_token() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    let lease_id = lease_id_of(&claimed(&app, CLIENT_A, "ci", None).await);
+    let lease_id = app.claimed(CLIENT_A, "ci", None).await.lease.lease_id;
     for (method, path) in [
         (axum::http::Method::GET, format!("/v1/leases/{lease_id}")),
         (axum::http::Method::POST, format!("/v1/leases/{lease_id}/heartbeat")),
@@ -144,27 +130,25 @@ async fn heartbeat_extends_the_lease_by_the_pools_current_expiry() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    let claim = claimed(&app, CLIENT_A, "ci", Some("r-1")).await;
-    let lease_id = lease_id_of(&claim);
+    let claim = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    let lease_id = claim.lease.lease_id.clone();
     tokio::time::sleep(Duration::from_millis(30)).await;
 
     let before = chrono::Utc::now();
-    let b = app.heartbeat(CLIENT_A, &lease_id).await.assert_ok(200).clone();
+    // The helper checks the body is exactly {"lease": LeaseRecord}.
+    let l = app.heartbeated(CLIENT_A, &lease_id).await;
     let after = chrono::Utc::now();
-    let keys: Vec<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(keys, vec!["lease"], "the body is {{\"lease\": LeaseRecord}}: {b}");
-    let l = &b["lease"];
-    assert_eq!(l["lease_id"], json!(lease_id));
-    assert_eq!(l["claimed_at"], claim["lease"]["claimed_at"], "a heartbeat does not move claimed_at");
-    assert_eq!(l["request_id"], json!("r-1"));
-    assert_eq!(l["vm_uid"], claim["lease"]["vm_uid"]);
-    let hb = ts(&l["last_heartbeat_at"]);
-    assert!(hb > ts(&claim["lease"]["last_heartbeat_at"]), "last_heartbeat_at moved: {l}");
+    assert_eq!(l.lease_id, lease_id);
+    assert_eq!(l.claimed_at, claim.lease.claimed_at, "a heartbeat does not move claimed_at");
+    assert_eq!(l.request_id.as_deref(), Some("r-1"));
+    assert_eq!(l.vm_uid, claim.lease.vm_uid);
+    let hb = l.last_heartbeat_at;
+    assert!(hb > claim.lease.last_heartbeat_at, "last_heartbeat_at moved: {l:?}");
     assert!(hb >= before - chrono::Duration::seconds(2) && hb <= after + chrono::Duration::seconds(2), "{hb}");
-    assert_eq!((ts(&l["expires_at"]) - hb).num_seconds(), 120, "expires_at = now + 120: {l}");
-    assert_eq!(expires_at_in_db(&app, &lease_id).await, ts(&l["expires_at"]));
+    assert_eq!((l.expires_at - hb).num_seconds(), 120, "expires_at = now + 120: {l:?}");
+    assert_eq!(expires_at_in_db(&app, &lease_id).await, l.expires_at);
     // GET shows the heartbeat.
-    assert_eq!(app.get(CLIENT_A, &format!("/v1/leases/{lease_id}")).await.assert_ok(200), l);
+    assert_eq!(app.get_lease(CLIENT_A, &lease_id).await, l);
 
     // UpdatePool changes the expiry: the next heartbeat uses the new value.
     let mut spec = pool_spec("ci", 1);
@@ -172,22 +156,22 @@ async fn heartbeat_extends_the_lease_by_the_pools_current_expiry() {
     let p = app.put(ADMIN, "/v1/pools/default/ci", spec).await.assert_ok(200).clone();
     assert_eq!(p["spec"]["heartbeat_expiry_seconds"], json!(600));
     // The update alone does not touch the lease.
-    assert_eq!(expires_at_in_db(&app, &lease_id).await, ts(&l["expires_at"]));
+    assert_eq!(expires_at_in_db(&app, &lease_id).await, l.expires_at);
 
-    let l2 = app.heartbeat(CLIENT_A, &lease_id).await.assert_ok(200)["lease"].clone();
-    let hb2 = ts(&l2["last_heartbeat_at"]);
+    let l2 = app.heartbeated(CLIENT_A, &lease_id).await;
+    let hb2 = l2.last_heartbeat_at;
     assert!(hb2 > hb);
-    assert_eq!((ts(&l2["expires_at"]) - hb2).num_seconds(), 600, "the pool's current expiry: {l2}");
-    assert_eq!(expires_at_in_db(&app, &lease_id).await, ts(&l2["expires_at"]));
+    assert_eq!((l2.expires_at - hb2).num_seconds(), 600, "the pool's current expiry: {l2:?}");
+    assert_eq!(expires_at_in_db(&app, &lease_id).await, l2.expires_at);
 
     // Shorter again: a heartbeat may move expires_at backwards.
     let mut spec = pool_spec("ci", 1);
     spec["heartbeat_interval_seconds"] = json!(5);
     spec["heartbeat_expiry_seconds"] = json!(10);
     app.put(ADMIN, "/v1/pools/default/ci", spec).await.assert_ok(200);
-    let l3 = app.heartbeat(CLIENT_A, &lease_id).await.assert_ok(200)["lease"].clone();
-    assert_eq!((ts(&l3["expires_at"]) - ts(&l3["last_heartbeat_at"])).num_seconds(), 10);
-    assert!(ts(&l3["expires_at"]) < ts(&l2["expires_at"]));
+    let l3 = app.heartbeated(CLIENT_A, &lease_id).await;
+    assert_eq!((l3.expires_at - l3.last_heartbeat_at).num_seconds(), 10);
+    assert!(l3.expires_at < l2.expires_at);
 }
 
 #[tokio::test]
@@ -195,12 +179,12 @@ async fn heartbeat_writes_no_event_and_keeps_the_vm_leased() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    let claim = claimed(&app, CLIENT_A, "ci", None).await;
+    let claim = app.claimed(CLIENT_A, "ci", None).await;
     let events = app.scalar_i64("SELECT count(*) FROM events").await;
-    app.heartbeat(CLIENT_A, &lease_id_of(&claim)).await.assert_ok(200);
-    app.heartbeat(CLIENT_A, &lease_id_of(&claim)).await.assert_ok(200);
+    app.heartbeat(CLIENT_A, &claim.lease.lease_id).await.assert_ok(200);
+    app.heartbeat(CLIENT_A, &claim.lease.lease_id).await.assert_ok(200);
     assert_eq!(app.scalar_i64("SELECT count(*) FROM events").await, events);
-    assert_eq!(app.phase_of(&vm_id_of(&claim)).await.as_deref(), Some("LEASED"));
+    assert_eq!(app.phase_of(&claim.vm.id).await.as_deref(), Some("LEASED"));
 }
 
 #[tokio::test]
@@ -208,7 +192,7 @@ async fn heartbeat_of_a_lease_whose_pool_was_force_deleted_is_not_found() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    let lease_id = lease_id_of(&claimed(&app, CLIENT_A, "ci", None).await);
+    let lease_id = app.claimed(CLIENT_A, "ci", None).await.lease.lease_id;
     app.delete(ADMIN, "/v1/pools/default/ci?force=true").await.assert_ok(204);
 
     app.heartbeat(CLIENT_A, &lease_id).await.assert_error(404, "NOT_FOUND");
@@ -224,8 +208,8 @@ async fn heartbeat_of_an_expired_lease_is_not_found_and_does_not_revive_it() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    let claim = claimed(&app, CLIENT_A, "ci", None).await;
-    let lease_id = lease_id_of(&claim);
+    let claim = app.claimed(CLIENT_A, "ci", None).await;
+    let lease_id = claim.lease.lease_id.clone();
     app.conn()
         .await
         .execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE lease_id = $1", &[&lease_id])
@@ -243,7 +227,7 @@ async fn heartbeat_of_an_expired_lease_is_not_found_and_does_not_revive_it() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(hb, ts(&claim["lease"]["last_heartbeat_at"]), "last_heartbeat_at untouched");
+    assert_eq!(hb, claim.lease.last_heartbeat_at, "last_heartbeat_at untouched");
     // A second try is no different.
     app.heartbeat(CLIENT_A, &lease_id).await.assert_error(404, "NOT_FOUND");
     assert_eq!(expires_at_in_db(&app, &lease_id).await, expired_at);
@@ -254,7 +238,7 @@ async fn heartbeat_of_a_released_lease_is_not_found() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    let lease_id = lease_id_of(&claimed(&app, CLIENT_A, "ci", None).await);
+    let lease_id = app.claimed(CLIENT_A, "ci", None).await.lease.lease_id;
     app.release(CLIENT_A, &lease_id).await.assert_ok(204);
     app.heartbeat(CLIENT_A, &lease_id).await.assert_error(404, "NOT_FOUND");
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
@@ -269,8 +253,8 @@ async fn release_deletes_the_vm_in_flintlock_and_removes_vm_and_lease_rows() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
     let vms = app.seed_available("ci", 2).await;
-    let claim = claimed(&app, CLIENT_A, "ci", Some("r-1")).await;
-    let (lease_id, vm_id, uid) = (lease_id_of(&claim), vm_id_of(&claim), uid_of(&claim));
+    let claim = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    let (lease_id, vm_id, uid) = ids_of(&claim);
     let other = vms.iter().find(|v| v.id != vm_id).unwrap();
     assert_alive_in_sim(&app, &uid);
 
@@ -323,8 +307,8 @@ async fn release_with_flintlock_failing_is_unavailable_and_keeps_the_lease_until
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    let claim = claimed(&app, CLIENT_A, "ci", None).await;
-    let (lease_id, vm_id, uid) = (lease_id_of(&claim), vm_id_of(&claim), uid_of(&claim));
+    let claim = app.claimed(CLIENT_A, "ci", None).await;
+    let (lease_id, vm_id, uid) = ids_of(&claim);
 
     app.sim.fail_deletes(1);
     let r = app.release(CLIENT_A, &lease_id).await;
@@ -353,8 +337,8 @@ async fn release_of_a_vm_flintlock_already_lost_succeeds() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    let claim = claimed(&app, CLIENT_A, "ci", None).await;
-    let (lease_id, vm_id, uid) = (lease_id_of(&claim), vm_id_of(&claim), uid_of(&claim));
+    let claim = app.claimed(CLIENT_A, "ci", None).await;
+    let (lease_id, vm_id, uid) = ids_of(&claim);
     // Someone deleted the microVM behind poolmgr's back.
     let host = store::host_get(&**app.conn().await, SIM_HOST).await.unwrap().unwrap().0;
     app.state.flintlock.delete(&host, &uid).await.expect("delete in the simulator");
@@ -378,8 +362,8 @@ async fn release_with_flintlock_unreachable_is_unavailable() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    let claim = claimed(&app, CLIENT_A, "ci", None).await;
-    let (lease_id, vm_id, uid) = (lease_id_of(&claim), vm_id_of(&claim), uid_of(&claim));
+    let claim = app.claimed(CLIENT_A, "ci", None).await;
+    let (lease_id, vm_id, uid) = ids_of(&claim);
 
     app.sim.set_unavailable(true);
     let r = app.release(CLIENT_A, &lease_id).await;
@@ -410,40 +394,39 @@ async fn list_leases_is_ordered_by_lease_id_and_filters_by_pool() {
     app.seed_available("other", 2).await;
     let mut ci = Vec::new();
     for _ in 0..3 {
-        ci.push(claimed(&app, CLIENT_A, "ci", None).await);
+        ci.push(app.claimed(CLIENT_A, "ci", None).await);
     }
     let mut other = Vec::new();
     for _ in 0..2 {
-        other.push(claimed(&app, CLIENT_A, "other", None).await);
+        other.push(app.claimed(CLIENT_A, "other", None).await);
     }
 
-    let b = app.get(ADMIN, "/v1/leases").await.assert_ok(200).clone();
-    assert_eq!(b["next_page_token"], json!(""));
-    let ids = lease_ids(&b);
+    let (leases, next) = app.list_leases(ADMIN, "").await;
+    assert_eq!(next, "");
+    let ids = lease_ids(&leases);
     let mut sorted = ids.clone();
     sorted.sort();
     assert_eq!(ids, sorted, "ordered by lease_id");
-    let mut expected: Vec<String> = ci.iter().chain(&other).map(lease_id_of).collect();
+    let mut expected: Vec<String> = ci.iter().chain(&other).map(|c| c.lease.lease_id.clone()).collect();
     expected.sort();
     assert_eq!(ids, expected);
     // Each entry is the stored LeaseRecord.
     for c in ci.iter().chain(&other) {
-        let entry = b["leases"].as_array().unwrap().iter().find(|l| l["lease_id"] == c["lease"]["lease_id"]).unwrap();
-        assert_eq!(entry, &c["lease"]);
+        let entry = leases.iter().find(|l| l.lease_id == c.lease.lease_id).unwrap();
+        assert_eq!(entry, &c.lease);
     }
 
-    let b = app.get(ADMIN, "/v1/leases?namespace=default&pool=ci").await.assert_ok(200).clone();
-    let mut expected: Vec<String> = ci.iter().map(lease_id_of).collect();
+    let (leases, next) = app.list_leases(ADMIN, "namespace=default&pool=ci").await;
+    let mut expected: Vec<String> = ci.iter().map(|c| c.lease.lease_id.clone()).collect();
     expected.sort();
-    assert_eq!(lease_ids(&b), expected);
-    assert_eq!(b["next_page_token"], json!(""));
+    assert_eq!(lease_ids(&leases), expected);
+    assert_eq!(next, "");
 
     // An unknown pool has no leases.
     let b = app.get(ADMIN, "/v1/leases?namespace=default&pool=nope").await.assert_ok(200).clone();
     assert_eq!(b, json!({"leases": [], "next_page_token": ""}));
     // Empty values are the same as absent.
-    let b = app.get(ADMIN, "/v1/leases?namespace=&pool=").await.assert_ok(200).clone();
-    assert_eq!(lease_ids(&b).len(), 5);
+    assert_eq!(app.list_leases(ADMIN, "namespace=&pool=").await.0.len(), 5);
 }
 
 #[tokio::test]
@@ -451,7 +434,7 @@ async fn list_leases_pool_filter_needs_both_namespace_and_pool() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    claimed(&app, CLIENT_A, "ci", None).await;
+    app.claimed(CLIENT_A, "ci", None).await;
     for q in ["namespace=default", "pool=ci", "namespace=default&pool=", "namespace=&pool=ci"] {
         app.get(ADMIN, &format!("/v1/leases?{q}")).await.assert_error(400, "INVALID_ARGUMENT");
         app.get(CLIENT_A, &format!("/v1/leases?{q}")).await.assert_error(400, "INVALID_ARGUMENT");
@@ -465,7 +448,7 @@ async fn list_leases_paginates_every_lease_exactly_once() {
     app.seed_available("ci", 5).await;
     let mut expected = Vec::new();
     for _ in 0..5 {
-        expected.push(lease_id_of(&claimed(&app, CLIENT_A, "ci", None).await));
+        expected.push(app.claimed(CLIENT_A, "ci", None).await.lease.lease_id);
     }
     expected.sort();
 
@@ -473,11 +456,11 @@ async fn list_leases_paginates_every_lease_exactly_once() {
     let mut sizes = Vec::new();
     let mut token = String::new();
     for _ in 0..10 {
-        let b = app.get(ADMIN, &format!("/v1/leases?page_size=2&page_token={token}")).await.assert_ok(200).clone();
-        let page = lease_ids(&b);
+        let (leases, next) = app.list_leases(ADMIN, &format!("page_size=2&page_token={token}")).await;
+        let page = lease_ids(&leases);
         sizes.push(page.len());
         seen.extend(page);
-        token = b["next_page_token"].as_str().expect("next_page_token is a string").to_owned();
+        token = next;
         if token.is_empty() {
             break;
         }
@@ -486,21 +469,17 @@ async fn list_leases_paginates_every_lease_exactly_once() {
     assert_eq!(seen, expected, "all 5, each once, in lease_id order");
 
     // A page that ends exactly at the last lease says there is no more.
-    let b = app.get(ADMIN, "/v1/leases?page_size=5").await.assert_ok(200).clone();
-    assert_eq!(lease_ids(&b), expected);
-    assert_eq!(b["next_page_token"], json!(""));
+    let (leases, next) = app.list_leases(ADMIN, "page_size=5").await;
+    assert_eq!(lease_ids(&leases), expected);
+    assert_eq!(next, "");
     // The pool filter paginates too.
-    let b = app.get(ADMIN, "/v1/leases?namespace=default&pool=ci&page_size=3").await.assert_ok(200).clone();
-    assert_eq!(lease_ids(&b), expected[..3]);
-    let token = b["next_page_token"].as_str().unwrap().to_owned();
+    let (leases, token) = app.list_leases(ADMIN, "namespace=default&pool=ci&page_size=3").await;
+    assert_eq!(lease_ids(&leases), expected[..3]);
     assert!(!token.is_empty());
-    let b = app
-        .get(ADMIN, &format!("/v1/leases?namespace=default&pool=ci&page_size=3&page_token={token}"))
-        .await
-        .assert_ok(200)
-        .clone();
-    assert_eq!(lease_ids(&b), expected[3..]);
-    assert_eq!(b["next_page_token"], json!(""));
+    let (leases, next) =
+        app.list_leases(ADMIN, &format!("namespace=default&pool=ci&page_size=3&page_token={token}")).await;
+    assert_eq!(lease_ids(&leases), expected[3..]);
+    assert_eq!(next, "");
 }
 
 #[tokio::test]
@@ -508,13 +487,13 @@ async fn list_leases_rejects_bad_page_size_and_page_token() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    claimed(&app, CLIENT_A, "ci", None).await;
+    app.claimed(CLIENT_A, "ci", None).await;
     for q in ["page_size=0", "page_size=1001", "page_size=-1", "page_size=abc", "page_token=!!!not-a-token!!!"] {
         app.get(ADMIN, &format!("/v1/leases?{q}")).await.assert_error(400, "INVALID_ARGUMENT");
     }
     // The bounds themselves are fine.
     for q in ["page_size=1", "page_size=1000"] {
-        assert_eq!(lease_ids(app.get(ADMIN, &format!("/v1/leases?{q}")).await.assert_ok(200)).len(), 1);
+        assert_eq!(app.list_leases(ADMIN, q).await.0.len(), 1);
     }
 }
 
@@ -525,27 +504,26 @@ async fn a_client_lists_only_its_own_leases_and_admin_lists_all() {
     app.seed_available("ci", 4).await;
     let mut a: Vec<String> = Vec::new();
     for _ in 0..2 {
-        a.push(lease_id_of(&claimed(&app, CLIENT_A, "ci", None).await));
+        a.push(app.claimed(CLIENT_A, "ci", None).await.lease.lease_id);
     }
-    let b = vec![lease_id_of(&claimed(&app, CLIENT_B, "ci", None).await)];
-    let admin = lease_id_of(&claimed(&app, ADMIN, "ci", None).await);
+    let b = vec![app.claimed(CLIENT_B, "ci", None).await.lease.lease_id];
+    let admin = app.claimed(ADMIN, "ci", None).await.lease.lease_id;
     a.sort();
 
-    assert_eq!(lease_ids(app.get(CLIENT_A, "/v1/leases").await.assert_ok(200)), a);
-    assert_eq!(lease_ids(app.get(CLIENT_B, "/v1/leases").await.assert_ok(200)), b);
-    assert_eq!(lease_ids(app.get(CLIENT_A, "/v1/leases?namespace=default&pool=ci").await.assert_ok(200)), a);
+    assert_eq!(lease_ids(&app.list_leases(CLIENT_A, "").await.0), a);
+    assert_eq!(lease_ids(&app.list_leases(CLIENT_B, "").await.0), b);
+    assert_eq!(lease_ids(&app.list_leases(CLIENT_A, "namespace=default&pool=ci").await.0), a);
     let mut all: Vec<String> = a.iter().chain(&b).cloned().chain([admin]).collect();
     all.sort();
-    assert_eq!(lease_ids(app.get(ADMIN, "/v1/leases").await.assert_ok(200)), all);
+    assert_eq!(lease_ids(&app.list_leases(ADMIN, "").await.0), all);
 
     // Paging a client's list never leaks another principal's lease.
-    let first = app.get(CLIENT_A, "/v1/leases?page_size=1").await.assert_ok(200).clone();
-    let token = first["next_page_token"].as_str().unwrap().to_owned();
-    let second = app.get(CLIENT_A, &format!("/v1/leases?page_size=1&page_token={token}")).await.assert_ok(200).clone();
+    let (first, token) = app.list_leases(CLIENT_A, "page_size=1").await;
+    let (second, next) = app.list_leases(CLIENT_A, &format!("page_size=1&page_token={token}")).await;
     let mut paged = lease_ids(&first);
     paged.extend(lease_ids(&second));
     assert_eq!(paged, a);
-    assert_eq!(second["next_page_token"], json!(""));
+    assert_eq!(next, "");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -559,8 +537,8 @@ async fn concurrent_releases_of_one_lease_delete_the_vm_once() {
     let app = Arc::new(TestApp::spawn().await);
     app.create_pool("ci", 2).await;
     let vms = app.seed_available("ci", 2).await;
-    let claim = claimed(&app, CLIENT_A, "ci", Some("r-1")).await;
-    let (lease_id, vm_id, uid) = (lease_id_of(&claim), vm_id_of(&claim), uid_of(&claim));
+    let claim = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    let (lease_id, vm_id, uid) = ids_of(&claim);
 
     let barrier = Arc::new(Barrier::new(16));
     let tasks: Vec<_> = (0..16)
@@ -598,7 +576,7 @@ async fn concurrent_releases_of_one_lease_delete_the_vm_once() {
     assert_eq!(app.phase_of(&other.id).await.as_deref(), Some("AVAILABLE"));
     assert_alive_in_sim(&app, other.uid.as_deref().unwrap());
     // The request_id is free again.
-    assert_eq!(app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok(200)["replayed"], json!(false));
+    assert!(!app.claimed(CLIENT_A, "ci", Some("r-1")).await.replayed);
 }
 
 /// 16 heartbeats race one release: never a server error, and the release wins in the end.
@@ -607,8 +585,8 @@ async fn heartbeats_racing_a_release_never_fail_and_the_lease_ends() {
     let app = Arc::new(TestApp::spawn().await);
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    let claim = claimed(&app, CLIENT_A, "ci", None).await;
-    let (lease_id, vm_id, uid) = (lease_id_of(&claim), vm_id_of(&claim), uid_of(&claim));
+    let claim = app.claimed(CLIENT_A, "ci", None).await;
+    let (lease_id, vm_id, uid) = ids_of(&claim);
 
     let barrier = Arc::new(Barrier::new(17));
     let release = {
@@ -624,19 +602,18 @@ async fn heartbeats_racing_a_release_never_fail_and_the_lease_ends() {
             let (app, barrier, lease_id) = (app.clone(), barrier.clone(), lease_id.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                let r = app.heartbeat(CLIENT_A, &lease_id).await;
-                (r.status.as_u16(), r.body)
+                app.heartbeat(CLIENT_A, &lease_id).await
             })
         })
         .collect();
     let (status, body) = release.await.unwrap();
     assert_eq!(status, 204, "{body}");
     for t in heartbeats {
-        let (status, body) = t.await.unwrap();
-        match status {
-            200 => assert_eq!(body["lease"]["lease_id"], json!(lease_id), "{body}"),
-            404 => assert_eq!(body["error"]["status"], json!("NOT_FOUND"), "{body}"),
-            other => panic!("unexpected {other}: {body}"),
+        let r = t.await.unwrap();
+        match r.status.as_u16() {
+            200 => assert_eq!(r.json_at::<LeaseRecord>("/lease").lease_id, lease_id, "{}", r.body),
+            404 => assert_eq!(r.body["error"]["status"], json!("NOT_FOUND"), "{}", r.body),
+            other => panic!("unexpected {other}: {}", r.body),
         }
     }
     assert_eq!(app.phase_of(&vm_id).await, None, "VM row gone");

@@ -1,0 +1,43 @@
+//! The integration suite as one test binary, one module per area (zero-to-production's
+//! `tests/api/main.rs` shape): the stack is linked once instead of once per file. The
+//! harness (`TestApp`, typed helpers per endpoint, factories) is the `poolmgr_tests` library
+//! in `tests/src/`, shared with the `poolmgrctl` and `poolmgr-check` tests.
+//!
+//! Every test here shares one process with all the others, run in parallel: a test must never
+//! change process-wide state (environment variables, statics). The one such setting today is
+//! the store's client-side statement timeout, which every database pool built sets from its
+//! configuration; so tests here keep the default `POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS` and
+//! `POOLMGR_DB_CANCEL_ON_TIMEOUT`, and the test that changes them is its own binary
+//! (`tests/tests/statement_timeout.rs`).
+//!
+//! Run one area with a filter: `scripts/test.sh -p poolmgr-tests --test api claims::`.
+//!
+//! | module | what it covers |
+//! |---|---|
+//! | `bad_input` | malformed, oversized and unauthenticated requests on every route |
+//! | `claims` | `POST /v1/claims` and its races |
+//! | `db_resilience` | dead connections, an unreachable database, schema mismatch, EMF |
+//! | `events_metrics` | `GET /v1/events`, `GET /metrics`, `/healthz` |
+//! | `flintlock_client` | the flintlock client against flintlock-sim over gRPC |
+//! | `harness` | the typed reads of `TestResponse` are as strict as the wire |
+//! | `hooks` | create and pre-lease hooks, the two-phase claim |
+//! | `hosts` | `/v1/hosts…` and `/v1/vms…` |
+//! | `leases` | `/v1/leases…`: get, heartbeat, release, list, and their races |
+//! | `migrations` | schema upgrades and version checks |
+//! | `openapi` | `/openapi.json` against the Routers, the SAM template and real answers |
+//! | `pools` | `/v1/pools…` and the delete races |
+//! | `reconcile` | the reconcile pass |
+
+mod bad_input;
+mod claims;
+mod db_resilience;
+mod events_metrics;
+mod flintlock_client;
+mod harness;
+mod hooks;
+mod hosts;
+mod leases;
+mod migrations;
+mod openapi;
+mod pools;
+mod reconcile;
