@@ -454,7 +454,7 @@ impl TestApp {
         let created = self
             .state
             .flintlock
-            .create(&host, tpl.to_spec(&id, &self.state.flintlock_namespace("default")))
+            .create(&host.endpoint(), tpl.to_spec(&id, &self.state.flintlock_namespace("default")))
             .await
             .expect("sim create");
         let uid = created.spec.and_then(|s| s.uid).expect("uid");

@@ -27,9 +27,7 @@ use flintlock_proto::v1alpha1::micro_vm_client::MicroVmClient;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
-
-use crate::store::HostRow;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FlintlockError {
@@ -204,32 +202,27 @@ impl Interceptor for BasicAuth {
 pub type Client = MicroVmClient<InterceptedService<Channel, BasicAuth>>;
 pub type ExecClient = MicroVmExecClient<InterceptedService<Channel, BasicAuth>>;
 
-/// The settings a cached channel was built from; a host update changes the key.
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct ChannelKey {
-    address: String,
-    tls_insecure: bool,
-    ca_pem: Option<String>,
-    cert_pem: Option<String>,
-    key_pem: Option<String>,
-    token: Option<String>,
-}
-
-impl ChannelKey {
-    fn of(h: &HostRow) -> ChannelKey {
-        ChannelKey {
-            address: h.address.clone(),
-            tls_insecure: h.tls_insecure,
-            ca_pem: h.ca_pem.clone(),
-            cert_pem: h.cert_pem.clone(),
-            key_pem: h.key_pem.clone(),
-            token: h.basic_auth_token.clone(),
-        }
-    }
+/// Where and how to reach one flintlock host: all the client knows of a host, nothing of the
+/// database (`store::HostRow::endpoint` builds one from a host's row). A changed endpoint
+/// (a host update) rebuilds the host's cached channel.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Endpoint {
+    /// The host's registered name: names it in errors and keys the channel cache.
+    pub name: String,
+    /// `host:port` of flintlockd's gRPC API, no scheme.
+    pub address: String,
+    /// Plaintext gRPC (`http://`); otherwise TLS with the system roots and `ca_pem`.
+    pub tls_insecure: bool,
+    pub ca_pem: Option<String>,
+    /// Client certificate and key for mutual TLS, used together.
+    pub cert_pem: Option<String>,
+    pub key_pem: Option<String>,
+    /// flintlockd's basic-auth token, sent as `Authorization: Basic base64(token)`.
+    pub basic_auth_token: Option<String>,
 }
 
 /// One host's cache entry: the settings it was built from, the channel and the auth header.
-type CachedChannel = (ChannelKey, Channel, AuthHeader);
+type CachedChannel = (Endpoint, Channel, AuthHeader);
 
 #[derive(Clone)]
 pub struct Flintlock {
@@ -244,10 +237,10 @@ impl Flintlock {
 
     /// A lazily connecting channel and the auth header for `host`. No per-request timeout
     /// on the channel: the interceptor sets one on unary calls, exec sets its own.
-    fn build(&self, host: &HostRow) -> Result<(Channel, AuthHeader), FlintlockError> {
+    fn build(&self, host: &Endpoint) -> Result<(Channel, AuthHeader), FlintlockError> {
         let cfg_err = |message: String| FlintlockError::Config { host: host.name.clone(), message };
         let scheme = if host.tls_insecure { "http" } else { "https" };
-        let mut ep = Endpoint::from_shared(format!("{scheme}://{}", host.address))
+        let mut ep = tonic::transport::Endpoint::from_shared(format!("{scheme}://{}", host.address))
             .map_err(|e| cfg_err(format!("address {:?}: {e}", host.address)))?
             .connect_timeout(self.timeout);
         if !host.tls_insecure {
@@ -271,8 +264,8 @@ impl Flintlock {
     }
 
     /// The cached channel and auth header for `host`, rebuilt when its settings changed.
-    fn channel(&self, host: &HostRow) -> Result<(Channel, AuthHeader), FlintlockError> {
-        let key = ChannelKey::of(host);
+    fn channel(&self, host: &Endpoint) -> Result<(Channel, AuthHeader), FlintlockError> {
+        let key = host.clone();
         let mut map = self.channels.lock().expect("channel cache poisoned");
         if let Some((k, channel, auth)) = map.get(&host.name)
             && *k == key
@@ -286,21 +279,21 @@ impl Flintlock {
 
     /// The MicroVM client for `host` on its cached channel; every call gets the configured
     /// timeout as its deadline unless the request sets one.
-    pub fn client(&self, host: &HostRow) -> Result<Client, FlintlockError> {
+    pub fn client(&self, host: &Endpoint) -> Result<Client, FlintlockError> {
         let (channel, header) = self.channel(host)?;
         Ok(MicroVmClient::with_interceptor(channel, BasicAuth { header, default_timeout: Some(self.timeout) }))
     }
 
     /// The MicroVMExec client for `host` on the same cached channel, without a default
     /// deadline (a stream lasts as long as its command; set one per request).
-    pub fn exec_client(&self, host: &HostRow) -> Result<ExecClient, FlintlockError> {
+    pub fn exec_client(&self, host: &Endpoint) -> Result<ExecClient, FlintlockError> {
         let (channel, header) = self.channel(host)?;
         Ok(MicroVmExecClient::with_interceptor(channel, BasicAuth { header, default_timeout: None }))
     }
 
     /// `MicroVM/ServerInfo`. UNIMPLEMENTED (flintlock older than v0.15.0) becomes
     /// [`FlintlockError::Unsupported`]; any other failure is returned as usual.
-    pub async fn server_info(&self, host: &HostRow) -> Result<ServerInfo, FlintlockError> {
+    pub async fn server_info(&self, host: &Endpoint) -> Result<ServerInfo, FlintlockError> {
         match self.client(host)?.server_info(()).await {
             Ok(resp) => {
                 let resp = resp.into_inner();
@@ -334,7 +327,7 @@ impl Flintlock {
     /// Returning (or dropping the future) cancels the stream, which stops the command.
     pub async fn exec(
         &self,
-        host: &HostRow,
+        host: &Endpoint,
         uid: &str,
         command: &str,
         timeout: Duration,
@@ -394,7 +387,7 @@ impl Flintlock {
     /// on a later step, this never loops. `Err` for what retrying will not fix: the VM is
     /// gone ([`FlintlockError::is_not_found`]), was created without guest agent access, the
     /// exec API is disabled ([`FlintlockError::Unsupported`]), or the host is misconfigured.
-    pub async fn wait_ready(&self, host: &HostRow, uid: &str, per_attempt: Duration) -> Result<bool, FlintlockError> {
+    pub async fn wait_ready(&self, host: &Endpoint, uid: &str, per_attempt: Duration) -> Result<bool, FlintlockError> {
         match tokio::time::timeout(per_attempt, self.exec(host, uid, "true", per_attempt)).await {
             Err(_) => Ok(false),
             Ok(Ok(_)) => Ok(true),
@@ -403,7 +396,7 @@ impl Flintlock {
         }
     }
 
-    pub async fn create(&self, host: &HostRow, spec: pb::MicroVmSpec) -> Result<pb::MicroVm, FlintlockError> {
+    pub async fn create(&self, host: &Endpoint, spec: pb::MicroVmSpec) -> Result<pb::MicroVm, FlintlockError> {
         let resp = self
             .client(host)?
             .create_micro_vm(api::CreateMicroVmRequest { microvm: Some(spec), metadata: Default::default() })
@@ -417,7 +410,7 @@ impl Flintlock {
     }
 
     /// Gets a VM by uid; `Ok(None)` when flintlock says it is not found.
-    pub async fn get(&self, host: &HostRow, uid: &str) -> Result<Option<pb::MicroVm>, FlintlockError> {
+    pub async fn get(&self, host: &Endpoint, uid: &str) -> Result<Option<pb::MicroVm>, FlintlockError> {
         match self.client(host)?.get_micro_vm(api::GetMicroVmRequest { uid: uid.to_owned() }).await {
             Ok(r) => Ok(r.into_inner().microvm),
             Err(s) => {
@@ -428,7 +421,7 @@ impl Flintlock {
     }
 
     /// Deletes a VM by uid. A VM flintlock no longer knows counts as deleted.
-    pub async fn delete(&self, host: &HostRow, uid: &str) -> Result<(), FlintlockError> {
+    pub async fn delete(&self, host: &Endpoint, uid: &str) -> Result<(), FlintlockError> {
         match self.client(host)?.delete_micro_vm(api::DeleteMicroVmRequest { uid: uid.to_owned() }).await {
             Ok(_) => Ok(()),
             Err(s) => {
@@ -441,7 +434,7 @@ impl Flintlock {
     /// Lists VMs in `namespace` (all namespaces when empty), optionally only those named `name`.
     pub async fn list(
         &self,
-        host: &HostRow,
+        host: &Endpoint,
         namespace: &str,
         name: Option<&str>,
     ) -> Result<Vec<pb::MicroVm>, FlintlockError> {
@@ -625,7 +618,7 @@ mod tests {
         }
     }
 
-    async fn scripted_host(messages: Vec<ExecResponsePayload>, end: End) -> (HostRow, Arc<AtomicBool>) {
+    async fn scripted_host(messages: Vec<ExecResponsePayload>, end: End) -> (Endpoint, Arc<AtomicBool>) {
         let dropped = Arc::new(AtomicBool::new(false));
         let svc = MicroVmExecServer::new(Scripted { messages, end, dropped: dropped.clone() });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -635,8 +628,7 @@ mod tests {
                 .add_service(svc)
                 .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
         );
-        let now = chrono::Utc::now();
-        let host = HostRow {
+        let host = Endpoint {
             name: "scripted".into(),
             address: addr.to_string(),
             tls_insecure: true,
@@ -644,14 +636,6 @@ mod tests {
             cert_pem: None,
             key_pem: None,
             basic_auth_token: None,
-            cordoned: false,
-            cordoned_reason: None,
-            cordoned_at: None,
-            flintlock_version: None,
-            exec_unavailable_reason: None,
-            checked_at: None,
-            created_at: now,
-            updated_at: now,
         };
         (host, dropped)
     }

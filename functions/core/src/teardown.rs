@@ -38,7 +38,7 @@ pub async fn finish_vm_delete(
     if let Some(uid) = &vm.uid {
         let host = host
             .ok_or_else(|| TeardownError::HostNotRegistered { host: vm.flintlock_host.clone(), vm: vm.id.clone() })?;
-        flintlock.delete(host, uid).await?;
+        flintlock.delete(&host.endpoint(), uid).await?;
     }
     let conn = db.get().await?;
     Ok(store::vm_finish_delete(&conn, &vm.id).await?)

@@ -168,7 +168,7 @@ pub async fn check_once(opts: &Options) -> Result<Outcome, CheckError> {
     // host → its live managed microVMs; None when the host could not be listed.
     let mut listed: HashMap<String, Option<Vec<Listed>>> = HashMap::new();
     for host in &hosts {
-        match flintlock.list(host, "", None).await {
+        match flintlock.list(&host.endpoint(), "", None).await {
             Ok(vms) => {
                 let live: Vec<_> = vms
                     .into_iter()

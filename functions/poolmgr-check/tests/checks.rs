@@ -203,7 +203,7 @@ async fn a_row_whose_microvm_vanished_is_a_settled_violation() {
         (r.get(0), r.get(1))
     };
     let host = poolmgr_core::store::host_get(&**app.conn().await, SIM_HOST).await.unwrap().unwrap().0;
-    app.state.flintlock.delete(&host, &uid).await.unwrap();
+    app.state.flintlock.delete(&host.endpoint(), &uid).await.unwrap();
     for _ in 0..100 {
         if app.sim.vm(&uid).is_none() {
             break;

@@ -165,7 +165,7 @@ async fn an_unreachable_database_answers_503_with_retry_after_on_every_route() {
     let err = poolmgr_core::reconcile::run_pass(&state).await.expect_err("no database");
     assert!(err.is_retryable(), "{err}");
     // And the Lambda says so in its error type and message.
-    let event = serde_json::from_str(include_str!("../../functions/reconcile/events/scheduled.json")).unwrap();
+    let event = serde_json::from_str(include_str!("../../../functions/reconcile/events/scheduled.json")).unwrap();
     let err = reconcile_fn::handle(&state, lambda_runtime::LambdaEvent::new(event, Default::default()))
         .await
         .expect_err("no database");

@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 use flintlock_proto::types::micro_vm_status::MicroVmState;
 use flintlock_sim::{ExecCall, ExecRule, Sim, SimConfig};
 use poolmgr_core::domain::Phase;
-use poolmgr_core::flintlock::{ExecOutcome, Flintlock, FlintlockError, ServerInfo, exec_supported};
-use poolmgr_core::store::{self, HostRow};
+use poolmgr_core::flintlock::{Endpoint, ExecOutcome, Flintlock, FlintlockError, ServerInfo, exec_supported};
+use poolmgr_core::store;
 use poolmgr_tests::{SIM_HOST, TestApp};
 
-async fn sim_host(app: &TestApp) -> HostRow {
+async fn sim_host(app: &TestApp) -> Endpoint {
     let conn = app.conn().await;
-    store::host_get(&**conn, SIM_HOST).await.unwrap().expect("host sim").0
+    store::host_get(&**conn, SIM_HOST).await.unwrap().expect("host sim").0.endpoint()
 }
 
 /// A VM in the simulator with the guest agent on (the template forces it), CREATED.

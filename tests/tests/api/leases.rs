@@ -341,7 +341,7 @@ async fn release_of_a_vm_flintlock_already_lost_succeeds() {
     let (lease_id, vm_id, uid) = ids_of(&claim);
     // Someone deleted the microVM behind poolmgr's back.
     let host = store::host_get(&**app.conn().await, SIM_HOST).await.unwrap().unwrap().0;
-    app.state.flintlock.delete(&host, &uid).await.expect("delete in the simulator");
+    app.state.flintlock.delete(&host.endpoint(), &uid).await.expect("delete in the simulator");
     for _ in 0..100 {
         if app.sim.vm(&uid).is_none() {
             break;

@@ -4,11 +4,9 @@
 //! in `tests/src/`, shared with the `poolmgrctl` and `poolmgr-check` tests.
 //!
 //! Every test here shares one process with all the others, run in parallel: a test must never
-//! change process-wide state (environment variables, statics). The one such setting today is
-//! the store's client-side statement timeout, which every database pool built sets from its
-//! configuration; so tests here keep the default `POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS` and
-//! `POOLMGR_DB_CANCEL_ON_TIMEOUT`, and the test that changes them is its own binary
-//! (`tests/tests/statement_timeout.rs`).
+//! change process-wide state (environment variables, statics). Configuration belongs to each
+//! test's own `AppState` (the statement timeout, for one, to its database handle `db::Db`),
+//! so a test that sets a 1 s limit cannot reach its neighbours.
 //!
 //! Run one area with a filter: `scripts/test.sh -p poolmgr-tests --test api claims::`.
 //!
@@ -27,6 +25,7 @@
 //! | `openapi` | `/openapi.json` against the Routers, the SAM template and real answers |
 //! | `pools` | `/v1/pools…` and the delete races |
 //! | `reconcile` | the reconcile pass |
+//! | `statement_timeout` | the client-side statement timeout and its server-side cancel |
 
 mod bad_input;
 mod claims;
@@ -41,3 +40,4 @@ mod migrations;
 mod openapi;
 mod pools;
 mod reconcile;
+mod statement_timeout;

@@ -60,7 +60,7 @@ async fn create_hook_step(
     let step = usize::try_from(vm.hook_step).unwrap_or(0);
     if step == 0 {
         let probe = hooks.command_timeout.min(std::time::Duration::from_secs(5));
-        match db.released(state.flintlock.wait_ready(host, uid, probe)).await {
+        match db.released(state.flintlock.wait_ready(&host.endpoint(), uid, probe)).await {
             Ok(true) => {}
             Ok(false) => {
                 if (Utc::now() - started).to_std().unwrap_or_default() > hooks.guest_agent_timeout {
@@ -75,7 +75,7 @@ async fn create_hook_step(
     let Some(cmd) = pool.create_commands.get(step) else {
         return hook_done(pass, db, pool, vm, started, report).await;
     };
-    let outcome = db.released(state.flintlock.exec(host, uid, cmd, hooks.command_timeout)).await;
+    let outcome = db.released(state.flintlock.exec(&host.endpoint(), uid, cmd, hooks.command_timeout)).await;
     let failure = match outcome {
         Ok(o) if o.exit_code == 0 => None,
         Ok(o) => Some(format!("create command {step} `{cmd}` exited with {}: {}", o.exit_code, o.stderr.trim())),

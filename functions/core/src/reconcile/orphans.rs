@@ -62,7 +62,7 @@ async fn scan_host(
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {
     let state = pass.state;
-    let all = match db.released(state.flintlock.list(host, "", None)).await {
+    let all = match db.released(state.flintlock.list(&host.endpoint(), "", None)).await {
         Ok(v) => v,
         Err(e) => {
             pass.sick(&host.name);
@@ -94,7 +94,7 @@ async fn scan_host(
         if !orphan || uid.is_empty() {
             continue;
         }
-        if let Err(e) = db.released(state.flintlock.delete(host, &uid)).await {
+        if let Err(e) = db.released(state.flintlock.delete(&host.endpoint(), &uid)).await {
             report.errors.push(format!("deleting orphan {uid} on {}: {e}", host.name));
             continue;
         }

@@ -115,7 +115,7 @@ async fn create_vm(
         return drop_intent(db, vm, "its host is not registered").await;
     };
     let spec = pool.microvm_template.to_spec(&vm.id, &state.flintlock_namespace(&pool.namespace));
-    match db.released(state.flintlock.create(host, spec)).await {
+    match db.released(state.flintlock.create(&host.endpoint(), spec)).await {
         Ok(m) => {
             let uid = m.spec.as_ref().and_then(|s| s.uid.clone()).unwrap_or_default();
             if uid.is_empty() {
@@ -164,7 +164,7 @@ pub(super) async fn create_or_adopt(
         return drop_intent(db, vm, "its host is not registered").await;
     };
     let ns = state.flintlock_namespace(&pool.namespace);
-    match db.released(state.flintlock.list(host, &ns, Some(&vm.id))).await {
+    match db.released(state.flintlock.list(&host.endpoint(), &ns, Some(&vm.id))).await {
         Ok(mut found) => {
             found.retain(|m| {
                 m.status.as_ref().is_none_or(|s| s.state != MicroVmState::Deleting as i32)
@@ -205,7 +205,7 @@ pub(super) async fn poll_provisioning(
         return fail_vm(pass, db, pool, vm, "its host is not registered", report).await;
     };
     let uid = vm.uid.as_deref().unwrap_or_default();
-    let m = match db.released(state.flintlock.get(host, uid)).await {
+    let m = match db.released(state.flintlock.get(&host.endpoint(), uid)).await {
         Ok(m) => m,
         Err(e) => {
             flintlock_failed(pass, report, vm, "GetMicroVM", &e);

@@ -145,7 +145,7 @@ async fn finish_hook_claim(
     let timeout = state.config.hooks.command_timeout;
     for cmd in commands {
         let outcome = match (&host, &vm.uid) {
-            (Some(h), Some(uid)) => state.flintlock.exec(h, uid, cmd, timeout).await,
+            (Some(h), Some(uid)) => state.flintlock.exec(&h.endpoint(), uid, cmd, timeout).await,
             _ => Err(crate::flintlock::FlintlockError::Config {
                 host: vm.flintlock_host.clone(),
                 message: "the VM has no flintlock uid or its host is not registered".into(),

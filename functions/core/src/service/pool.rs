@@ -46,7 +46,7 @@ async fn check_hosts_can_exec(state: &AppState, spec: &PoolSpec) -> Result<(), A
         };
         // Unregistered hosts are refused by check_hosts with their own message.
         let Some((host, _)) = host else { continue };
-        let (version, why) = match state.flintlock.server_info(&host).await {
+        let (version, why) = match state.flintlock.server_info(&host.endpoint()).await {
             Ok(info) => (Some(info.version.clone()), crate::flintlock::exec_supported(&info).err()),
             Err(e @ crate::flintlock::FlintlockError::Unsupported { .. }) => (None, Some(e.to_string())),
             Err(e) => {

@@ -6,10 +6,10 @@
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
+use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{GenericClient, Row};
 
-use super::{Result, Timed, json_req};
+use super::{Executor, Result, Timed, json_req};
 
 /// A `hosts` row, secrets included; the API view drops them.
 #[derive(Debug, Clone, Deserialize)]
@@ -31,9 +31,24 @@ pub struct HostRow {
     pub updated_at: DateTime<Utc>,
 }
 
+impl HostRow {
+    /// What the flintlock client needs to reach this host.
+    pub fn endpoint(&self) -> crate::flintlock::Endpoint {
+        crate::flintlock::Endpoint {
+            name: self.name.clone(),
+            address: self.address.clone(),
+            tls_insecure: self.tls_insecure,
+            ca_pem: self.ca_pem.clone(),
+            cert_pem: self.cert_pem.clone(),
+            key_pem: self.key_pem.clone(),
+            basic_auth_token: self.basic_auth_token.clone(),
+        }
+    }
+}
+
 /// Registered hosts among `names` that are missing, locking the present ones against a
 /// concurrent RemoveHost until the caller's transaction ends.
-pub async fn host_missing_for_pool(c: &impl GenericClient, names: &[String]) -> Result<Vec<String>> {
+pub async fn host_missing_for_pool(c: &impl Executor, names: &[String]) -> Result<Vec<String>> {
     let rows = c
         .timed_query(
             "WITH present AS (
@@ -64,7 +79,7 @@ fn host_with_count(row: &Row) -> Result<(HostRow, i64)> {
 }
 
 /// Inserts a host, uncordoned; `None` if the name is taken.
-pub async fn host_insert(c: &impl GenericClient, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
+pub async fn host_insert(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
     let row = c
         .timed_query_opt(
             "INSERT INTO hosts AS h (name, address, tls_insecure, ca_pem, cert_pem, key_pem, basic_auth_token)
@@ -86,7 +101,7 @@ pub async fn host_insert(c: &impl GenericClient, h: &HostWrite<'_>) -> Result<Op
 }
 
 /// Replaces address, TLS and token; keeps the cordon state. `None` if unknown.
-pub async fn host_update(c: &impl GenericClient, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
+pub async fn host_update(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
     let sql = format!(
         "UPDATE hosts AS h SET address = $2, tls_insecure = $3, ca_pem = $4, cert_pem = $5,
              key_pem = $6, basic_auth_token = $7, updated_at = now()
@@ -110,24 +125,20 @@ pub async fn host_update(c: &impl GenericClient, h: &HostWrite<'_>) -> Result<Op
     row.as_ref().map(host_with_count).transpose()
 }
 
-pub async fn host_get(c: &impl GenericClient, name: &str) -> Result<Option<(HostRow, i64)>> {
+pub async fn host_get(c: &impl Executor, name: &str) -> Result<Option<(HostRow, i64)>> {
     let sql = format!("SELECT to_jsonb(h) AS host, {HOST_VM_COUNT} FROM hosts h WHERE h.name = $1");
     let row = c.timed_query_opt(&sql, &[(&name, Type::TEXT)]).await?;
     row.as_ref().map(host_with_count).transpose()
 }
 
-pub async fn host_list(c: &impl GenericClient) -> Result<Vec<(HostRow, i64)>> {
+pub async fn host_list(c: &impl Executor) -> Result<Vec<(HostRow, i64)>> {
     let sql = format!("SELECT to_jsonb(h) AS host, {HOST_VM_COUNT} FROM hosts h ORDER BY h.name");
     let rows = c.timed_query(&sql, &[]).await?;
     rows.iter().map(host_with_count).collect()
 }
 
 /// Sets or clears the cordon; `cordoned_at` moves to now on every cordon. `None` if unknown.
-pub async fn host_set_cordon(
-    c: &impl GenericClient,
-    name: &str,
-    cordon: Option<&str>,
-) -> Result<Option<(HostRow, i64)>> {
+pub async fn host_set_cordon(c: &impl Executor, name: &str, cordon: Option<&str>) -> Result<Option<(HostRow, i64)>> {
     let sql = format!(
         "UPDATE hosts AS h SET cordoned = $2, cordoned_reason = $3,
              cordoned_at = CASE WHEN $2 THEN now() END, updated_at = now()
@@ -146,7 +157,7 @@ pub enum HostDelete {
 }
 
 /// Locks host `name`'s row (FOR UPDATE) until the transaction ends; a no-op if it is missing.
-pub async fn host_lock(c: &impl GenericClient, name: &str) -> Result<()> {
+pub async fn host_lock(c: &impl Executor, name: &str) -> Result<()> {
     c.timed_query_opt("SELECT 1 FROM hosts WHERE name = $1 FOR UPDATE", &[(&name, Type::TEXT)]).await?;
     Ok(())
 }
@@ -154,7 +165,7 @@ pub async fn host_lock(c: &impl GenericClient, name: &str) -> Result<()> {
 /// Removes a host unless a pool names it or a VM row is on it. Must run inside a
 /// transaction: the host row is locked first, which conflicts with the KEY SHARE lock a
 /// concurrent pool create/update takes on the hosts it names.
-pub async fn host_delete(c: &impl GenericClient, name: &str) -> Result<HostDelete> {
+pub async fn host_delete(c: &impl Executor, name: &str) -> Result<HostDelete> {
     let p: &[(&(dyn ToSql + Sync), Type)] = &[(&name, Type::TEXT)];
     let row = c
         .timed_query_opt(
@@ -178,7 +189,7 @@ pub async fn host_delete(c: &impl GenericClient, name: &str) -> Result<HostDelet
 /// Takes the orphan-scan lease of one host due for a scan; the next scan of that host is
 /// due `interval_seconds` later.
 pub async fn host_take_scan(
-    c: &impl GenericClient,
+    c: &impl Executor,
     interval_seconds: f64,
     pass_started: DateTime<Utc>,
 ) -> Result<Option<HostRow>> {
@@ -199,7 +210,7 @@ pub async fn host_take_scan(
 
 /// Stores what a ServerInfo probe of a host said.
 pub async fn host_record_probe(
-    c: &impl GenericClient,
+    c: &impl Executor,
     name: &str,
     version: Option<&str>,
     exec_unavailable: Option<&str>,

@@ -1,0 +1,90 @@
+//! The client-side statement timeout (`POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS`). The limit
+//! belongs to the test's own database handle (`db::Db`), so the 1 s set here cannot reach
+//! the other tests of this binary.
+
+use std::time::{Duration, Instant};
+
+use poolmgr_core::{db, store};
+use poolmgr_tests::*;
+
+#[tokio::test]
+async fn a_statement_stuck_on_a_lock_answers_503_and_is_cancelled_on_the_server() {
+    // PgBouncer 1.18 (Debian 12) crashes on tokio-postgres's cancel requests: through it the
+    // timeout applies without the cancel.
+    let cancel = !through_pooler();
+    let app = TestApp::spawn_with(|env| {
+        env.push(("POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS".into(), "1".into()));
+        env.push(("POOLMGR_DB_CANCEL_ON_TIMEOUT".into(), cancel.to_string()));
+    })
+    .await;
+    app.create_pool("ci", 1).await;
+
+    // Another session holds the pools table exclusively: listing pools waits on the lock.
+    let mut locker = db::connect_one(&app.db.url).await.expect("locker connection");
+    let tx = locker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE pools IN ACCESS EXCLUSIVE MODE").await.unwrap();
+
+    let t0 = Instant::now();
+    let r = app.get(ADMIN, "/v1/pools").await;
+    r.assert_error(503, "UNAVAILABLE");
+    assert_eq!(r.headers.get("retry-after").unwrap(), "1");
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "took {took:?}");
+
+    // The cancel request reached the server: nothing waits on the lock any more, although
+    // the lock is still held.
+    let mut waiting = if cancel { -1 } else { 0 };
+    for _ in 0..if cancel { 100 } else { 0 } {
+        waiting = app
+            .scalar_i64(&format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND wait_event_type = 'Lock'",
+                app.db.name
+            ))
+            .await;
+        if waiting == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(waiting, 0, "the timed-out statement was cancelled server-side");
+
+    tx.rollback().await.unwrap();
+    app.get(ADMIN, "/v1/pools").await.assert_ok(200);
+}
+
+/// The limit belongs to the database handle, not to the process: two handles in one process,
+/// one limited to 300 ms and one without a limit, run the same statement against a held lock;
+/// the limited one gives up while the other keeps waiting and succeeds once the lock goes.
+#[tokio::test]
+async fn two_database_handles_in_one_process_keep_their_own_statement_limits() {
+    let app = TestApp::spawn().await;
+    let opts = |limit| db::PoolOptions {
+        size: 1,
+        connect_timeout: Duration::from_secs(10),
+        check_idle: Duration::from_secs(60),
+        statement_timeout: limit,
+        cancel_on_timeout: false,
+    };
+    let limited = db::connect_pool(&app.db.url, &opts(Some(Duration::from_millis(300)))).unwrap();
+    let unlimited = db::connect_pool(&app.db.url, &opts(None)).unwrap();
+    assert_eq!(limited.limits().statement_timeout, Some(Duration::from_millis(300)));
+    assert_eq!(unlimited.limits().statement_timeout, None);
+
+    let mut locker = db::connect_one(&app.db.url).await.expect("locker connection");
+    let tx = locker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE pools IN ACCESS EXCLUSIVE MODE").await.unwrap();
+
+    let waiter = tokio::spawn(async move {
+        let conn = unlimited.get().await.unwrap();
+        store::pool_list(&conn, None).await.map(|pools| pools.len())
+    });
+    let conn = limited.get().await.unwrap();
+    match store::pool_list(&conn, None).await {
+        Err(store::StoreError::Unavailable(m)) => assert!(m.contains("timed out"), "{m}"),
+        other => panic!("the limited handle should time out, got {other:?}"),
+    }
+    // The lock is still held, so the unlimited statement cannot have finished.
+    assert!(!waiter.is_finished(), "the unlimited handle gave up too");
+    tx.rollback().await.unwrap();
+    assert_eq!(waiter.await.unwrap().expect("the unlimited handle waits for the lock"), 0);
+}
