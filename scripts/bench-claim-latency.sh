@@ -9,36 +9,22 @@
 # size matches the seeded rows so the reconciler neither adds nor sheds VMs meanwhile.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# shellcheck source=lib/pg.sh
-. "$ROOT/scripts/lib/pg.sh"
+# shellcheck source=lib/stack.sh
+. "$ROOT/scripts/lib/stack.sh"
 N=${1:-1000}
-log() { printf '==> %s\n' "$*" >&2; }
 DIR=$ROOT/.dev/bench-pg
-APP_PID=""
-cleanup() {
-    [[ -n $APP_PID ]] && kill "$APP_PID" 2>/dev/null && wait "$APP_PID" 2>/dev/null
-    pg_stop "$DIR" || true
-}
-trap cleanup EXIT
 
 log "building release binaries (poolmgr-local, poolmgr-bench)"
-cargo build --release -q -p poolmgr-local -p poolmgr-bench
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
+stack_build release -q -p poolmgr-local -p poolmgr-bench
+BIN=$STACK_BIN
 
-rm -rf "$DIR"
-pg_start "$DIR"
+stack_pg_fresh "$DIR"
 DB_URL=$(pg_create_db poolmgr_bench)
-PORT=$(pg_free_port)
+PORT=$(free_port)
 TOKEN=bench-$RANDOM$RANDOM
-log "starting poolmgr-local on 127.0.0.1:$PORT"
-DATABASE_URL=$DB_URL POOLMGR_HTTP_ADDR=127.0.0.1:$PORT POOLMGR_ADMIN_TOKENS=bench:$TOKEN RUST_LOG=warn \
-    "$BIN/poolmgr-local" >"$ROOT/.dev/bench-poolmgr-local.log" 2>&1 &
-APP_PID=$!
-for _ in $(seq 100); do
-    curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
-    sleep 0.2
-done
-curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null || { log "poolmgr-local did not start; see .dev/bench-poolmgr-local.log"; exit 1; }
+: >"$ROOT/.dev/bench-poolmgr-local.log"
+DATABASE_URL=$DB_URL POOLMGR_ADMIN_TOKENS=bench:$TOKEN RUST_LOG=warn \
+    stack_app_start "127.0.0.1:$PORT" "$ROOT/.dev/bench-poolmgr-local.log"
 
 log "creating pool default/bench and seeding $((2 * N)) AVAILABLE VMs"
 curl -fsS -o /dev/null -X POST "http://127.0.0.1:$PORT/v1/pools" -H "Authorization: Bearer $TOKEN" \

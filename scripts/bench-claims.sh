@@ -29,14 +29,8 @@
 # Environment: POOLMGR_DB_POOL_SIZE (poolmgr-local's connections, default 16), PG_BINDIR.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# shellcheck source=lib/pg.sh
-. "$ROOT/scripts/lib/pg.sh"
-
-log() { printf '==> %s\n' "$*" >&2; }
-die() {
-    printf 'error: %s\n' "$*" >&2
-    exit 1
-}
+# shellcheck source=lib/stack.sh
+. "$ROOT/scripts/lib/stack.sh"
 
 LEVELS="1 4 16 64 256"
 MODES="claim replay release"
@@ -79,35 +73,22 @@ done
 mkdir -p "$WORK"
 [[ $APPEND == 1 ]] || rm -f "$RESULTS"
 
-APP_PID="" SIM_PID=""
-cleanup() {
-    local s=$?
-    [[ -n $APP_PID ]] && kill "$APP_PID" 2>/dev/null && wait "$APP_PID" 2>/dev/null
-    [[ -n $SIM_PID ]] && kill "$SIM_PID" 2>/dev/null && wait "$SIM_PID" 2>/dev/null
-    pg_stop "$WORK/pg" >/dev/null 2>&1 || true
-    exit "$s"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
 log "building release binaries (poolmgr-local, poolmgr-bench, flintlock-sim)"
-cargo build --release -q -p poolmgr-local -p poolmgr-bench -p flintlock-sim
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
+stack_build release -q -p poolmgr-local -p poolmgr-bench -p flintlock-sim
+BIN=$STACK_BIN
 LOCAL_BIN=${LOCAL_BIN:-$BIN/poolmgr-local}
 BENCH=$BIN/poolmgr-bench
 
-rm -rf "$WORK/pg"
-pg_start "$WORK/pg"
+stack_pg_fresh "$WORK/pg"
 DB_URL=$(pg_create_db poolmgr_bench)
 PSQL=("$PG_BINDIR/psql" -X -q -At -v ON_ERROR_STOP=1 -d "$DB_URL")
 
-SIM_PORT=$(pg_free_port)
+SIM_PORT=$(free_port)
 log "starting flintlock-sim on 127.0.0.1:$SIM_PORT (releases delete through it)"
-RUST_LOG=warn "$BIN/flintlock-sim" --listen "127.0.0.1:$SIM_PORT" --delete-delay-ms 0 >"$WORK/flintlock-sim.log" 2>&1 &
-SIM_PID=$!
+: >"$WORK/flintlock-sim.log"
+RUST_LOG=warn stack_sim_start "$WORK/flintlock-sim.log" --listen "127.0.0.1:$SIM_PORT" --delete-delay-ms 0
 
-PORT=$(pg_free_port)
+PORT=$(free_port)
 TOKEN=bench-$RANDOM$RANDOM
 POOL_SIZE=${POOLMGR_DB_POOL_SIZE:-16}
 URL=http://127.0.0.1:$PORT
@@ -117,19 +98,10 @@ URL=http://127.0.0.1:$PORT
 # for empty tables until autovacuum analyzes them again (a minute or more; docs/benchmarks.md),
 # which is not the steady state this benchmark measures.
 start_local() {
-    if [[ -n $APP_PID ]]; then
-        kill "$APP_PID" 2>/dev/null && wait "$APP_PID" 2>/dev/null || true
-    fi
-    DATABASE_URL=$DB_URL POOLMGR_HTTP_ADDR=127.0.0.1:$PORT POOLMGR_ADMIN_TOKENS=bench:$TOKEN RUST_LOG=warn \
+    stack_stop "${APP_PID:-}"
+    DATABASE_URL=$DB_URL POOLMGR_ADMIN_TOKENS=bench:$TOKEN RUST_LOG=warn \
         POOLMGR_DB_POOL_SIZE=$POOL_SIZE POOLMGR_RECONCILE_INTERVAL_SECONDS=86400 POOLMGR_RECONCILE_DEADLINE_SECONDS=0 \
-        "$LOCAL_BIN" >>"$WORK/poolmgr-local.log" 2>&1 &
-    APP_PID=$!
-    for _ in $(seq 150); do
-        curl -fsS "$URL/healthz" >/dev/null 2>&1 && return 0
-        kill -0 "$APP_PID" 2>/dev/null || die "poolmgr-local exited; see $WORK/poolmgr-local.log"
-        sleep 0.2
-    done
-    die "poolmgr-local did not answer /healthz; see $WORK/poolmgr-local.log"
+        stack_app_start --bin "$LOCAL_BIN" "127.0.0.1:$PORT" "$WORK/poolmgr-local.log"
 }
 log "starting $LOCAL_BIN on 127.0.0.1:$PORT (database pool $POOL_SIZE, reconcile ticker effectively off)"
 : >"$WORK/poolmgr-local.log"
@@ -137,8 +109,7 @@ start_local
 
 api() { curl -fsS -o /dev/null -H "Authorization: Bearer $TOKEN" -H 'content-type: application/json' "$@"; }
 log "registering the simulator as host bench-host and creating pool default/bench"
-api -X POST "$URL/v1/hosts" -d '{"name": "bench-host", "address": "127.0.0.1:'"$SIM_PORT"'", "tls": {"insecure": true}}' ||
-    die "could not register the simulator host; see $WORK/poolmgr-local.log"
+stack_register_host "$URL" "$TOKEN" bench-host "127.0.0.1:$SIM_PORT"
 # The pool's size is capped at 10000; the seeded rows may exceed it since no pass runs.
 api -X POST "$URL/v1/pools" -d '{"name": "bench", "size": '"$((VMS < 10000 ? VMS : 10000))"', "replenishment": {"strategy": "REPLACE_ON_DELETE"},
       "microvm_template": {"root_volume": {"id": "root", "source": {"container_source": "img"}}, "interfaces": [{"device_id": "eth1"}]}}' ||

@@ -8,18 +8,15 @@
 # Release build, private PostgreSQL (fsync on), simulator in-process (boot delay 50 ms).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# shellcheck source=lib/pg.sh
-. "$ROOT/scripts/lib/pg.sh"
-log() { printf '==> %s\n' "$*" >&2; }
+# shellcheck source=lib/stack.sh
+. "$ROOT/scripts/lib/stack.sh"
 DIR=$ROOT/.dev/bench-pg
-trap 'pg_stop "$DIR" || true' EXIT
 [[ $# -eq 0 ]] && set -- 100 20
 
 log "building release poolmgr-bench"
-cargo build --release -q -p poolmgr-bench
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
-rm -rf "$DIR"
-pg_start "$DIR"
+stack_build release -q -p poolmgr-bench
+BIN=$STACK_BIN
+stack_pg_fresh "$DIR"
 while [[ $# -ge 2 ]]; do
     pools=$1 vms=$2
     shift 2

@@ -13,11 +13,8 @@ VENV=$ROOT/.dev/venv
 TEMPLATE=${CFN_LINT_TEMPLATE:-$ROOT/infra/template.yaml}
 SPEC='cfn-lint>=1,<2'
 
-log() { printf '==> %s\n' "$*" >&2; }
-die() {
-    printf 'error: %s\n' "$*" >&2
-    exit 1
-}
+# shellcheck source=lib/common.sh
+. "$ROOT/scripts/lib/common.sh"
 
 command -v python3 >/dev/null 2>&1 || die "python3 is needed to install cfn-lint (Debian: apt-get install python3 python3-venv)"
 

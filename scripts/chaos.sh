@@ -18,8 +18,8 @@
 # load, shorter outages; ~2 minutes after the build).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# shellcheck source=lib/pg.sh
-. "$ROOT/scripts/lib/pg.sh"
+# shellcheck source=lib/stack.sh
+. "$ROOT/scripts/lib/stack.sh"
 
 SHORT=0
 for arg in "$@"; do
@@ -30,7 +30,7 @@ for arg in "$@"; do
             exit 0
             ;;
         *)
-            printf 'error: unknown argument %s (use --short or nothing)\n' "$arg" >&2
+            err "unknown argument $arg (use --short or nothing)"
             exit 2
             ;;
     esac
@@ -42,83 +42,46 @@ else
     CLIENTS=16 DURATION=20s DOWN=6 POOL_SIZE=60 PROV_POOLS=4 PROV_SIZE=10 OV_POOLS=6 OV_SIZE=5 OV_GROW=10
 fi
 
-log() { printf '==> %s\n' "$*" >&2; }
-die() {
-    printf 'error: %s\n' "$*" >&2
-    exit 1
-}
-
 DIR=$ROOT/.dev/chaos
 LOGS=$DIR/logs
-APP_PID="" SIM_PID="" LOAD_PID=""
 SUMMARY=()
 FAILED=0
 T_START=$SECONDS
 
-# shellcheck disable=SC2317  # invoked via trap
-cleanup() {
-    local status=$?
-    for pid in $LOAD_PID $APP_PID $SIM_PID; do
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    pg_stop "$DIR/pg" >/dev/null 2>&1 || true
-    exit "$status"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
 log "building poolmgr-local, flintlock-sim, poolmgr-check, poolmgr-chaos (debug)"
-cargo build -q -p poolmgr-local -p flintlock-sim -p poolmgr-check
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
+stack_build debug -q -p poolmgr-local -p flintlock-sim -p poolmgr-check
+BIN=$STACK_BIN
 
+# The old PostgreSQL stopped before the wipe: the logs directory is inside $DIR.
 if [[ -d "$DIR/pg/data" ]]; then
     pg_stop "$DIR/pg" || die "could not stop the PostgreSQL of an earlier chaos run in $DIR/pg; kill it and remove $DIR"
 fi
 rm -rf "$DIR"
 mkdir -p "$LOGS"
-PG_FAST=1 pg_start "$DIR/pg" || die "could not start PostgreSQL; see above"
+PG_FAST=1 stack_pg_fresh "$DIR/pg"
 DB_URL=$(pg_create_db poolmgr_chaos)
 export DATABASE_URL=$DB_URL
-SIM_PORT=$(pg_free_port)
-APP_PORT=$(pg_free_port)
+SIM_PORT=$(free_port)
+APP_PORT=$(free_port)
 ENDPOINT=http://127.0.0.1:$APP_PORT
 ADMIN=chaos-admin-$RANDOM$RANDOM
 CLIENT=chaos-client-$RANDOM$RANDOM
 PSQL=("$PG_BINDIR/psql" -X -q -t -A -v ON_ERROR_STOP=1 -d "$DB_URL")
 
 start_sim() {
-    "$BIN/flintlock-sim" --listen "127.0.0.1:$SIM_PORT" --boot-delay-ms 400 --delete-delay-ms 50 \
-        --state-file "$DIR/sim.state" >>"$LOGS/flintlock-sim.out" 2>>"$LOGS/flintlock-sim.log" &
-    SIM_PID=$!
-    local _
-    for _ in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$SIM_PORT") 2>/dev/null && return 0
-        kill -0 "$SIM_PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    die "flintlock-sim did not start on 127.0.0.1:$SIM_PORT; see $LOGS/flintlock-sim.log"
+    stack_sim_start --out "$LOGS/flintlock-sim.out" "$LOGS/flintlock-sim.log" --listen "127.0.0.1:$SIM_PORT" \
+        --boot-delay-ms 400 --delete-delay-ms 50 --state-file "$DIR/sim.state"
 }
 
 # A pass killed mid-pool leaves that pool's reconcile lease until it expires (deadline + hook
 # timeout + 30 s): 45 s here instead of ~2 min by default, so scenario 2 recovers in time.
 start_app() {
-    DATABASE_URL=$DB_URL POOLMGR_HTTP_ADDR=127.0.0.1:$APP_PORT \
-        POOLMGR_ADMIN_TOKENS=admin:$ADMIN POOLMGR_CLIENT_TOKENS=chaos:$CLIENT \
+    DATABASE_URL=$DB_URL POOLMGR_ADMIN_TOKENS=admin:$ADMIN POOLMGR_CLIENT_TOKENS=chaos:$CLIENT \
         POOLMGR_RECONCILE_INTERVAL_SECONDS=1 POOLMGR_DB_CONNECT_TIMEOUT_SECONDS=2 \
         POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS=5 POOLMGR_FLINTLOCK_TIMEOUT_SECONDS=2 \
         POOLMGR_RECONCILE_DEADLINE_SECONDS=10 POOLMGR_HOOK_TIMEOUT_SECONDS=5 \
         POOLMGR_ORPHAN_SCAN_SECONDS=2 POOLMGR_RECONCILE_BACKOFF_MS=100 POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS=2 \
-        RUST_LOG=${RUST_LOG:-warn} "$BIN/poolmgr-local" >>"$LOGS/poolmgr-local.out" 2>>"$LOGS/poolmgr-local.log" &
-    APP_PID=$!
-    local _
-    for _ in $(seq 150); do
-        curl -fsS -o /dev/null "$ENDPOINT/healthz" 2>/dev/null && return 0
-        kill -0 "$APP_PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    die "poolmgr-local did not become healthy at $ENDPOINT; see $LOGS/poolmgr-local.log"
+        RUST_LOG=${RUST_LOG:-warn} stack_app_start --out "$LOGS/poolmgr-local.out" "127.0.0.1:$APP_PORT" "$LOGS/poolmgr-local.log"
 }
 
 api() { # METHOD PATH [JSON]
@@ -176,17 +139,17 @@ kv() { printf '%s\n' "$2" | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n 1; }
 log "starting flintlock-sim (state file $DIR/sim.state) and poolmgr-local"
 start_sim
 start_app
-api POST /v1/hosts '{"name": "sim", "address": "127.0.0.1:'"$SIM_PORT"'", "tls": {"insecure": true}}' >/dev/null
+stack_register_host "$ENDPOINT" "$ADMIN" sim "127.0.0.1:$SIM_PORT"
 create_pool chaos "$POOL_SIZE"
 log "filling pool default/chaos ($POOL_SIZE VMs)"
 wait_available chaos "$POOL_SIZE" 60 || die "pool default/chaos never filled; see $LOGS/poolmgr-local.log"
 
 # ---- 1: PostgreSQL restart under claim load ------------------------------------------------
 log "scenario 1: PostgreSQL stopped for ${DOWN}s under claim load"
-"$BIN/poolmgr-chaos" claims --endpoint "$ENDPOINT" --token "$CLIENT" --principal chaos --pool default/chaos \
-    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --expect-503 --id-prefix s1 \
-    >"$LOGS/s1.out" 2>"$LOGS/s1.log" &
-LOAD_PID=$!
+stack_spawn poolmgr-chaos "$LOGS/s1.out" "$LOGS/s1.log" \
+    "$BIN/poolmgr-chaos" claims --endpoint "$ENDPOINT" --token "$CLIENT" --principal chaos --pool default/chaos \
+    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --expect-503 --id-prefix s1
+LOAD_PID=$SPAWNED_PID
 sleep 2
 APP_PID_BEFORE=$APP_PID
 pg_stop "$DIR/pg" >>"$LOGS/pg.log" 2>&1
@@ -198,8 +161,7 @@ RETRY_AFTER=$(curl -s -o /dev/null -D - --max-time 10 -X POST "$ENDPOINT/v1/clai
 sleep $((DOWN - 1))
 PG_WANT_PORT=$PG_PORT PG_FAST=1 pg_start "$DIR/pg" >>"$LOGS/pg.log" 2>&1 || die "PostgreSQL did not come back on port $PG_PORT; see $DIR/pg/postgres.log"
 s1=0
-wait "$LOAD_PID" || s1=$?
-LOAD_PID=""
+stack_wait "$LOAD_PID" || s1=$?
 LOAD=$(tail -n 1 "$LOGS/s1.out")
 grep FAIL "$LOGS/s1.log" >&2 || true
 notes=""
@@ -220,23 +182,21 @@ record "1 pg-restart" "$s1" "claims=$(kv claims_ok "$LOAD") 503s=$(kv 503s "$LOA
 
 # ---- 2: SIGKILL of poolmgr-local under claims with request_ids -------------------------------
 log "scenario 2: poolmgr-local killed with SIGKILL under claims, restarted"
-"$BIN/poolmgr-chaos" claims --endpoint "$ENDPOINT" --token "$CLIENT" --principal chaos --pool default/chaos \
-    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --expect-conn-errors --id-prefix s2 \
-    >"$LOGS/s2.out" 2>"$LOGS/s2.log" &
-LOAD_PID=$!
+stack_spawn poolmgr-chaos "$LOGS/s2.out" "$LOGS/s2.log" \
+    "$BIN/poolmgr-chaos" claims --endpoint "$ENDPOINT" --token "$CLIENT" --principal chaos --pool default/chaos \
+    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --expect-conn-errors --id-prefix s2
+LOAD_PID=$SPAWNED_PID
 sleep 2
 KILLS=0
 for _ in 1 $([[ $SHORT == 1 ]] || echo 2); do
-    kill -9 "$APP_PID"
-    wait "$APP_PID" 2>/dev/null || true
+    stack_stop "$APP_PID" KILL
     KILLS=$((KILLS + 1))
     sleep 1.5
     start_app
     sleep 2
 done
 s2=0
-wait "$LOAD_PID" || s2=$?
-LOAD_PID=""
+stack_wait "$LOAD_PID" || s2=$?
 LOAD=$(tail -n 1 "$LOGS/s2.out")
 grep FAIL "$LOGS/s2.log" >&2 || true
 # s1's clients kept their leases too: every chaos lease is one of s1's or s2's, one per client.
@@ -258,8 +218,7 @@ while ((SECONDS - t0 < 30)); do
     sleep 0.05
 done
 read -r avail prov <<<"$AT_KILL"
-kill -9 "$SIM_PID"
-wait "$SIM_PID" 2>/dev/null || true
+stack_stop "$SIM_PID" KILL
 sleep 3
 start_sim
 LOADED=$(grep 'state loaded' "$LOGS/flintlock-sim.log" | tail -n 1 | sed -n 's/.*[^_]vms=\([0-9]*\).*/\1/p')
@@ -274,9 +233,7 @@ record "3 sim-sigkill" "$s3" "at_kill(available,provisioning)=$avail,$prov sim_v
 
 # ---- 4: 8 overlapping reconcile passes -----------------------------------------------------
 log "scenario 4: rounds of 8 overlapping reconcile passes (poolmgr-local stopped)"
-kill "$APP_PID"
-wait "$APP_PID" 2>/dev/null || true
-APP_PID=""
+stack_stop "$APP_PID"
 s4=0
 "$BIN/poolmgr-chaos" passes --host sim --concurrency 8 --pools "$OV_POOLS" --size "$OV_SIZE" --grow-to "$OV_GROW" \
     >"$LOGS/s4.out" 2>"$LOGS/s4.log" || s4=1
@@ -289,6 +246,6 @@ printf '\n'
 printf 'chaos summary (%s, %ss):\n' "$([[ $SHORT == 1 ]] && echo short || echo full)" "$((SECONDS - T_START))"
 printf '  %s\n' "${SUMMARY[@]}" | tee "$DIR/summary.txt"
 if [[ $FAILED -ne 0 ]]; then
-    printf 'error: a chaos scenario failed; read the FAIL and VIOLATION lines above and the logs in %s\n' "$LOGS" >&2
+    err "a chaos scenario failed; read the FAIL and VIOLATION lines above and the logs in $LOGS"
     exit 1
 fi

@@ -22,8 +22,10 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEV=$ROOT/.dev
-# shellcheck source=lib/pg.sh
-. "$ROOT/scripts/lib/pg.sh"
+# shellcheck source=lib/stack.sh
+. "$ROOT/scripts/lib/stack.sh"
+# shellcheck source=lib/http.sh
+. "$ROOT/scripts/lib/http.sh"
 
 PG_DIR_OURS=$DEV/lambda-pg
 WORK=$DEV/lambda-smoke
@@ -32,55 +34,8 @@ SIM_LOG=$WORK/flintlock-sim.log
 WATCH_LOG=$WORK/cargo-lambda-watch.log
 FUNCTIONS=(claims leases pools hosts events reconcile)
 
-log() { printf '==> %s\n' "$*" >&2; }
-show_tail() {
-    local file=$1
-    if [[ -f "$file" ]]; then
-        printf -- '--- last lines of %s ---\n' "$file" >&2
-        tail -n "${2:-40}" "$file" >&2 || true
-        printf -- '--- end of %s ---\n' "$file" >&2
-    fi
-}
-die() {
-    printf 'error: %s\n' "$*" >&2
-    show_tail "$WATCH_LOG"
-    exit 1
-}
-
-SIM_PID=""
-WATCH_PID=""
-STARTED_PG=0
-
-alive() { [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null; }
-
-# stop_group PID NAME: TERM the process group PID leads (setsid), then KILL after 10 s.
-stop_group() {
-    local pid=$1 name=$2 i
-    alive "$pid" || return 0
-    log "stopping $name (pid $pid)"
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 100); do
-        alive "$pid" || return 0
-        sleep 0.1
-        : "$i"
-    done
-    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-}
-
-# shellcheck disable=SC2317  # invoked via trap
-cleanup() {
-    local status=$?
-    trap - EXIT INT TERM
-    stop_group "$WATCH_PID" "cargo lambda watch"
-    stop_group "$SIM_PID" flintlock-sim
-    if [[ $STARTED_PG == 1 ]]; then
-        pg_stop "$PG_DIR_OURS" || true
-    fi
-    exit "$status"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# Every failure shows the end of the emulator's log too.
+DIE_LOG=$WATCH_LOG
 
 command -v curl >/dev/null 2>&1 || die "curl is required (apt-get install curl)"
 command -v python3 >/dev/null 2>&1 || die "python3 is required"
@@ -109,14 +64,14 @@ log "using $(cargo lambda --version 2>/dev/null || echo cargo-lambda)"
 # --- build ------------------------------------------------------------------------
 cd "$ROOT"
 log "building migrate and flintlock-sim"
-cargo build -q --bin migrate --bin flintlock-sim || die "build failed"
+stack_build debug -q --bin migrate --bin flintlock-sim
 # One binary at a time, as `cargo lambda watch` runs them (`cargo run --bin NAME`), so the
 # cold starts below measure the function, not the compiler.
 for f in "${FUNCTIONS[@]}"; do
     log "building the $f function (cargo build --bin $f)"
     cargo build -q --bin "$f" || die "building $f failed"
 done
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
+BIN=$STACK_BIN
 # What `cargo run` itself adds to every cold start under watch (its freshness check and
 # the process start): the claims binary without DATABASE_URL exits right after reading its
 # configuration.
@@ -126,39 +81,21 @@ t1=$(date +%s.%N)
 CARGO_RUN_MS=$(python3 -c "print(round(($t1 - $t0) * 1000, 1))")
 
 # --- PostgreSQL ---------------------------------------------------------------------
-if [[ -d "$PG_DIR_OURS/data" ]]; then
-    pg_stop "$PG_DIR_OURS" || die "could not stop the old PostgreSQL in $PG_DIR_OURS"
-fi
-rm -rf "$PG_DIR_OURS"
-STARTED_PG=1
-PG_FAST=1 pg_start "$PG_DIR_OURS" || die "could not start PostgreSQL"
+PG_FAST=1 stack_pg_fresh "$PG_DIR_OURS"
 DATABASE_URL=$(pg_create_db poolmgr) || die "could not create database poolmgr"
 export DATABASE_URL
 log "migrating $DATABASE_URL"
 "$BIN/migrate" >"$WORK/migrate.log" 2>&1 || {
-    show_tail "$WORK/migrate.log"
+    show_log_tail "$WORK/migrate.log"
     die "migrate failed"
 }
 
 # --- flintlock-sim --------------------------------------------------------------------
 : >"$SIM_LOG"
-setsid "$BIN/flintlock-sim" --listen 127.0.0.1:0 --boot-delay-ms 200 --delete-delay-ms 50 >>"$SIM_LOG" 2>&1 </dev/null &
-SIM_PID=$!
-SIM_ADDR=""
-for _ in $(seq 1 100); do
-    SIM_ADDR=$(grep -m 1 -oE 'flintlock-sim listening on [0-9.]+:[0-9]+' "$SIM_LOG" | awk '{print $4}' || true)
-    [[ -n "$SIM_ADDR" ]] && break
-    alive "$SIM_PID" || break
-    sleep 0.1
-done
-[[ -n "$SIM_ADDR" ]] || {
-    show_tail "$SIM_LOG"
-    die "flintlock-sim did not start"
-}
-log "flintlock-sim on $SIM_ADDR"
+stack_sim_start "$SIM_LOG" --listen 127.0.0.1:0 --boot-delay-ms 200 --delete-delay-ms 50
 
 # --- cargo lambda watch -----------------------------------------------------------------
-PORT=${LAMBDA_SMOKE_PORT:-$(pg_free_port)}
+PORT=${LAMBDA_SMOKE_PORT:-$(free_port)}
 ADMIN_TOKEN=smoke-admin-$RANDOM$RANDOM
 CLIENT_TOKEN=smoke-client-$RANDOM$RANDOM
 export POOLMGR_ADMIN_TOKENS="admin:$ADMIN_TOKEN" POOLMGR_CLIENT_TOKENS="ci:$CLIENT_TOKEN"
@@ -167,12 +104,12 @@ export RUST_LOG=${RUST_LOG:-info}
 export POOLMGR_RECONCILE_DEADLINE_SECONDS=20
 : >"$WATCH_LOG"
 log "starting cargo lambda watch on 127.0.0.1:$PORT (log: $WATCH_LOG)"
-setsid cargo lambda watch --ignore-changes -A 127.0.0.1 -P "$PORT" >>"$WATCH_LOG" 2>&1 </dev/null &
-WATCH_PID=$!
+stack_spawn "cargo lambda watch" "$WATCH_LOG" "$WATCH_LOG" cargo lambda watch --ignore-changes -A 127.0.0.1 -P "$PORT"
+WATCH_PID=$SPAWNED_PID
 URL=http://127.0.0.1:$PORT/lambda-url
 up=0
 for _ in $(seq 1 300); do
-    alive "$WATCH_PID" || die "cargo lambda watch exited"
+    pid_alive "$WATCH_PID" || die "cargo lambda watch exited"
     if curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$PORT/"; then
         up=1
         break
@@ -182,48 +119,15 @@ done
 [[ $up == 1 ]] || die "cargo lambda watch did not listen on 127.0.0.1:$PORT within 60 s"
 
 # --- HTTP helpers -------------------------------------------------------------------------
-# call METHOD FUNCTION PATH TOKEN [BODY]: sets CODE, BODY (file), HEADERS (file), SECS.
-BODY=$WORK/body.json
-HEADERS=$WORK/headers.txt
-call() {
-    local method=$1 fn=$2 path=$3 token=$4 data=${5:-} out
-    local args=(-sS -X "$method" -o "$BODY" -D "$HEADERS" --max-time 300
-        -w '%{http_code} %{time_total}' -H "Authorization: Bearer $token")
-    if [[ -n "$data" ]]; then
-        args+=(-H 'content-type: application/json' --data "$data")
-    fi
-    out=$(curl "${args[@]}" "$URL/$fn$path") || die "$method /lambda-url/$fn$path: no answer"
-    CODE=${out% *}
-    SECS=${out#* }
-}
-expect() {
-    local want=$1 what=$2
-    if [[ "$CODE" != "$want" ]]; then
-        printf 'answer body: %s\n' "$(cat "$BODY" 2>/dev/null)" >&2
-        die "$what: expected HTTP $want, got $CODE"
-    fi
-}
-# json EXPR: evaluates a Python expression over the last body, bound to `b`.
-json() {
-    python3 -c 'import json, sys
-b = json.load(open(sys.argv[1]))
-v = eval(sys.argv[2])
-print(json.dumps(v) if isinstance(v, (dict, list, bool)) or v is None else v)' "$BODY" "$1"
-}
-check() {
-    local expr=$1 what=$2
-    [[ "$(json "$expr")" == true ]] || {
-        printf 'answer body: %s\n' "$(cat "$BODY")" >&2
-        die "$what"
-    }
-}
-ms() { python3 -c 'import sys; print(round(float(sys.argv[1]) * 1000, 1))' "$1"; }
+# call METHOD FUNCTION PATH TOKEN [BODY]: one request to FUNCTION through the emulator (lib/http.sh).
+http_init "$WORK"
+call() { http_call "$1" "$URL/$2$3" "$4" "${5:-}"; }
 
 # --- hosts, pools --------------------------------------------------------------------------
 call POST hosts /v1/hosts "$ADMIN_TOKEN" "{\"name\":\"sim\",\"address\":\"$SIM_ADDR\",\"tls\":{\"insecure\":true}}"
-expect 201 "POST /v1/hosts through the hosts function"
-COLD_HOSTS=$(ms "$SECS")
-check 'b["name"] == "sim"' "the hosts function did not answer the host"
+http_expect 201 "POST /v1/hosts through the hosts function"
+COLD_HOSTS=$(http_ms "$SECS")
+http_check 'b["name"] == "sim"' "the hosts function did not answer the host"
 log "hosts: registered flintlock-sim (cold start ${COLD_HOSTS} ms)"
 
 POOL='{"namespace":"default","name":"smoke","size":3,"flintlock_hosts":["sim"],
@@ -232,8 +136,8 @@ POOL='{"namespace":"default","name":"smoke","size":3,"flintlock_hosts":["sim"],
   "root_volume":{"id":"root","source":{"container_source":"ghcr.io/liquidmetal-dev/ubuntu:22.04"}},
   "interfaces":[{"device_id":"eth1","type":"TAP"}]}}'
 call POST pools /v1/pools "$ADMIN_TOKEN" "$POOL"
-expect 201 "POST /v1/pools through the pools function"
-COLD_POOLS=$(ms "$SECS")
+http_expect 201 "POST /v1/pools through the pools function"
+COLD_POOLS=$(http_ms "$SECS")
 log "pools: created default/smoke, size 3 (cold start ${COLD_POOLS} ms)"
 
 # --- reconcile ------------------------------------------------------------------------------
@@ -243,7 +147,7 @@ for i in $(seq 1 40); do
     t0=$(date +%s.%N)
     if ! cargo lambda invoke reconcile --invoke-address 127.0.0.1 --invoke-port "$PORT" \
         --data-file functions/reconcile/events/scheduled.json >"$WORK/reconcile.json" 2>"$WORK/reconcile.err"; then
-        show_tail "$WORK/reconcile.err"
+        show_log_tail "$WORK/reconcile.err"
         die "cargo lambda invoke reconcile failed (invoke $i)"
     fi
     t1=$(date +%s.%N)
@@ -254,8 +158,8 @@ for i in $(seq 1 40); do
         die "the reconcile function did not answer a pass report"
     }
     call GET pools /v1/pools/default/smoke "$ADMIN_TOKEN"
-    expect 200 "GET /v1/pools/default/smoke"
-    available=$(json 'b["status"]["available"]')
+    http_expect 200 "GET /v1/pools/default/smoke"
+    available=$(http_json 'b["status"]["available"]')
     log "reconcile invoke $i: $(tr -d '\n' <"$WORK/reconcile.json" | cut -c1-160); available=$available"
     [[ "$available" -ge 3 ]] && break
     sleep 0.3
@@ -265,44 +169,44 @@ done
 # --- claims: claim, replay ---------------------------------------------------------------------
 CLAIM='{"pool":{"namespace":"default","name":"smoke"},"request_id":"smoke-1"}'
 call POST claims /v1/claims "$CLIENT_TOKEN" "$CLAIM"
-expect 200 "POST /v1/claims (first claim)"
-COLD_CLAIM=$(ms "$SECS")
-check 'b["replayed"] is False' "the first claim must not be a replay"
-check 'b["lease"]["request_id"] == "smoke-1" and b["vm"]["flintlock_host"]["name"] == "sim"' "claim answer lacks the lease or VM"
-LEASE=$(json 'b["lease"]["lease_id"]')
+http_expect 200 "POST /v1/claims (first claim)"
+COLD_CLAIM=$(http_ms "$SECS")
+http_check 'b["replayed"] is False' "the first claim must not be a replay"
+http_check 'b["lease"]["request_id"] == "smoke-1" and b["vm"]["flintlock_host"]["name"] == "sim"' "claim answer lacks the lease or VM"
+LEASE=$(http_json 'b["lease"]["lease_id"]')
 log "claims: leased $LEASE (cold start ${COLD_CLAIM} ms)"
 
 call POST claims /v1/claims "$CLIENT_TOKEN" "$CLAIM"
-expect 200 "POST /v1/claims (replay)"
-check "b['replayed'] is True and b['lease']['lease_id'] == '$LEASE'" "the replay must return the same lease with replayed=true"
-grep -qi '^idempotent-replayed: *true' "$HEADERS" || {
-    cat "$HEADERS" >&2
+http_expect 200 "POST /v1/claims (replay)"
+http_check "b['replayed'] is True and b['lease']['lease_id'] == '$LEASE'" "the replay must return the same lease with replayed=true"
+grep -qi '^idempotent-replayed: *true' "$HTTP_HEADERS" || {
+    cat "$HTTP_HEADERS" >&2
     die "the replay lacks the Idempotent-Replayed: true header"
 }
-log "claims: replay returned the same lease, replayed=true, Idempotent-Replayed: true ($(ms "$SECS") ms)"
+log "claims: replay returned the same lease, replayed=true, Idempotent-Replayed: true ($(http_ms "$SECS") ms)"
 
 # --- leases: release ------------------------------------------------------------------------------
 call DELETE leases "/v1/leases/$LEASE" "$CLIENT_TOKEN"
-expect 204 "DELETE /v1/leases/$LEASE"
-COLD_RELEASE=$(ms "$SECS")
+http_expect 204 "DELETE /v1/leases/$LEASE"
+COLD_RELEASE=$(http_ms "$SECS")
 call GET leases "/v1/leases/$LEASE" "$CLIENT_TOKEN"
-expect 404 "GET /v1/leases/$LEASE after the release"
-check 'b["error"]["status"] == "NOT_FOUND"' "a released lease answers NOT_FOUND"
+http_expect 404 "GET /v1/leases/$LEASE after the release"
+http_check 'b["error"]["status"] == "NOT_FOUND"' "a released lease answers NOT_FOUND"
 log "leases: released (cold start ${COLD_RELEASE} ms), then 404"
 
 # --- warm latency ------------------------------------------------------------------------------------
 WARM=()
 for n in 2 3; do
     call POST claims /v1/claims "$CLIENT_TOKEN" "{\"pool\":{\"namespace\":\"default\",\"name\":\"smoke\"},\"request_id\":\"smoke-$n\"}"
-    expect 200 "POST /v1/claims (warm claim smoke-$n)"
-    check 'b["replayed"] is False' "a fresh claim must not be a replay"
-    WARM+=("$(ms "$SECS")")
+    http_expect 200 "POST /v1/claims (warm claim smoke-$n)"
+    http_check 'b["replayed"] is False' "a fresh claim must not be a replay"
+    WARM+=("$(http_ms "$SECS")")
 done
 REPLAYS=()
 for _ in $(seq 1 20); do
     call POST claims /v1/claims "$CLIENT_TOKEN" '{"pool":{"namespace":"default","name":"smoke"},"request_id":"smoke-2"}'
-    expect 200 "POST /v1/claims (warm replay)"
-    REPLAYS+=("$(ms "$SECS")")
+    http_expect 200 "POST /v1/claims (warm replay)"
+    REPLAYS+=("$(http_ms "$SECS")")
 done
 REPLAY_STATS=$(python3 -c 'import statistics, sys
 v = sorted(float(x) for x in sys.argv[1:])

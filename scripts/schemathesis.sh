@@ -19,8 +19,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# shellcheck source=lib/pg.sh
-. "$ROOT/scripts/lib/pg.sh"
+# shellcheck source=lib/stack.sh
+. "$ROOT/scripts/lib/stack.sh"
 
 ST_VERSION=4.32.5
 VENV=$ROOT/.dev/schemathesis-venv
@@ -29,20 +29,6 @@ PG_ST_DIR=$ROOT/.dev/schemathesis-pg
 MAX_EXAMPLES=${SCHEMATHESIS_MAX_EXAMPLES:-40}
 SEED=${SCHEMATHESIS_SEED:-20261129}
 WORKERS=${SCHEMATHESIS_WORKERS:-2}
-
-log() { printf '==> %s\n' "$*" >&2; }
-die() {
-    printf 'error: %s\n' "$*" >&2
-    exit 1
-}
-
-show_log_tail() {
-    if [[ -f "$1" ]]; then
-        printf -- '--- last lines of %s ---\n' "$1" >&2
-        tail -n 30 "$1" >&2 || true
-        printf -- '--- end of %s ---\n' "$1" >&2
-    fi
-}
 
 command -v python3 >/dev/null 2>&1 || die "python3 is needed for schemathesis (Debian: apt-get install python3 python3-venv)"
 command -v curl >/dev/null 2>&1 || die "curl is needed (apt-get install curl)"
@@ -59,96 +45,31 @@ if [[ "$("$VENV/bin/st" --version 2>/dev/null || true)" != *"version $ST_VERSION
 fi
 log "$("$VENV/bin/st" --version)"
 
-# --- processes and cleanup ------------------------------------------------------------
-APP_PID=""
-SIM_PID=""
-STARTED_PG=0
-
-stop_pid() {
-    local pid=$1 name=$2 i
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 0
-    log "stopping $name (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 100; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-}
-
-# shellcheck disable=SC2317  # invoked via trap
-cleanup() {
-    local status=$?
-    trap - EXIT INT TERM
-    stop_pid "$APP_PID" poolmgr-local
-    stop_pid "$SIM_PID" flintlock-sim
-    if [[ $STARTED_PG == 1 ]]; then
-        pg_stop "$PG_ST_DIR" || true
-    fi
-    exit "$status"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
 # --- build --------------------------------------------------------------------------
 cd "$ROOT"
 log "building poolmgr-local and flintlock-sim"
-cargo build --bins -p poolmgr-local -p flintlock-sim || die "build failed; fix the errors above"
-BIN_DIR=${CARGO_TARGET_DIR:-$ROOT/target}/debug
+stack_build debug --bins -p poolmgr-local -p flintlock-sim
 
 rm -rf "$WORK"
 mkdir -p "$WORK"
 
 # --- PostgreSQL -----------------------------------------------------------------------
-if [[ -d "$PG_ST_DIR/data" ]]; then
-    pg_stop "$PG_ST_DIR" || die "could not stop the PostgreSQL left in $PG_ST_DIR; kill it and remove that directory"
-fi
-rm -rf "$PG_ST_DIR"
-STARTED_PG=1
-PG_FAST=1 pg_start "$PG_ST_DIR" || die "could not start PostgreSQL in $PG_ST_DIR"
+PG_FAST=1 stack_pg_fresh "$PG_ST_DIR"
 DATABASE_URL=$(pg_create_db poolmgr) || die "could not create database poolmgr"
 export DATABASE_URL
 
 # --- flintlock-sim ----------------------------------------------------------------------
 SIM_LOG=$WORK/flintlock-sim.log
-log "starting flintlock-sim (log: ${SIM_LOG#"$ROOT"/})"
-"$BIN_DIR/flintlock-sim" --listen 127.0.0.1:0 --boot-delay-ms 100 --delete-delay-ms 20 >"$SIM_LOG" 2>&1 </dev/null &
-SIM_PID=$!
-SIM_ADDR=""
-for _ in $(seq 1 100); do
-    SIM_ADDR=$(grep -m 1 -oE 'flintlock-sim listening on [0-9.]+:[0-9]+' "$SIM_LOG" | awk '{print $4}' || true)
-    [[ -n "$SIM_ADDR" ]] && break
-    kill -0 "$SIM_PID" 2>/dev/null || { show_log_tail "$SIM_LOG"; die "flintlock-sim exited during startup"; }
-    sleep 0.1
-done
-[[ -n "$SIM_ADDR" ]] || { show_log_tail "$SIM_LOG"; die "flintlock-sim did not start listening"; }
-log "flintlock-sim on $SIM_ADDR"
+stack_sim_start "$SIM_LOG" --listen 127.0.0.1:0 --boot-delay-ms 100 --delete-delay-ms 20
 
 # --- poolmgr-local ------------------------------------------------------------------------
-token() { python3 -c 'import secrets; print(secrets.token_hex(16))'; }
-ADMIN_TOKEN=$(token)
-CLIENT_TOKEN=$(token)
+ADMIN_TOKEN=$(random_token)
+CLIENT_TOKEN=$(random_token)
 export POOLMGR_ADMIN_TOKENS="st-admin:$ADMIN_TOKEN" POOLMGR_CLIENT_TOKENS="st-client:$CLIENT_TOKEN"
 export POOLMGR_FLINTLOCK_TIMEOUT_SECONDS=2 POOLMGR_HOOK_TIMEOUT_SECONDS=5
-PORT=$(pg_free_port)
+PORT=$(free_port)
 URL=http://127.0.0.1:$PORT
 APP_LOG=$WORK/poolmgr-local.log
-
-# start_app INTERVAL: poolmgr-local with that reconcile interval, waiting for /healthz.
-start_app() {
-    POOLMGR_HTTP_ADDR=127.0.0.1:$PORT POOLMGR_RECONCILE_INTERVAL_SECONDS=$1 \
-        "$BIN_DIR/poolmgr-local" >>"$APP_LOG" 2>&1 </dev/null &
-    APP_PID=$!
-    for _ in $(seq 1 120); do
-        [[ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$URL/healthz" || true)" == 200 ]] && return 0
-        kill -0 "$APP_PID" 2>/dev/null || { show_log_tail "$APP_LOG"; die "poolmgr-local exited during startup"; }
-        sleep 0.25
-    done
-    show_log_tail "$APP_LOG"
-    die "poolmgr-local did not answer /healthz on $URL"
-}
 
 # api TOKEN METHOD PATH [BODY]: print the body; fail unless 2xx.
 api() {
@@ -158,12 +79,12 @@ api() {
     curl "${args[@]}" || die "$method $path failed"
 }
 
-log "starting poolmgr-local on $URL to seed it (reconcile every second; log: ${APP_LOG#"$ROOT"/})"
-start_app 1
+log "starting poolmgr-local on $URL to seed it (reconcile every second)"
+POOLMGR_RECONCILE_INTERVAL_SECONDS=1 stack_app_start "127.0.0.1:$PORT" "$APP_LOG"
 
 # --- seed -------------------------------------------------------------------------------
 log "seeding: host local ($SIM_ADDR), pool default/ci of 3 VMs, one lease"
-api "$ADMIN_TOKEN" POST /v1/hosts "{\"name\": \"local\", \"address\": \"$SIM_ADDR\", \"tls\": {\"insecure\": true}}" >/dev/null
+stack_register_host "$URL" "$ADMIN_TOKEN" local "$SIM_ADDR"
 api "$ADMIN_TOKEN" POST /v1/pools '{
   "namespace": "default", "name": "ci", "size": 3, "flintlock_hosts": ["local"],
   "replenishment": {"strategy": "REPLACE_ON_DELETE"},
@@ -178,16 +99,15 @@ for _ in $(seq 1 120); do
     [[ "$available" == 3 ]] && break
     sleep 0.25
 done
-[[ "$available" == 3 ]] || { show_log_tail "$APP_LOG"; die "pool default/ci did not reach 3 AVAILABLE VMs (has $available)"; }
+[[ "$available" == 3 ]] || { show_log_tail "$APP_LOG" 30; die "pool default/ci did not reach 3 AVAILABLE VMs (has $available)"; }
 api "$CLIENT_TOKEN" POST /v1/claims '{"pool": {"namespace": "default", "name": "ci"}, "request_id": "seed-1"}' >/dev/null
 
 # The fuzzer registers hosts at whatever addresses it makes up. Restart with the reconciler
 # parked (one pass at start, over the seeded state only) so nothing ever dials them: the
 # only flintlock calls left are deletes of the seeded VMs and hook probes of named hosts.
 log "restarting poolmgr-local with the reconciler parked"
-stop_pid "$APP_PID" poolmgr-local
-APP_PID=""
-start_app 86400
+stack_stop "$APP_PID"
+POOLMGR_RECONCILE_INTERVAL_SECONDS=86400 stack_app_start "127.0.0.1:$PORT" "$APP_LOG"
 log "stack ready: $(api "$ADMIN_TOKEN" GET /v1/pools/default/ci | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"])')"
 
 # --- schemathesis ---------------------------------------------------------------------------

@@ -18,17 +18,11 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# shellcheck source=lib/pg.sh
-. "$ROOT/scripts/lib/pg.sh"
+# shellcheck source=lib/stack.sh
+. "$ROOT/scripts/lib/stack.sh"
 
 # POOLMGR_PGBOUNCER_TESTS (space-separated test area names) overrides the subset.
 read -r -a TEST_FILES <<<"${POOLMGR_PGBOUNCER_TESTS:-claims leases reconcile hooks db_resilience statement_timeout}"
-
-log() { printf '==> %s\n' "$*" >&2; }
-die() {
-    printf 'error: %s\n' "$*" >&2
-    exit 1
-}
 
 # An area is a module of the `api` test binary (tests/tests/api/NAME.rs) or a test binary of
 # its own (tests/tests/NAME.rs). The api binary runs with --skip for every module not named,
@@ -55,55 +49,7 @@ fi
 
 PG_DIR_OURS=$ROOT/.dev/pgbouncer-pg
 PGB_DIR=$ROOT/.dev/pgbouncer
-STARTED_PG=0
-PGB_PID=""
-
-show_tail() {
-    local file=$1
-    if [[ -f "$file" ]]; then
-        printf -- '--- last lines of %s ---\n' "$file" >&2
-        tail -n 40 "$file" >&2 || true
-        printf -- '--- end of %s ---\n' "$file" >&2
-    fi
-}
-
-# The PID in PgBouncer's pidfile, if that process is a live pgbouncer.
-pgbouncer_pid() {
-    local pid
-    pid=$(head -n 1 "$PGB_DIR/pgbouncer.pid" 2>/dev/null || true)
-    [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-    [[ "$(cat "/proc/$pid/comm" 2>/dev/null || true)" == pgbouncer ]] || return 1
-    printf '%s\n' "$pid"
-}
-
-stop_pgbouncer() {
-    local pid i
-    pid=$(pgbouncer_pid) || return 0
-    log "stopping PgBouncer (pid $pid)"
-    kill -INT "$pid" 2>/dev/null || true
-    for i in $(seq 1 100); do
-        kill -0 "$pid" 2>/dev/null || return 0
-        sleep 0.1
-        : "$i"
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-}
-
-# shellcheck disable=SC2317  # invoked via trap
-cleanup() {
-    local status=$?
-    trap - EXIT INT TERM
-    if [[ -n "$PGB_PID" ]]; then
-        stop_pgbouncer
-    fi
-    if [[ $STARTED_PG == 1 ]]; then
-        pg_stop "$PG_DIR_OURS" || true
-    fi
-    exit "$status"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+PGB_PIDFILE=$PGB_DIR/pgbouncer.pid
 
 # --- PgBouncer binary -----------------------------------------------------------
 find_pgbouncer() {
@@ -123,21 +69,16 @@ fi
 log "using $("$PGBOUNCER" --version 2>/dev/null | head -n 1)"
 
 # --- PostgreSQL -----------------------------------------------------------------
-if pgbouncer_pid >/dev/null; then
+if stack_pidfile_pid "$PGB_PIDFILE" pgbouncer >/dev/null; then
     log "a PgBouncer from an earlier run is still running; stopping it"
-    stop_pgbouncer
+    stack_stop_pidfile "$PGB_PIDFILE" pgbouncer INT
 fi
-if [[ -d "$PG_DIR_OURS/data" ]]; then
-    pg_stop "$PG_DIR_OURS" || die "could not stop the old PostgreSQL in $PG_DIR_OURS; kill it and remove that directory"
-fi
-rm -rf "$PG_DIR_OURS"
-STARTED_PG=1
-PG_FAST=1 pg_start "$PG_DIR_OURS" || die "could not start PostgreSQL; see above"
+PG_FAST=1 stack_pg_fresh "$PG_DIR_OURS"
 
 # --- PgBouncer ------------------------------------------------------------------
 rm -rf "$PGB_DIR"
 mkdir -p "$PGB_DIR"
-PGB_PORT=$(pg_free_port)
+PGB_PORT=$(free_port)
 # trust: PgBouncer still wants the user in auth_file.
 printf '"postgres" ""\n' >"$PGB_DIR/userlist.txt"
 cat >"$PGB_DIR/pgbouncer.ini" <<EOF
@@ -167,17 +108,19 @@ log_disconnections = 0
 EOF
 if [[ $(id -u) -eq 0 ]]; then
     # PgBouncer refuses to run as root: run it as the cluster owner.
-    _pg_prepare_dir_for_postgres "$PGB_DIR" || die "cannot prepare $PGB_DIR for the postgres user"
+    pg_own_dir "$PGB_DIR" || die "cannot prepare $PGB_DIR for the postgres user"
 fi
 log "starting PgBouncer on 127.0.0.1:$PGB_PORT (pool_mode = transaction; log: $PGB_DIR/pgbouncer.log)"
-_pg_as_owner "$PGBOUNCER" -d -q "$PGB_DIR/pgbouncer.ini" || {
-    show_tail "$PGB_DIR/pgbouncer.log"
+# Stopped on exit (SIGINT: PgBouncer's safe shutdown) if it started.
+at_exit stack_stop_pidfile "$PGB_PIDFILE" pgbouncer INT
+pg_as_owner "$PGBOUNCER" -d -q "$PGB_DIR/pgbouncer.ini" || {
+    show_log_tail "$PGB_DIR/pgbouncer.log"
     die "PgBouncer did not start; see $PGB_DIR/pgbouncer.log"
 }
 PSQL=$PG_BINDIR/psql
 ready=0
 for _ in $(seq 1 100); do
-    if PGB_PID=$(pgbouncer_pid) &&
+    if PGB_PID=$(stack_pidfile_pid "$PGB_PIDFILE" pgbouncer) &&
         "$PSQL" -X -q -h 127.0.0.1 -p "$PGB_PORT" -U postgres -d postgres -c 'SELECT 1' >/dev/null 2>&1; then
         ready=1
         break
@@ -185,7 +128,7 @@ for _ in $(seq 1 100); do
     sleep 0.1
 done
 if [[ $ready != 1 ]]; then
-    show_tail "$PGB_DIR/pgbouncer.log"
+    show_log_tail "$PGB_DIR/pgbouncer.log"
     die "PgBouncer did not accept connections on 127.0.0.1:$PGB_PORT within 10 s"
 fi
 log "PgBouncer is up (pid $PGB_PID)"
@@ -208,7 +151,7 @@ log "RUST_BACKTRACE=1 cargo test -p poolmgr-tests ${TARGETS[*]} --no-fail-fast${
 status=0
 RUST_BACKTRACE=1 cargo test -p poolmgr-tests "${TARGETS[@]}" --no-fail-fast "${args[@]}" || status=$?
 if [[ $status -ne 0 ]]; then
-    show_tail "$PGB_DIR/pgbouncer.log"
-    printf 'error: the suite failed through PgBouncer (exit %s); a test that passes with scripts/test.sh but fails here depends on session state (named prepared statements, SET, advisory locks)\n' "$status" >&2
+    show_log_tail "$PGB_DIR/pgbouncer.log"
+    err "the suite failed through PgBouncer (exit $status); a test that passes with scripts/test.sh but fails here depends on session state (named prepared statements, SET, advisory locks)"
 fi
 exit "$status"

@@ -16,32 +16,11 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# shellcheck source=lib/pg.sh
-. "$ROOT/scripts/lib/pg.sh"
-
-log() { printf '==> %s\n' "$*" >&2; }
-die() {
-    printf 'error: %s\n' "$*" >&2
-    exit 1
-}
-
-PG_TEST_DIR=$ROOT/.dev/test-pg
-STARTED_PG=0
-
-# shellcheck disable=SC2317  # invoked via trap
-cleanup() {
-    local status=$?
-    if [[ $STARTED_PG == 1 ]]; then
-        pg_stop "$PG_TEST_DIR" || true
-        case "$PG_TEST_DIR" in *test-pg-[0-9]*) rm -rf "$PG_TEST_DIR" ;; esac
-    fi
-    exit "$status"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# shellcheck source=lib/stack.sh
+. "$ROOT/scripts/lib/stack.sh"
 
 if [[ -z "${POOLMGR_TEST_DATABASE_URL:-}" ]]; then
+    PG_TEST_DIR=$ROOT/.dev/test-pg
     mkdir -p "$ROOT/.dev"
     # One private cluster per checkout: refuse to wipe one that another
     # scripts/test.sh run is still using.
@@ -50,16 +29,12 @@ if [[ -z "${POOLMGR_TEST_DATABASE_URL:-}" ]]; then
         # Another run owns .dev/test-pg: use a private cluster of our own instead.
         PG_TEST_DIR=$ROOT/.dev/test-pg-$$
         log "another scripts/test.sh is running here; using $PG_TEST_DIR"
-    fi
-    # A crashed earlier run may have left its server running.
-    if [[ -d "$PG_TEST_DIR/data" ]]; then
-        pg_stop "$PG_TEST_DIR" 9>&- || die "could not stop the old test PostgreSQL in $PG_TEST_DIR; kill it and remove that directory"
+        # Runs after the stop stack_pg_fresh registers.
+        at_exit rm -rf "$PG_TEST_DIR"
     fi
     log "wiping $PG_TEST_DIR for a fresh test database server"
-    rm -rf "$PG_TEST_DIR"
-    STARTED_PG=1
     # fd 9 (the lock) must not leak into the long-lived postmaster.
-    PG_FAST=1 pg_start "$PG_TEST_DIR" 9>&- || die "could not start the test PostgreSQL; see above, or set POOLMGR_TEST_DATABASE_URL to use an existing server"
+    PG_FAST=1 stack_pg_fresh "$PG_TEST_DIR" "or set POOLMGR_TEST_DATABASE_URL to use an existing server" 9>&-
     export POOLMGR_TEST_DATABASE_URL=$PG_ADMIN_URL
     log "POOLMGR_TEST_DATABASE_URL=$POOLMGR_TEST_DATABASE_URL"
 else
@@ -93,6 +68,6 @@ log "RUST_BACKTRACE=1 cargo test${workspace[*]:+ ${workspace[*]}} --all-targets$
 status=0
 RUST_BACKTRACE=1 cargo test "${workspace[@]}" --all-targets --no-fail-fast "$@" || status=$?
 if [[ $status -ne 0 ]]; then
-    printf 'error: cargo test failed (exit %s); read the failures above and rerun e.g. scripts/test.sh -p CRATE TEST_NAME\n' "$status" >&2
+    err "cargo test failed (exit $status); read the failures above and rerun e.g. scripts/test.sh -p CRATE TEST_NAME"
 fi
 exit "$status"
