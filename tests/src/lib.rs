@@ -244,7 +244,8 @@ impl TestApp {
         let cfg = Config::from_lookup(|k| env.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone()))
             .expect("test config");
         let pool = db::pool_from_config(&cfg).expect("pool");
-        let state = AppState::new(&cfg, pool);
+        // An adjustable clock: tests move time with `advance_clock` instead of rewriting rows.
+        let state = AppState::new(&cfg, pool).with_clock(poolmgr_core::clock::Clock::adjustable());
         let router = http::router(state.clone());
         let sim = Sim::new(SimConfig {
             boot_delay: Duration::from_millis(50),
@@ -372,6 +373,18 @@ impl TestApp {
     }
 
     /// Runs one reconcile pass.
+    /// Moves the app's clock forward: lease expiry and its warning, heartbeats, abandoned
+    /// claims and the reconciler's timeouts compare times by it (the database's `now()` while
+    /// it is unmoved). Use it instead of rewriting timestamps or sleeping.
+    pub fn advance_clock(&self, by: Duration) {
+        self.state.clock.advance(by);
+    }
+
+    /// The app's clock back at the real time.
+    pub fn reset_clock(&self) {
+        self.state.clock.reset();
+    }
+
     pub async fn pass(&self) -> poolmgr_core::reconcile::PassReport {
         poolmgr_core::reconcile::run_pass(&self.state).await.expect("reconcile pass")
     }

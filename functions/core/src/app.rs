@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::auth::AuthConfig;
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::db::{Conn, Db};
 use crate::error::ApiError;
@@ -17,6 +18,8 @@ pub struct AppState {
     pub flintlock: Flintlock,
     pub metrics: Arc<Metrics>,
     pub config: Arc<Config>,
+    /// What "now" is for time comparisons: the database's clock, or a test's ([`Clock`]).
+    pub clock: Clock,
 }
 
 impl AppState {
@@ -32,7 +35,13 @@ impl AppState {
             flintlock: Flintlock::new(cfg.flintlock_timeout),
             metrics: Arc::new(Metrics::with_emf(cfg.metrics_emf)),
             config: Arc::new(cfg.clone()),
+            clock: Clock::system(),
         }
+    }
+
+    /// The same state with another clock (tests: [`Clock::adjustable`]).
+    pub fn with_clock(self, clock: Clock) -> AppState {
+        AppState { clock, ..self }
     }
 
     /// The flintlock namespace that holds a pool namespace's VMs.

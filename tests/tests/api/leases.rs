@@ -210,16 +210,13 @@ async fn heartbeat_of_an_expired_lease_is_not_found_and_does_not_revive_it() {
     app.seed_available("ci", 1).await;
     let claim = app.claimed(CLIENT_A, "ci", None).await;
     let lease_id = claim.lease.lease_id.clone();
-    app.conn()
-        .await
-        .execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE lease_id = $1", &[&lease_id])
-        .await
-        .unwrap();
+    // The holder stopped heartbeating: 121 s on, the lease (120 s) has expired.
+    app.advance_clock(Duration::from_secs(121));
     let expired_at = expires_at_in_db(&app, &lease_id).await;
 
     app.heartbeat(CLIENT_A, &lease_id).await.assert_error(404, "NOT_FOUND");
     assert_eq!(expires_at_in_db(&app, &lease_id).await, expired_at, "expires_at untouched");
-    assert!(expired_at < chrono::Utc::now(), "still expired");
+    assert!(expired_at < app.state.clock.now(), "still expired");
     let hb: DateTime<chrono::Utc> = app
         .conn()
         .await

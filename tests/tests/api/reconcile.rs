@@ -1,6 +1,7 @@
 //! The reconcile pass against real PostgreSQL and flintlock-sim over gRPC.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use flintlock_proto::types::micro_vm_status::MicroVmState;
 use poolmgr_core::domain::Phase;
@@ -119,9 +120,9 @@ async fn an_abandoned_lease_expires_and_its_vm_is_deleted_in_flintlock() {
     app.settle(40, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
     let uid = app.claimed(CLIENT_A, "ci", Some("r-1")).await.vm.uid;
     // Move time instead of sleeping: the holder stopped heartbeating long ago.
-    app.conn().await.execute("UPDATE leases SET expires_at = now() - interval '1 second'", &[]).await.unwrap();
-
+    app.advance_clock(Duration::from_secs(121));
     let r = app.pass().await;
+    app.reset_clock();
     assert_eq!(r.expired, 1);
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
     assert_eq!(app.count_events("VM_DELETED_DUE_TO_EXPIRY").await, 1);
@@ -144,8 +145,9 @@ async fn expiring_soon_is_written_once_per_deadline() {
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
     let lease = app.claimed(CLIENT_A, "ci", None).await.lease.lease_id;
-    let soon = "UPDATE leases SET expires_at = now() + interval '10 seconds'";
-    app.conn().await.execute(soon, &[]).await.unwrap();
+    // 110 s on, the deadline (120 s after the claim) is 10 s away: inside the warning window.
+    let to_the_window = Duration::from_secs(110);
+    app.advance_clock(to_the_window);
     app.pass().await;
     app.pass().await;
     assert_eq!(app.count_events("VM_EXPIRING_SOON").await, 1, "once per deadline");
@@ -154,7 +156,7 @@ async fn expiring_soon_is_written_once_per_deadline() {
     app.pass().await;
     assert_eq!(app.count_events("VM_EXPIRING_SOON").await, 1);
     // A new deadline inside the window warns again.
-    app.conn().await.execute(soon, &[]).await.unwrap();
+    app.advance_clock(to_the_window);
     app.pass().await;
     assert_eq!(app.count_events("VM_EXPIRING_SOON").await, 2);
 }

@@ -63,7 +63,7 @@ async fn create_hook_step(
         match db.released(state.flintlock.wait_ready(&host.endpoint(), uid, probe)).await {
             Ok(true) => {}
             Ok(false) => {
-                if (Utc::now() - started).to_std().unwrap_or_default() > hooks.guest_agent_timeout {
+                if (state.clock.now() - started).to_std().unwrap_or_default() > hooks.guest_agent_timeout {
                     let why = format!("the guest agent did not answer within {:?}", hooks.guest_agent_timeout);
                     return fail_vm(pass, db, pool, vm, &why, report).await;
                 }

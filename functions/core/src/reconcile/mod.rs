@@ -269,7 +269,7 @@ async fn reconcile_pool(
 
     let hosts = hosts_by_name(db).await?;
     let vms = store::vm_list_for_pool(db.client().await?, &pref).await?;
-    let now = Utc::now();
+    let now = pass.state.clock.now();
     let mut hook_vms = vec![];
     for (vm, _) in &vms {
         if pass.past_deadline() {

@@ -243,7 +243,9 @@ pub(super) async fn poll_provisioning(
         fail_vm(pass, db, pool, vm, "flintlock reports the microVM FAILED", report).await
     } else if st == MicroVmState::Deleting as i32 {
         fail_vm(pass, db, pool, vm, "the microVM is being deleted in flintlock", report).await
-    } else if (Utc::now() - vm.created_at).to_std().unwrap_or_default() > state.config.reconcile.provision_timeout {
+    } else if (state.clock.now() - vm.created_at).to_std().unwrap_or_default()
+        > state.config.reconcile.provision_timeout
+    {
         fail_vm(pass, db, pool, vm, "the microVM stayed PENDING past the provision timeout", report).await
     } else {
         Ok(()) // Still booting: the next pass looks again.

@@ -24,7 +24,7 @@ pub(super) async fn expire_leases(
 ) -> Result<(), ReconcileError> {
     let state = pass.state;
     let c = db.client().await?;
-    let expired = store::lease_expire_for_pool(c, pref).await?;
+    let expired = store::lease_expire_for_pool(c, pref, state.clock.now_param()).await?;
     let now = Utc::now();
     for l in &expired {
         state.metrics.release(pref, "expiry", Some((now - l.claimed_at).as_seconds_f64()));
@@ -32,7 +32,7 @@ pub(super) async fn expire_leases(
     }
     report.expired += expired.len();
     let window = state.config.reconcile.warning_window.as_secs_f64();
-    report.expiry_warnings += store::lease_warn_expiring_for_pool(c, pref, window).await?;
+    report.expiry_warnings += store::lease_warn_expiring_for_pool(c, pref, window, state.clock.now_param()).await?;
     Ok(())
 }
 
@@ -43,7 +43,8 @@ pub(super) async fn recover_abandoned_claims(
     pref: &PoolRef,
 ) -> Result<(), ReconcileError> {
     let after = pass.state.config.hooks.claim_abandon_after.as_secs_f64();
-    let abandoned = store::vm_recover_abandoned_claims(db.client().await?, pref, after).await?;
+    let abandoned =
+        store::vm_recover_abandoned_claims(db.client().await?, pref, after, pass.state.clock.now_param()).await?;
     for id in &abandoned {
         tracing::warn!(pool = %pref, vm = %id, "claim abandoned mid pre-lease hook; deleting the VM");
     }

@@ -28,7 +28,7 @@ pub async fn get(state: &AppState, id: &LeaseId) -> Result<LeaseRecord, ApiError
 
 pub async fn heartbeat(state: &AppState, id: &LeaseId) -> Result<LeaseRecord, ApiError> {
     let conn = state.conn().await?;
-    match store::lease_heartbeat(&conn, id.as_str()).await? {
+    match store::lease_heartbeat(&conn, id.as_str(), state.clock.now_param()).await? {
         Some(view) => Ok(LeaseRecord::from_view(&view)),
         None => Err(ApiError::NotFound(format!(
             "lease {} not found (released, expired, or its pool was deleted): claim a new VM",

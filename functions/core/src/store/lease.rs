@@ -5,6 +5,7 @@
 //!
 //! Never revives an expired lease: a heartbeat after `expires_at` finds nothing.
 
+use chrono::{DateTime, Utc};
 use tokio_postgres::Row;
 use tokio_postgres::types::Type;
 
@@ -49,15 +50,20 @@ pub async fn lease_get(c: &impl Executor, lease_id: &str) -> Result<Option<Lease
 /// Extends a lease by its pool's *current* expiry. `None` if the lease or its pool is gone,
 /// or the lease already expired (an expired lease is not revived: the reconciler is about to
 /// delete its VM).
-pub async fn lease_heartbeat(c: &impl Executor, lease_id: &str) -> Result<Option<LeaseView>> {
+pub async fn lease_heartbeat(
+    c: &impl Executor,
+    lease_id: &str,
+    now: Option<DateTime<Utc>>,
+) -> Result<Option<LeaseView>> {
     let row = c
         .timed_query_opt(
             "WITH l AS (
                  UPDATE leases l
-                 SET expires_at = now() + make_interval(secs => p.heartbeat_expiry_seconds),
-                     last_heartbeat_at = now()
+                 -- $2: the clock's now (NULL: the database's), for the check and the new deadline.
+                 SET expires_at = coalesce($2, now()) + make_interval(secs => p.heartbeat_expiry_seconds),
+                     last_heartbeat_at = coalesce($2, now())
                  FROM pools p
-                 WHERE l.lease_id = $1 AND l.expires_at > now()
+                 WHERE l.lease_id = $1 AND l.expires_at > coalesce($2, now())
                    AND p.namespace = l.pool_namespace AND p.name = l.pool_name
                  RETURNING l.*
              )
@@ -65,7 +71,7 @@ pub async fn lease_heartbeat(c: &impl Executor, lease_id: &str) -> Result<Option
              FROM l
              LEFT JOIN vms v ON v.id = l.vm_id
              LEFT JOIN hosts h ON h.name = v.flintlock_host",
-            &[(&lease_id, Type::TEXT)],
+            &[(&lease_id, Type::TEXT), (&now, Type::TIMESTAMPTZ)],
         )
         .await?;
     row.as_ref().map(lease_view).transpose()
@@ -141,11 +147,17 @@ pub async fn lease_delete(c: &impl Executor, lease_id: &str) -> Result<Option<Le
 /// Expires a pool's leases with `expires_at <= now()`: lease removed, VM → DELETING and
 /// VM_DELETED_DUE_TO_EXPIRY, in one statement. A concurrent heartbeat either commits first
 /// (and the lease is no longer expired when this re-checks it) or finds the lease gone.
-pub async fn lease_expire_for_pool(c: &impl Executor, pool: &PoolRef) -> Result<Vec<LeaseRow>> {
+pub async fn lease_expire_for_pool(
+    c: &impl Executor,
+    pool: &PoolRef,
+    now: Option<DateTime<Utc>>,
+) -> Result<Vec<LeaseRow>> {
     let rows = c
         .timed_query(
             "WITH exp AS (
-                 DELETE FROM leases WHERE pool_namespace = $1 AND pool_name = $2 AND expires_at <= now()
+                 -- $3: the clock's now (NULL: the database's).
+                 DELETE FROM leases WHERE pool_namespace = $1 AND pool_name = $2
+                   AND expires_at <= coalesce($3, now())
                  RETURNING *
              ), v AS (
                  UPDATE vms SET phase = 'DELETING', updated_at = now(), attempts = 0, next_attempt_at = NULL
@@ -156,19 +168,26 @@ pub async fn lease_expire_for_pool(c: &impl Executor, pool: &PoolRef) -> Result<
                  SELECT 'VM_DELETED_DUE_TO_EXPIRY', exp.pool_namespace, exp.pool_name, exp.vm_id, exp.lease_id FROM exp
              )
              SELECT to_jsonb(exp) AS lease FROM exp",
-            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)],
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&now, Type::TIMESTAMPTZ)],
         )
         .await?;
     rows.iter().map(|r| json_req(r, "lease")).collect()
 }
 
 /// Writes VM_EXPIRING_SOON once per expiry deadline for leases expiring within `window`.
-pub async fn lease_warn_expiring_for_pool(c: &impl Executor, pool: &PoolRef, window_seconds: f64) -> Result<u64> {
+pub async fn lease_warn_expiring_for_pool(
+    c: &impl Executor,
+    pool: &PoolRef,
+    window_seconds: f64,
+    now: Option<DateTime<Utc>>,
+) -> Result<u64> {
     c.timed_execute(
         "WITH w AS (
                  UPDATE leases SET warned_expires_at = expires_at
                  WHERE pool_namespace = $1 AND pool_name = $2
-                   AND expires_at > now() AND expires_at <= now() + make_interval(secs => $3)
+                   -- $4: the clock's now (NULL: the database's).
+                   AND expires_at > coalesce($4, now())
+                   AND expires_at <= coalesce($4, now()) + make_interval(secs => $3)
                    AND warned_expires_at IS DISTINCT FROM expires_at
                  RETURNING *
              )
@@ -176,7 +195,12 @@ pub async fn lease_warn_expiring_for_pool(c: &impl Executor, pool: &PoolRef, win
              SELECT 'VM_EXPIRING_SOON', w.pool_namespace, w.pool_name, w.vm_id, w.lease_id,
                     jsonb_build_object('expires_at', w.expires_at)
              FROM w",
-        &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&window_seconds, Type::FLOAT8)],
+        &[
+            (&pool.namespace, Type::TEXT),
+            (&pool.name, Type::TEXT),
+            (&window_seconds, Type::FLOAT8),
+            (&now, Type::TIMESTAMPTZ),
+        ],
     )
     .await
 }

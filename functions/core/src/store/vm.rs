@@ -349,13 +349,15 @@ pub async fn vm_recover_abandoned_claims(
     c: &impl Executor,
     pool: &PoolRef,
     older_than_seconds: f64,
+    now: Option<DateTime<Utc>>,
 ) -> Result<Vec<String>> {
     let rows = c
         .timed_query(
             "WITH v AS (
                  UPDATE vms SET phase = 'DELETING', attempts = 0, next_attempt_at = NULL, updated_at = now()
                  WHERE pool_namespace = $1 AND pool_name = $2 AND phase = 'PRE_LEASE_HOOK_RUNNING'
-                   AND hook_started_at < now() - make_interval(secs => $3)
+                   -- $4: the clock's now (NULL: the database's).
+                   AND hook_started_at < coalesce($4, now()) - make_interval(secs => $3)
                  RETURNING *
              ), ev AS (
                  INSERT INTO events (type, pool_namespace, pool_name, vm_id, payload)
@@ -364,7 +366,12 @@ pub async fn vm_recover_abandoned_claims(
                  FROM v
              )
              SELECT id FROM v",
-            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&older_than_seconds, Type::FLOAT8)],
+            &[
+                (&pool.namespace, Type::TEXT),
+                (&pool.name, Type::TEXT),
+                (&older_than_seconds, Type::FLOAT8),
+                (&now, Type::TIMESTAMPTZ),
+            ],
         )
         .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
