@@ -293,6 +293,24 @@ pub struct PoolSpec {
     pub heartbeat_expiry_seconds: i32,
 }
 
+/// A pool's VMs counted by phase, as the API's pool status, the pool gauges and the
+/// replenishment strategies count them (reference-behaviour §4.2). Pure data: the store's
+/// `VM_COUNTS_OF_POOL_P` is the one definition of what each count holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct VmCounts {
+    pub available: i64,
+    /// PRE_LEASE_HOOK_RUNNING, or LEASED without a committed lease row.
+    pub claiming: i64,
+    /// LEASED with a committed lease row.
+    pub leased: i64,
+    /// PROVISIONING and CREATE_HOOK_RUNNING.
+    pub provisioning: i64,
+    pub quarantined: i64,
+    pub deleting: i64,
+    /// Every row, in any phase (FAILED included).
+    pub rows: i64,
+}
+
 /// A host name in a PoolSpec (schema only).
 #[allow(dead_code)]
 pub struct HostName(String);

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use flintlock_proto::types::micro_vm_status::MicroVmState;
 use poolmgr_core::flintlock::Flintlock;
-use poolmgr_core::reconcile::{Counts, desired_new, surplus};
+use poolmgr_core::reconcile::{desired_new, surplus};
 use poolmgr_core::store::{self, HostRow};
 use serde::Serialize;
 use tokio_postgres::IsolationLevel;
@@ -516,14 +516,7 @@ async fn settled_db_checks(tx: &tokio_postgres::Transaction<'_>, out: &mut Vec<F
         let strategy = p.strategy;
         let strategy_s = strategy.as_str();
         let (size, min_size) = (p.size, p.min_size);
-        let c = Counts {
-            available: n.available,
-            claiming: n.claiming,
-            leased: n.leased,
-            provisioning: n.provisioning,
-            quarantined: n.quarantined,
-            rows: n.rows,
-        };
+        let c = n;
         let look_at = format!(
             "poolmgrctl pool status {pool}; SELECT phase, count(*) FROM vms WHERE pool_namespace || '/' || pool_name = '{pool}' GROUP BY 1"
         );

@@ -840,3 +840,37 @@ async fn releases_and_heartbeats_racing_a_force_delete_never_fail() {
     let ended = app.metric(&releases_metric("ci", "api")) + app.metric(&releases_metric("ci", "pool_delete"));
     assert_eq!(ended, leases.len() as f64);
 }
+
+/// The one definition of a pool's VM counts by phase (`store::vm_counts_for_pool`; the pool
+/// status, the gauges and `poolmgr-check` share its SQL): every phase lands in its bucket, and
+/// a LEASED VM counts as leased only once its lease row exists (before that it is claiming).
+#[tokio::test]
+async fn vm_counts_sort_every_phase_as_the_strategies_count_them() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 0).await;
+    for phase in Phase::ALL {
+        app.seed_vm("ci", *phase).await;
+    }
+    app.seed_vm("ci", Phase::Available).await;
+    // One of the two AVAILABLE VMs becomes LEASED with its lease row.
+    app.claimed(CLIENT_A, "ci", None).await;
+
+    let counts = poolmgr_core::store::vm_counts_for_pool(&**app.conn().await, &pool("ci")).await.unwrap();
+    assert_eq!(
+        counts,
+        poolmgr_core::domain::VmCounts {
+            available: 1,
+            claiming: 2,
+            leased: 1,
+            provisioning: 2,
+            quarantined: 1,
+            deleting: 1,
+            rows: 9,
+        }
+    );
+    let status = app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200)["status"].clone();
+    assert_eq!(
+        status,
+        json!({"available": 1, "claiming": 2, "leased": 1, "provisioning": 2, "quarantined": 1, "deleting": 1})
+    );
+}

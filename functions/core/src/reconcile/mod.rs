@@ -17,7 +17,7 @@
 //! - `mod.rs` (here): [`run_pass`], [`PassReport`], the pass's shared state (`Pass`), the
 //!   pool workers with their reconcile-lease handling, and a pool's step in order
 //!   (`reconcile_pool`).
-//! - [`strategy`]: the pure arithmetic: [`Counts`], [`desired_new`], [`surplus`].
+//! - [`strategy`]: the pure arithmetic: [`desired_new`], [`surplus`] of a pool's `VmCounts`.
 //! - `provision`: new VMs (placement, CreateMicroVM), adopting a VM whose create reply was
 //!   lost, polling PROVISIONING VMs until flintlock says CREATED.
 //! - `hooks`: create-hook steps (guest agent wait, one command per step), and the pool's
@@ -72,7 +72,7 @@ use conn::StepConn;
 
 pub use error::ReconcileError;
 pub use provision::new_vm_id;
-pub use strategy::{Counts, desired_new, surplus};
+pub use strategy::{desired_new, surplus};
 
 /// What one pass did, for logs, the Lambda's answer and tests.
 #[derive(Debug, Default, Clone, Serialize)]
@@ -296,8 +296,7 @@ async fn reconcile_pool(
     hooks::run_create_hooks(pass, pool, hook_vms, &hosts, report).await?;
 
     // Replenish, counting what is there after the steps above.
-    let vms = store::vm_list_for_pool(db.client().await?, &pref).await?;
-    let counts = Counts::of(vms.iter().map(|(vm, has_lease)| (vm.phase, *has_lease)));
+    let counts = store::vm_counts_for_pool(db.client().await?, &pref).await?;
     sweeps::shed_surplus(db, pool, counts).await?;
     provision::replenish(pass, db, pool, counts, &hosts, report).await
 }

@@ -13,8 +13,9 @@ use serde_json::json;
 
 use super::conn::StepConn;
 use super::hooks::fail_vm;
-use super::strategy::{Counts, desired_new};
+use super::strategy::desired_new;
 use super::{Pass, PassReport, ReconcileError};
+use crate::domain::VmCounts;
 use crate::domain::{EventType, Phase};
 use crate::flintlock::FlintlockError;
 use crate::store::{self, HostRow, PoolRow, VmRow};
@@ -46,7 +47,7 @@ pub(super) async fn replenish(
     pass: &Pass<'_>,
     db: &mut StepConn<'_>,
     pool: &PoolRow,
-    counts: Counts,
+    counts: VmCounts,
     hosts: &HashMap<String, HostRow>,
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {

@@ -2,49 +2,16 @@
 //! too many, from its counts (reference-behaviour §4.2).
 //!
 //! Pure: no I/O, no database rows, no clock. The pass (`provision`, `sweeps`) and
-//! `poolmgr-check` (which checks a pool settled where its strategy says) both count with
-//! these, so what "full" means is written once.
+//! `poolmgr-check` (which checks a pool settled where its strategy says) both decide with
+//! these, from the [`VmCounts`] the store's one SQL definition counts, so what "full" means
+//! is written once.
 
-use crate::domain::{Phase, Strategy};
-
-/// VM counts of a pool, as the strategies count them (reference-behaviour §4.2).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Counts {
-    pub available: i64,
-    /// PRE_LEASE_HOOK_RUNNING, and LEASED without a committed lease row.
-    pub claiming: i64,
-    pub leased: i64,
-    /// PROVISIONING and CREATE_HOOK_RUNNING.
-    pub provisioning: i64,
-    pub quarantined: i64,
-    /// Every row in any phase.
-    pub rows: i64,
-}
-
-impl Counts {
-    /// Counts a pool's VMs, each given as its phase and whether a lease row exists for it.
-    pub fn of(vms: impl IntoIterator<Item = (Phase, bool)>) -> Counts {
-        let mut c = Counts::default();
-        for (phase, has_lease) in vms {
-            c.rows += 1;
-            match phase {
-                Phase::Available => c.available += 1,
-                Phase::PreLeaseHookRunning => c.claiming += 1,
-                Phase::Leased if !has_lease => c.claiming += 1,
-                Phase::Leased => c.leased += 1,
-                Phase::Provisioning | Phase::CreateHookRunning => c.provisioning += 1,
-                Phase::Quarantined => c.quarantined += 1,
-                Phase::Deleting | Phase::Failed => {}
-            }
-        }
-        c
-    }
-}
+use crate::domain::{Strategy, VmCounts};
 
 /// How many VMs a pool needs now. DELETING, FAILED and QUARANTINED VMs never count, so a
 /// replacement starts before an old VM's delete finishes. A fresh pool is topped up to
 /// `size` by every strategy (MIN_SIZE_THRESHOLD: because 0 available is below min_size).
-pub fn desired_new(strategy: Strategy, size: i32, min_size: Option<i32>, c: Counts) -> i64 {
+pub fn desired_new(strategy: Strategy, size: i32, min_size: Option<i32>, c: VmCounts) -> i64 {
     let size = i64::from(size);
     match strategy {
         // Leased VMs are extra: the pool keeps `size` ready or coming.
@@ -63,7 +30,7 @@ pub fn desired_new(strategy: Strategy, size: i32, min_size: Option<i32>, c: Coun
 
 /// How many AVAILABLE VMs a pool has beyond what its strategy keeps (after its size went
 /// down). Only AVAILABLE VMs are ever removed for this; leased ones wind down by release.
-pub fn surplus(strategy: Strategy, size: i32, c: Counts) -> i64 {
+pub fn surplus(strategy: Strategy, size: i32, c: VmCounts) -> i64 {
     let kept = match strategy {
         Strategy::ImmediateOnLease => c.available + c.claiming + c.provisioning,
         Strategy::MinSizeThreshold | Strategy::ReplaceOnDelete => c.available + c.claiming + c.leased + c.provisioning,
@@ -75,8 +42,8 @@ pub fn surplus(strategy: Strategy, size: i32, c: Counts) -> i64 {
 mod tests {
     use super::*;
 
-    fn c(available: i64, claiming: i64, leased: i64, provisioning: i64) -> Counts {
-        Counts { available, claiming, leased, provisioning, quarantined: 0, rows: 0 }
+    fn c(available: i64, claiming: i64, leased: i64, provisioning: i64) -> VmCounts {
+        VmCounts { available, claiming, leased, provisioning, ..VmCounts::default() }
     }
 
     #[test]
@@ -109,24 +76,5 @@ mod tests {
         assert_eq!(surplus(Strategy::ReplaceOnDelete, 5, c(3, 0, 2, 0)), 0);
         assert_eq!(surplus(Strategy::ImmediateOnLease, 2, c(3, 0, 5, 0)), 1, "leased VMs are extra");
         assert_eq!(surplus(Strategy::MinSizeThreshold, 0, c(2, 1, 0, 1)), 2);
-    }
-
-    #[test]
-    fn counts_sort_phases_and_leases_as_the_strategies_count_them() {
-        let vms = [
-            (Phase::Available, false),
-            (Phase::PreLeaseHookRunning, false),
-            (Phase::Leased, false),
-            (Phase::Leased, true),
-            (Phase::Provisioning, false),
-            (Phase::CreateHookRunning, false),
-            (Phase::Quarantined, false),
-            (Phase::Deleting, false),
-            (Phase::Failed, false),
-        ];
-        assert_eq!(
-            Counts::of(vms),
-            Counts { available: 1, claiming: 2, leased: 1, provisioning: 2, quarantined: 1, rows: 9 }
-        );
     }
 }

@@ -8,9 +8,10 @@
 use chrono::Utc;
 
 use super::conn::StepConn;
-use super::strategy::{Counts, surplus};
+use super::strategy::surplus;
 use super::{Pass, PassReport, ReconcileError, hosts_by_name};
 use crate::domain::PoolRef;
+use crate::domain::VmCounts;
 use crate::store::{self, HostRow, PoolRow, VmFinish, VmRow};
 use crate::teardown;
 
@@ -83,7 +84,11 @@ pub(super) async fn delete_vm(
 
 /// A pool whose size went down: its AVAILABLE VMs beyond what the strategy keeps become
 /// DELETING (deleted in flintlock by the next pass).
-pub(super) async fn shed_surplus(db: &mut StepConn<'_>, pool: &PoolRow, counts: Counts) -> Result<(), ReconcileError> {
+pub(super) async fn shed_surplus(
+    db: &mut StepConn<'_>,
+    pool: &PoolRow,
+    counts: VmCounts,
+) -> Result<(), ReconcileError> {
     let extra = surplus(pool.strategy, pool.size, counts);
     if extra > 0 {
         let pref = pool.pool_ref();

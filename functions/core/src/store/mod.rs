@@ -33,7 +33,7 @@
 //!   reconcile lease a pass takes on a pool.
 //! - `host.rs`: `hosts`. [`HostRow`]; register, update, cordon, remove; the orphan-scan lease
 //!   and the ServerInfo probe result.
-//! - `vm.rs`: `vms`. [`VmRow`]; [`VmCounts`] and the one SQL definition of a pool's VM counts
+//! - `vm.rs`: `vms`. [`VmRow`]; the one SQL definition of a pool's VM counts
 //!   by phase (the pool status, the gauges and `poolmgr-check` read it); get, list, insert,
 //!   placement, phase transitions, backoff, hook progress, surplus and teardown.
 //! - `lease.rs`: `leases`. [`LeaseView`] (a lease with its VM and host); get, heartbeat, list,

@@ -11,7 +11,8 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::vm::VM_COUNTS_OF_POOL_P;
-use super::{Executor, LeaseRow, Result, StoreError, Timed, VmCounts, VmRow, json_req};
+use super::{Executor, LeaseRow, Result, StoreError, Timed, VmRow, json_req};
+use crate::domain::VmCounts;
 use crate::domain::{HookFailurePolicy, PoolRef, PoolSpec, Replenishment, Strategy};
 use crate::template::MicroVmTemplate;
 

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use tokio_postgres::types::Type;
 
 use super::{Executor, LeaseRow, Result, Timed, json_col, json_req};
-use crate::domain::{EventType, Phase, PoolRef};
+use crate::domain::{EventType, Phase, PoolRef, VmCounts};
 
 /// A `vms` row.
 #[derive(Debug, Clone, Deserialize)]
@@ -36,24 +36,6 @@ impl VmRow {
     }
 }
 
-/// A pool's VMs counted by phase, as the API's pool status, the pool gauges and the
-/// replenishment strategies count them (reference-behaviour §4.2). Decoded from
-/// `VM_COUNTS_OF_POOL_P`, the one SQL definition of these counts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub struct VmCounts {
-    pub available: i64,
-    /// PRE_LEASE_HOOK_RUNNING, or LEASED without a committed lease row.
-    pub claiming: i64,
-    /// LEASED with a committed lease row.
-    pub leased: i64,
-    /// PROVISIONING and CREATE_HOOK_RUNNING.
-    pub provisioning: i64,
-    pub quarantined: i64,
-    pub deleting: i64,
-    /// Every row, in any phase (FAILED included).
-    pub rows: i64,
-}
-
 /// The VMs of the pool named by the columns `p.namespace` and `p.name` of the enclosing
 /// query, counted by phase into one jsonb object that decodes into [`VmCounts`]. The one
 /// definition of these counts: every statement that counts a pool's VMs by phase uses it.
@@ -70,6 +52,18 @@ pub(super) const VM_COUNTS_OF_POOL_P: &str = "
         'rows',         count(*))
      FROM vms v LEFT JOIN leases l ON l.vm_id = v.id
      WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name)";
+
+/// One pool's VMs counted by phase ([`VM_COUNTS_OF_POOL_P`]): what the replenishment
+/// strategies count after a pass's steps.
+pub async fn vm_counts_for_pool(c: &impl Executor, pool: &PoolRef) -> Result<VmCounts> {
+    let row = c
+        .timed_query_one(
+            &format!("SELECT {VM_COUNTS_OF_POOL_P} AS counts FROM (SELECT $1::text AS namespace, $2::text AS name) p"),
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)],
+        )
+        .await?;
+    json_req(&row, "counts")
+}
 
 pub async fn vm_get(c: &impl Executor, id: &str) -> Result<Option<VmRow>> {
     let row = c.timed_query_opt("SELECT to_jsonb(v) AS vm FROM vms v WHERE v.id = $1", &[(&id, Type::TEXT)]).await?;
