@@ -7,12 +7,16 @@
 //! drops; `scripts/test.sh` drops leftovers of crashed runs before starting.
 //!
 //! Response bodies: [`TestResponse::json`] reads a body as its `poolmgr_core::api` type and
-//! checks it serializes back to exactly the wire body, and the typed helpers per endpoint
-//! ([`TestApp::claimed`], [`TestApp::get_lease`], [`TestApp::heartbeated`],
-//! [`TestApp::list_leases`]) use it. The untyped [`TestResponse::body`] is for what a test
-//! checks on the wire itself: error bodies, exact key sets and `null`s, the contract-shape
-//! tests (`bad_input`, `openapi`), and the responses whose `api` type does not derive
-//! `Deserialize` (pools, hosts, VMs, events).
+//! checks it serializes back to exactly the wire body, and the typed helpers per endpoint use
+//! it: claims and leases ([`TestApp::claimed`], [`TestApp::get_lease`],
+//! [`TestApp::heartbeated`], [`TestApp::list_leases`]), pools ([`TestApp::create_pool`],
+//! [`TestApp::created_pool`], [`TestApp::get_pool`], [`TestApp::list_pools`],
+//! [`TestApp::updated_pool`]), hosts ([`TestApp::created_host`], [`TestApp::get_host`],
+//! [`TestApp::list_hosts`], [`TestApp::updated_host`], [`TestApp::cordoned`],
+//! [`TestApp::uncordoned`]), VMs ([`TestApp::list_vms`], [`TestApp::get_vm`]) and events
+//! ([`TestApp::events`]). The untyped [`TestResponse::body`] is for what a test checks on the
+//! wire itself: error bodies, exact key sets and `null`s, and the contract-shape tests
+//! (`bad_input`, `openapi`).
 //!
 //! With `POOLMGR_TEST_POOLER_URL_TEMPLATE` set (a URL containing `{db}`, e.g.
 //! `postgres://postgres@127.0.0.1:6432/{db}`), the app under test reaches its database through
@@ -128,8 +132,7 @@ impl TestResponse {
     }
 
     /// Like [`TestResponse::json`], for the part of the body at a JSON pointer (`"/lease"`):
-    /// for the responses whose `api` wrapper does not derive `Deserialize`
-    /// (`HeartbeatResponse`, `LeaseList`).
+    /// for a test that reads one part of a body whose rest it checks on the wire.
     #[track_caller]
     pub fn json_at<T: DeserializeOwned + Serialize>(&self, pointer: &str) -> T {
         let part = self.body.pointer(pointer).unwrap_or_else(|| panic!("no {pointer} in body: {}", self.body));
@@ -208,6 +211,11 @@ pub fn pool_spec(name: &str, size: i32) -> Value {
 
 pub fn pool(name: &str) -> PoolRef {
     PoolRef { namespace: "default".into(), name: name.into() }
+}
+
+/// `path?query`, or `path` alone for an empty query.
+fn with_query(path: &str, query: &str) -> String {
+    if query.is_empty() { path.to_owned() } else { format!("{path}?{query}") }
 }
 
 impl TestApp {
@@ -340,12 +348,10 @@ impl TestApp {
         self.request(Method::POST, &format!("/v1/leases/{lease_id}/heartbeat"), Some(token), None, &[]).await
     }
 
-    /// `POST /v1/leases/{lease_id}/heartbeat`, expecting 200: the body's `lease`.
+    /// `POST /v1/leases/{lease_id}/heartbeat`, expecting 200: the body's `lease` (the body is
+    /// exactly a `HeartbeatResponse`, `{"lease": LeaseRecord}`).
     pub async fn heartbeated(&self, token: &str, lease_id: &str) -> api::LeaseRecord {
-        let r = self.heartbeat(token, lease_id).await;
-        r.assert_ok(200);
-        assert_eq!(r.body.as_object().map(|o| o.len()), Some(1), "the body is {{\"lease\": LeaseRecord}}: {}", r.body);
-        r.json_at("/lease")
+        self.heartbeat(token, lease_id).await.assert_ok_response(200).json::<api::HeartbeatResponse>().lease
     }
 
     pub async fn release(&self, token: &str, lease_id: &str) -> TestResponse {
@@ -360,16 +366,85 @@ impl TestApp {
     /// `GET /v1/leases?{query}` (`""`: no query), expecting 200: one page and its
     /// `next_page_token`.
     pub async fn list_leases(&self, token: &str, query: &str) -> (Vec<api::LeaseRecord>, String) {
-        let path = if query.is_empty() { "/v1/leases".to_owned() } else { format!("/v1/leases?{query}") };
-        let r = self.get(token, &path).await;
-        r.assert_ok(200);
-        assert_eq!(r.body.as_object().map(|o| o.len()), Some(2), "leases and next_page_token only: {}", r.body);
-        (r.json_at("/leases"), r.json_at("/next_page_token"))
+        let list: api::LeaseList =
+            self.get(token, &with_query("/v1/leases", query)).await.assert_ok_response(200).json();
+        (list.leases, list.next_page_token)
     }
 
-    /// Creates pool default/`name` on the simulator host.
-    pub async fn create_pool(&self, name: &str, size: i32) -> Value {
-        self.post(ADMIN, "/v1/pools", pool_spec(name, size)).await.assert_ok(201).clone()
+    /// Creates pool default/`name` on the simulator host ([`pool_spec`]).
+    pub async fn create_pool(&self, name: &str, size: i32) -> api::Pool {
+        self.created_pool(pool_spec(name, size)).await
+    }
+
+    /// `POST /v1/pools` with `spec`, expecting 201: the new pool.
+    pub async fn created_pool(&self, spec: Value) -> api::Pool {
+        self.post(ADMIN, "/v1/pools", spec).await.assert_ok_response(201).json()
+    }
+
+    /// `GET /v1/pools/default/{name}`, expecting 200.
+    pub async fn get_pool(&self, name: &str) -> api::Pool {
+        self.get(ADMIN, &format!("/v1/pools/default/{name}")).await.assert_ok_response(200).json()
+    }
+
+    /// `GET /v1/pools?{query}` (`""`: no query), expecting 200: the pools.
+    pub async fn list_pools(&self, query: &str) -> Vec<api::Pool> {
+        self.get(ADMIN, &with_query("/v1/pools", query)).await.assert_ok_response(200).json::<api::PoolList>().pools
+    }
+
+    /// `PUT /v1/pools/default/{name}` with `spec`, expecting 200: the updated pool.
+    pub async fn updated_pool(&self, name: &str, spec: Value) -> api::Pool {
+        self.put(ADMIN, &format!("/v1/pools/default/{name}"), spec).await.assert_ok_response(200).json()
+    }
+
+    /// `POST /v1/hosts` with `body` (a HostSpec), expecting 201: the new host.
+    pub async fn created_host(&self, body: Value) -> api::Host {
+        self.post(ADMIN, "/v1/hosts", body).await.assert_ok_response(201).json()
+    }
+
+    /// `GET /v1/hosts/{name}`, expecting 200.
+    pub async fn get_host(&self, name: &str) -> api::Host {
+        self.get(ADMIN, &format!("/v1/hosts/{name}")).await.assert_ok_response(200).json()
+    }
+
+    /// `GET /v1/hosts`, expecting 200: the hosts, in the order answered.
+    pub async fn list_hosts(&self) -> Vec<api::Host> {
+        self.get(ADMIN, "/v1/hosts").await.assert_ok_response(200).json::<api::HostList>().hosts
+    }
+
+    /// `PUT /v1/hosts/{name}` with `body` (a HostSpec), expecting 200: the updated host.
+    pub async fn updated_host(&self, name: &str, body: Value) -> api::Host {
+        self.put(ADMIN, &format!("/v1/hosts/{name}"), body).await.assert_ok_response(200).json()
+    }
+
+    /// `POST /v1/hosts/{name}/cordon` with `body` (`None`: no body at all), expecting 200.
+    pub async fn cordoned(&self, name: &str, body: Option<Value>) -> api::Host {
+        self.request(Method::POST, &format!("/v1/hosts/{name}/cordon"), Some(ADMIN), body, &[])
+            .await
+            .assert_ok_response(200)
+            .json()
+    }
+
+    /// `POST /v1/hosts/{name}/uncordon` without a body, expecting 200.
+    pub async fn uncordoned(&self, name: &str) -> api::Host {
+        self.request(Method::POST, &format!("/v1/hosts/{name}/uncordon"), Some(ADMIN), None, &[])
+            .await
+            .assert_ok_response(200)
+            .json()
+    }
+
+    /// `GET /v1/vms?{query}` (`""`: no query), expecting 200: the VM records.
+    pub async fn list_vms(&self, query: &str) -> Vec<api::VmRecord> {
+        self.get(ADMIN, &with_query("/v1/vms", query)).await.assert_ok_response(200).json::<api::VmList>().vms
+    }
+
+    /// `GET /v1/vms/{id}`, expecting 200.
+    pub async fn get_vm(&self, id: &str) -> api::VmRecord {
+        self.get(ADMIN, &format!("/v1/vms/{id}")).await.assert_ok_response(200).json()
+    }
+
+    /// `GET /v1/events?{query}` (`""`: no query), expecting 200: the events and `next_after`.
+    pub async fn events(&self, query: &str) -> api::EventList {
+        self.get(ADMIN, &with_query("/v1/events", query)).await.assert_ok_response(200).json()
     }
 
     /// Runs one reconcile pass.

@@ -3,7 +3,10 @@
 //! Only this module decides what a client sees: host secrets are never copied into a view.
 //! Each object also derives its OpenAPI schema (`utoipa::ToSchema`), so the document served
 //! at `/openapi.json` describes exactly these types; an `Option` field that is always
-//! serialized (as `null` when empty) is marked `required` and is nullable.
+//! serialized (as `null` when empty) is marked `required` and is nullable. Every object
+//! derives `Deserialize` too, so the integration tests read bodies as these types (and check
+//! they serialize back to exactly the wire body); timestamps read any RFC 3339 form and
+//! write the contract's.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize, Serializer};
@@ -126,7 +129,7 @@ pub struct PoolStatusView {
     deleting: i64,
 }
 
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Pool {
     pub spec: PoolSpec,
     #[schema(value_type = PoolStatusView)]
@@ -143,7 +146,7 @@ impl Pool {
     }
 }
 
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 #[schema(as = VMRecord)]
 pub struct VmRecord {
     pub id: String,
@@ -179,7 +182,7 @@ impl From<&VmRow> for VmRecord {
     }
 }
 
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 #[schema(as = HostTls)]
 pub struct HostTlsView {
     pub insecure: bool,
@@ -193,7 +196,7 @@ pub struct HostTlsView {
     pub key_pem: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Host {
     pub name: String,
     pub address: String,
@@ -239,7 +242,7 @@ impl Host {
     }
 }
 
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Event {
     pub id: i64,
     #[serde(rename = "type")]
@@ -272,36 +275,36 @@ impl From<&EventRow> for Event {
 }
 
 /// `POST /v1/leases/{lease_id}/heartbeat`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct HeartbeatResponse {
     pub lease: LeaseRecord,
 }
 
 /// `GET /v1/leases`: one page, ordered by `lease_id`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct LeaseList {
     pub leases: Vec<LeaseRecord>,
     /// Pass back as `page_token` for the next page; empty on the last page.
     pub next_page_token: String,
 }
 
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct PoolList {
     pub pools: Vec<Pool>,
 }
 
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct HostList {
     pub hosts: Vec<Host>,
 }
 
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct VmList {
     pub vms: Vec<VmRecord>,
 }
 
 /// `GET /v1/events`: events after the cursor, oldest first.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct EventList {
     pub events: Vec<Event>,
     /// The id of the last event returned (or the `after` given, if none): the next `after`.
@@ -309,9 +312,9 @@ pub struct EventList {
 }
 
 /// `GET /healthz`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Health {
     /// Always `ok`: an unreachable database answers 503 instead.
     #[schema(value_type = String, pattern = "^ok$")]
-    pub status: &'static str,
+    pub status: String,
 }

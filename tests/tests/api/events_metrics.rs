@@ -4,11 +4,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use poolmgr_core::api::ClaimResponse;
+use poolmgr_core::api::{ClaimResponse, EventList};
 use poolmgr_core::domain::{Phase, PoolRef};
 use poolmgr_core::store::{self, VmInsert};
 use poolmgr_tests::*;
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// A VM row in any pool (any namespace), without a flintlock VM: enough to be claimed.
 async fn seed_row(app: &TestApp, namespace: &str, pool: &str, phase: Phase) -> String {
@@ -44,16 +44,17 @@ async fn claim_in(app: &TestApp, namespace: &str, pool: &str) -> ClaimResponse {
         .json()
 }
 
-fn events(b: &Value) -> &Vec<Value> {
-    b["events"].as_array().unwrap_or_else(|| panic!("no events array: {b}"))
+fn types(b: &EventList) -> Vec<&str> {
+    b.events.iter().map(|e| e.kind.as_str()).collect()
 }
 
-fn types(b: &Value) -> Vec<&str> {
-    events(b).iter().map(|e| e["type"].as_str().unwrap()).collect()
+fn ids(b: &EventList) -> Vec<i64> {
+    b.events.iter().map(|e| e.id).collect()
 }
 
-fn ids(b: &Value) -> Vec<i64> {
-    events(b).iter().map(|e| e["id"].as_i64().unwrap()).collect()
+/// A page with no events and the cursor `next_after`.
+fn empty(next_after: i64) -> EventList {
+    EventList { events: vec![], next_after }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -69,37 +70,41 @@ async fn events_come_in_id_order_with_the_contract_shape() {
     let second = app.claimed(CLIENT_A, "ci", None).await;
     app.release(CLIENT_A, &first.lease.lease_id).await.assert_ok(204);
 
-    let b = app.get(ADMIN, "/v1/events").await.assert_ok(200).clone();
-    let keys: HashSet<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
+    let r = app.get(ADMIN, "/v1/events").await;
+    let wire = r.assert_ok(200);
+    let keys: HashSet<&str> = wire.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(keys, HashSet::from(["events", "next_after"]));
-    assert_eq!(types(&b), vec!["VM_CLAIMED", "VM_CLAIMED", "VM_DELETED_ON_RELEASE"]);
-    let ids = ids(&b);
-    assert!(ids.windows(2).all(|w| w[0] < w[1]), "strictly increasing ids: {ids:?}");
-    assert_eq!(b["next_after"], json!(ids[2]), "next_after is the last id");
-
-    for e in events(&b) {
+    for e in wire["events"].as_array().unwrap() {
         let keys: HashSet<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(
             keys,
             HashSet::from(["id", "type", "pool", "vm_id", "lease_id", "created_at", "payload"]),
             "the contract's Event: {e}"
         );
-        assert_eq!(e["pool"], json!({"namespace": "default", "name": "ci"}));
-        assert!(e["payload"].is_object(), "{e}");
-        chrono::DateTime::parse_from_rfc3339(e["created_at"].as_str().unwrap()).expect("RFC 3339 created_at");
     }
-    let ev = events(&b);
+
+    // The typed read also parses each created_at as RFC 3339.
+    let b: EventList = r.json();
+    assert_eq!(types(&b), vec!["VM_CLAIMED", "VM_CLAIMED", "VM_DELETED_ON_RELEASE"]);
+    let ids = ids(&b);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "strictly increasing ids: {ids:?}");
+    assert_eq!(b.next_after, ids[2], "next_after is the last id");
+    for e in &b.events {
+        assert_eq!(e.pool, pool("ci"));
+        assert!(e.payload.is_object(), "{e:?}");
+    }
+    let ev = &b.events;
     for (e, claim) in [(&ev[0], &first), (&ev[1], &second), (&ev[2], &first)] {
-        assert_eq!(e["vm_id"], json!(claim.vm.id), "{e}");
-        assert_eq!(e["lease_id"], json!(claim.lease.lease_id), "{e}");
+        assert_eq!(e.vm_id.as_deref(), Some(claim.vm.id.as_str()), "{e:?}");
+        assert_eq!(e.lease_id.as_deref(), Some(claim.lease.lease_id.as_str()), "{e:?}");
     }
 }
 
 #[tokio::test]
 async fn an_empty_feed_has_no_events_and_keeps_the_cursor() {
     let app = TestApp::spawn().await;
-    assert_eq!(app.get(ADMIN, "/v1/events").await.assert_ok(200), &json!({"events": [], "next_after": 0}));
-    assert_eq!(app.get(ADMIN, "/v1/events?after=17").await.assert_ok(200), &json!({"events": [], "next_after": 17}));
+    assert_eq!(app.events("").await, empty(0));
+    assert_eq!(app.events("after=17").await, empty(17));
 }
 
 #[tokio::test]
@@ -109,9 +114,9 @@ async fn the_after_cursor_and_limit_page_through_the_feed() {
     app.seed_available("ci", 5).await;
     let mut leases = Vec::new();
     for _ in 0..5 {
-        leases.push(json!(app.claimed(CLIENT_A, "ci", None).await.lease.lease_id));
+        leases.push(Some(app.claimed(CLIENT_A, "ci", None).await.lease.lease_id));
     }
-    let all = ids(app.get(ADMIN, "/v1/events").await.assert_ok(200));
+    let all = ids(&app.events("").await);
     assert_eq!(all.len(), 5);
 
     let mut seen = Vec::new();
@@ -119,11 +124,11 @@ async fn the_after_cursor_and_limit_page_through_the_feed() {
     let mut after = 0;
     let mut pages = Vec::new();
     loop {
-        let b = app.get(ADMIN, &format!("/v1/events?after={after}&limit=2")).await.assert_ok(200).clone();
+        let b = app.events(&format!("after={after}&limit=2")).await;
         let page = ids(&b);
         pages.push(page.len());
-        seen_leases.extend(events(&b).iter().map(|e| e["lease_id"].clone()));
-        let next = b["next_after"].as_i64().unwrap();
+        seen_leases.extend(b.events.iter().map(|e| e.lease_id.clone()));
+        let next = b.next_after;
         if page.is_empty() {
             assert_eq!(next, after, "an empty page keeps the cursor");
             break;
@@ -138,8 +143,7 @@ async fn the_after_cursor_and_limit_page_through_the_feed() {
     assert_eq!(seen_leases, leases);
 
     // after = an id in the middle.
-    let b = app.get(ADMIN, &format!("/v1/events?after={}", all[2])).await.assert_ok(200).clone();
-    assert_eq!(ids(&b), all[3..]);
+    assert_eq!(ids(&app.events(&format!("after={}", all[2])).await), all[3..]);
 }
 
 #[tokio::test]
@@ -154,29 +158,28 @@ async fn namespace_and_pool_filter_the_feed() {
     let ci = claim_in(&app, "default", "ci").await;
     let other = claim_in(&app, "default", "other").await;
     let team = claim_in(&app, "team-a", "ci").await;
-    let lease = |c: &ClaimResponse| json!(c.lease.lease_id);
-    let leases = |b: &Value| events(b).iter().map(|e| e["lease_id"].clone()).collect::<Vec<_>>();
+    let lease = |c: &ClaimResponse| Some(c.lease.lease_id.clone());
+    let leases = |b: &EventList| b.events.iter().map(|e| e.lease_id.clone()).collect::<Vec<_>>();
 
-    let b = app.get(ADMIN, "/v1/events?namespace=default&pool=ci").await.assert_ok(200).clone();
+    let b = app.events("namespace=default&pool=ci").await;
     assert_eq!(leases(&b), vec![lease(&ci)]);
-    assert_eq!(events(&b)[0]["pool"], json!({"namespace": "default", "name": "ci"}));
+    assert_eq!(b.events[0].pool, pool("ci"));
 
-    let b = app.get(ADMIN, "/v1/events?namespace=team-a&pool=ci").await.assert_ok(200).clone();
+    let b = app.events("namespace=team-a&pool=ci").await;
     assert_eq!(leases(&b), vec![lease(&team)]);
-    assert_eq!(events(&b)[0]["pool"], json!({"namespace": "team-a", "name": "ci"}));
+    assert_eq!(b.events[0].pool, PoolRef { namespace: "team-a".into(), name: "ci".into() });
 
-    let b = app.get(ADMIN, "/v1/events?namespace=default").await.assert_ok(200).clone();
+    let b = app.events("namespace=default").await;
     assert_eq!(leases(&b), vec![lease(&ci), lease(&other)]);
 
-    let b = app.get(ADMIN, "/v1/events?namespace=team-a").await.assert_ok(200).clone();
+    let b = app.events("namespace=team-a").await;
     assert_eq!(leases(&b), vec![lease(&team)]);
     // next_after is the last returned event's id, even when others were filtered out.
-    assert_eq!(b["next_after"], events(&b)[0]["id"]);
+    assert_eq!(b.next_after, b.events[0].id);
 
-    let b = app.get(ADMIN, "/v1/events?namespace=nobody&pool=ci").await.assert_ok(200).clone();
-    assert_eq!(b, json!({"events": [], "next_after": 0}));
+    assert_eq!(app.events("namespace=nobody&pool=ci").await, empty(0));
 
-    assert_eq!(events(app.get(ADMIN, "/v1/events").await.assert_ok(200)).len(), 3);
+    assert_eq!(app.events("").await.events.len(), 3);
 }
 
 #[tokio::test]
@@ -191,10 +194,10 @@ async fn limit_and_wait_seconds_are_bounded() {
         assert_eq!(r.status.as_u16(), 400, "{q}: {}", r.body);
         r.assert_error(400, "INVALID_ARGUMENT");
     }
-    assert_eq!(events(app.get(ADMIN, "/v1/events?limit=1").await.assert_ok(200)).len(), 1);
-    assert_eq!(events(app.get(ADMIN, "/v1/events?limit=1000").await.assert_ok(200)).len(), 2);
+    assert_eq!(app.events("limit=1").await.events.len(), 1);
+    assert_eq!(app.events("limit=1000").await.events.len(), 2);
     // wait_seconds=20 is allowed; with events already there it answers at once.
-    assert_eq!(events(app.get(ADMIN, "/v1/events?wait_seconds=20").await.assert_ok(200)).len(), 2);
+    assert_eq!(app.events("wait_seconds=20").await.events.len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -202,23 +205,22 @@ async fn a_long_poll_returns_the_event_of_a_claim_made_while_it_waits() {
     let app = Arc::new(TestApp::spawn().await);
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
-    let cursor = app.get(ADMIN, "/v1/events").await.assert_ok(200)["next_after"].as_i64().unwrap();
+    let cursor = app.events("").await.next_after;
 
     let poll = {
         let app = app.clone();
-        tokio::spawn(async move { app.get(ADMIN, &format!("/v1/events?after={cursor}&wait_seconds=5")).await })
+        tokio::spawn(async move { app.events(&format!("after={cursor}&wait_seconds=5")).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let claim = app.claimed(CLIENT_A, "ci", None).await;
 
-    let r = poll.await.unwrap();
-    let b = r.assert_ok(200);
-    assert_eq!(types(b), vec!["VM_CLAIMED"], "{b}");
-    let e = &events(b)[0];
-    assert_eq!(e["lease_id"], json!(claim.lease.lease_id));
-    assert_eq!(e["vm_id"], json!(claim.vm.id));
-    assert_eq!(b["next_after"], e["id"]);
-    assert!(e["id"].as_i64().unwrap() > cursor);
+    let b = poll.await.unwrap();
+    assert_eq!(types(&b), vec!["VM_CLAIMED"], "{b:?}");
+    let e = &b.events[0];
+    assert_eq!(e.lease_id.as_deref(), Some(claim.lease.lease_id.as_str()));
+    assert_eq!(e.vm_id.as_deref(), Some(claim.vm.id.as_str()));
+    assert_eq!(b.next_after, e.id);
+    assert!(e.id > cursor);
 }
 
 #[tokio::test]
@@ -227,9 +229,8 @@ async fn a_long_poll_without_new_events_ends_empty_with_the_same_cursor() {
     app.create_pool("ci", 1).await;
     app.seed_available("ci", 1).await;
     app.claim(CLIENT_A, "ci", None).await.assert_ok(200);
-    let cursor = app.get(ADMIN, "/v1/events").await.assert_ok(200)["next_after"].as_i64().unwrap();
-    let b = app.get(ADMIN, &format!("/v1/events?after={cursor}&wait_seconds=1")).await.assert_ok(200).clone();
-    assert_eq!(b, json!({"events": [], "next_after": cursor}));
+    let cursor = app.events("").await.next_after;
+    assert_eq!(app.events(&format!("after={cursor}&wait_seconds=1")).await, empty(cursor));
 }
 
 #[tokio::test]

@@ -352,8 +352,8 @@ async fn hosts_that_cannot_exec_refuse_pools_with_hooks() {
         let r = app.post(ADMIN, "/v1/pools", hook_spec("ci", 1, &["setup"], &[], "QUARANTINE")).await;
         r.assert_error(400, "FAILED_PRECONDITION");
         assert!(r.body["error"]["message"].as_str().unwrap().contains(needle), "{}", r.body);
-        let host = app.get(ADMIN, &format!("/v1/hosts/{SIM_HOST}")).await;
-        assert!(host.assert_ok(200)["exec_unavailable_reason"].as_str().unwrap().contains(needle), "{}", host.body);
+        let host = app.get_host(SIM_HOST).await;
+        assert!(host.exec_unavailable_reason.as_deref().is_some_and(|r| r.contains(needle)), "{host:?}");
     }
     assert_eq!(app.scalar_i64("SELECT count(*) FROM pools").await, 0);
     // Without hooks the same host is fine; with a capable host the hooks are accepted.
@@ -362,7 +362,7 @@ async fn hosts_that_cannot_exec_refuse_pools_with_hooks() {
     app.sim.set_exec_enabled(true);
     app.sim.set_server_info("v0.15.2-3-gabc1234");
     app.post(ADMIN, "/v1/pools", hook_spec("ci", 1, &["setup"], &[], "QUARANTINE")).await.assert_ok(201);
-    let host = app.get(ADMIN, &format!("/v1/hosts/{SIM_HOST}")).await;
-    assert_eq!(host.assert_ok(200)["exec_unavailable_reason"], json!(null));
-    assert_eq!(host.body["flintlock_version"], json!("v0.15.2-3-gabc1234"));
+    let host = app.get_host(SIM_HOST).await;
+    assert_eq!(host.exec_unavailable_reason, None);
+    assert_eq!(host.flintlock_version.as_deref(), Some("v0.15.2-3-gabc1234"));
 }

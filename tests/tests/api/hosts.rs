@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use axum::http::Method;
+use poolmgr_core::api::{self, HostTlsView};
 use poolmgr_core::domain::Phase;
 use poolmgr_tests::*;
 use serde_json::{Value, json};
@@ -63,9 +64,9 @@ fn assert_no_secrets(body: &Value) {
     assert!(!text.contains(KEY_MARKER), "key_pem leaked: {text}");
 }
 
-fn rfc3339(v: &Value) -> chrono::DateTime<chrono::FixedOffset> {
-    chrono::DateTime::parse_from_rfc3339(v.as_str().unwrap_or_else(|| panic!("not a timestamp: {v}")))
-        .unwrap_or_else(|e| panic!("{v}: {e}"))
+/// The `tls` of a host without TLS.
+fn plaintext() -> HostTlsView {
+    HostTlsView { insecure: true, ca_pem: None, cert_pem: None, key_pem: None }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -75,10 +76,10 @@ fn rfc3339(v: &Value) -> chrono::DateTime<chrono::FixedOffset> {
 #[tokio::test]
 async fn create_returns_201_with_the_full_host_shape() {
     let app = TestApp::spawn().await;
-    let b = app.post(ADMIN, "/v1/hosts", plain_host("host-a", "10.0.0.5:9090")).await.assert_ok(201).clone();
+    let r = app.post(ADMIN, "/v1/hosts", plain_host("host-a", "10.0.0.5:9090")).await;
     assert_eq!(
-        b,
-        json!({
+        r.assert_ok(201),
+        &json!({
             "name": "host-a",
             "address": "10.0.0.5:9090",
             "tls": {"insecure": true, "ca_pem": null, "cert_pem": null, "key_pem": null},
@@ -91,28 +92,30 @@ async fn create_returns_201_with_the_full_host_shape() {
             "exec_unavailable_reason": null
         })
     );
-    assert_eq!(app.get(ADMIN, "/v1/hosts/host-a").await.assert_ok(200), &b);
+    assert_eq!(app.get_host("host-a").await, r.json::<api::Host>());
 }
 
 #[tokio::test]
 async fn create_without_tls_means_a_plaintext_host() {
     let app = TestApp::spawn().await;
-    let b = app.post(ADMIN, "/v1/hosts", json!({"name": "host-a", "address": "flint.example:9090"})).await;
-    assert_eq!(b.assert_ok(201)["tls"], json!({"insecure": true, "ca_pem": null, "cert_pem": null, "key_pem": null}));
+    let b = app.created_host(json!({"name": "host-a", "address": "flint.example:9090"})).await;
+    assert_eq!(b.tls, plaintext());
 }
 
 #[tokio::test]
 async fn secrets_are_stored_but_never_returned_by_any_route() {
     let app = TestApp::spawn().await;
+    // Each body is searched for the secrets as text, then read typed (which also checks the
+    // write-only fields are on the wire, as null).
     let created = app.post(ADMIN, "/v1/hosts", tls_host("host-a", "10.0.0.5:9090")).await;
-    let b = created.assert_ok(201).clone();
-    assert_no_secrets(&b);
-    assert_eq!(b["basic_auth_token"], Value::Null);
-    assert_eq!(b["tls"]["insecure"], json!(false));
-    assert_eq!(b["tls"]["key_pem"], Value::Null);
+    assert_no_secrets(created.assert_ok(201));
+    let b: api::Host = created.json();
+    assert_eq!(b.basic_auth_token, None);
+    assert!(!b.tls.insecure);
+    assert_eq!(b.tls.key_pem, None);
     // The public parts stay visible.
-    assert_eq!(b["tls"]["ca_pem"], json!(CA_PEM));
-    assert_eq!(b["tls"]["cert_pem"], json!(CERT_PEM));
+    assert_eq!(b.tls.ca_pem.as_deref(), Some(CA_PEM));
+    assert_eq!(b.tls.cert_pem.as_deref(), Some(CERT_PEM));
 
     // Stored, so flintlock calls can use them.
     let row = host_row(&app, "host-a").await.unwrap();
@@ -122,11 +125,12 @@ async fn secrets_are_stored_but_never_returned_by_any_route() {
     assert_no_secrets(app.get(ADMIN, "/v1/hosts/host-a").await.assert_ok(200));
     let list = app.get(ADMIN, "/v1/hosts").await;
     assert_no_secrets(list.assert_ok(200));
-    assert_eq!(list.body["hosts"].as_array().unwrap().len(), 2);
+    assert_eq!(list.json::<api::HostList>().hosts.len(), 2);
     let updated = app.put(ADMIN, "/v1/hosts/host-a", tls_host("host-a", "10.0.0.6:9090")).await;
     assert_no_secrets(updated.assert_ok(200));
-    assert_eq!(updated.body["basic_auth_token"], Value::Null);
-    assert_eq!(updated.body["tls"]["key_pem"], Value::Null);
+    let u: api::Host = updated.json();
+    assert_eq!(u.basic_auth_token, None);
+    assert_eq!(u.tls.key_pem, None);
     let cordoned = app.post(ADMIN, "/v1/hosts/host-a/cordon", json!({"reason": "r"})).await;
     assert_no_secrets(cordoned.assert_ok(200));
     assert_no_secrets(app.post(ADMIN, "/v1/hosts/host-a/uncordon", json!({})).await.assert_ok(200));
@@ -225,10 +229,10 @@ async fn list_is_ordered_by_name() {
     for name in ["zeta", "alpha", "mid", "alpha-2"] {
         app.post(ADMIN, "/v1/hosts", plain_host(name, "10.0.0.5:9090")).await.assert_ok(201);
     }
-    let b = app.get(ADMIN, "/v1/hosts").await.assert_ok(200).clone();
-    let names: Vec<&str> = b["hosts"].as_array().unwrap().iter().map(|h| h["name"].as_str().unwrap()).collect();
+    let hosts = app.list_hosts().await;
+    let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
     assert_eq!(names, ["alpha", "alpha-2", "mid", SIM_HOST, "zeta"]);
-    assert_eq!(b["hosts"][0], app.get(ADMIN, "/v1/hosts/alpha").await.body, "list items are Host objects");
+    assert_eq!(hosts[0], app.get_host("alpha").await, "list items are Host objects");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -239,24 +243,23 @@ async fn list_is_ordered_by_name() {
 async fn put_replaces_address_and_tls_and_keeps_the_cordon() {
     let app = TestApp::spawn().await;
     app.post(ADMIN, "/v1/hosts", tls_host("host-a", "10.0.0.5:9090")).await.assert_ok(201);
-    let cordoned = app.post(ADMIN, "/v1/hosts/host-a/cordon", json!({"reason": "disk swap"})).await;
-    let cordoned_at = cordoned.assert_ok(200)["cordoned_at"].clone();
+    let cordoned_at = app.cordoned("host-a", Some(json!({"reason": "disk swap"}))).await.cordoned_at;
 
     // Name omitted from the body: the path names the host.
-    let b = app.put(ADMIN, "/v1/hosts/host-a", json!({"address": "10.0.0.6:9091"})).await.assert_ok(200).clone();
-    assert_eq!(b["name"], json!("host-a"));
-    assert_eq!(b["address"], json!("10.0.0.6:9091"));
-    assert_eq!(b["tls"], json!({"insecure": true, "ca_pem": null, "cert_pem": null, "key_pem": null}));
-    assert_eq!(b["cordoned"], json!(true));
-    assert_eq!(b["cordoned_reason"], json!("disk swap"));
-    assert_eq!(b["cordoned_at"], cordoned_at);
-    assert_eq!(b["vm_count"], json!(0));
-    assert_eq!(app.get(ADMIN, "/v1/hosts/host-a").await.assert_ok(200), &b);
+    let b = app.updated_host("host-a", json!({"address": "10.0.0.6:9091"})).await;
+    assert_eq!(b.name, "host-a");
+    assert_eq!(b.address, "10.0.0.6:9091");
+    assert_eq!(b.tls, plaintext());
+    assert!(b.cordoned);
+    assert_eq!(b.cordoned_reason.as_deref(), Some("disk swap"));
+    assert_eq!(b.cordoned_at, cordoned_at);
+    assert_eq!(b.vm_count, 0);
+    assert_eq!(app.get_host("host-a").await, b);
 
     // Name in the body and matching: fine.
-    let b = app.put(ADMIN, "/v1/hosts/host-a", plain_host("host-a", "10.0.0.7:9092")).await.assert_ok(200).clone();
-    assert_eq!(b["address"], json!("10.0.0.7:9092"));
-    assert_eq!(b["cordoned"], json!(true));
+    let b = app.updated_host("host-a", plain_host("host-a", "10.0.0.7:9092")).await;
+    assert_eq!(b.address, "10.0.0.7:9092");
+    assert!(b.cordoned);
     assert_eq!(app.scalar_i64("SELECT count(*) FROM hosts").await, 2);
 }
 
@@ -308,39 +311,38 @@ async fn put_of_an_unknown_host_is_not_found_and_creates_nothing() {
 async fn cordon_sets_reason_and_time_and_is_idempotent() {
     let app = TestApp::spawn().await;
     let t0 = chrono::Utc::now() - chrono::Duration::seconds(1);
-    let b = app.post(ADMIN, "/v1/hosts/sim/cordon", json!({"reason": "kernel upgrade"})).await.assert_ok(200).clone();
-    assert_eq!(b["name"], json!(SIM_HOST));
-    assert_eq!(b["cordoned"], json!(true));
-    assert_eq!(b["cordoned_reason"], json!("kernel upgrade"));
-    let first_at = rfc3339(&b["cordoned_at"]);
+    let b = app.cordoned(SIM_HOST, Some(json!({"reason": "kernel upgrade"}))).await;
+    assert_eq!(b.name, SIM_HOST);
+    assert!(b.cordoned);
+    assert_eq!(b.cordoned_reason.as_deref(), Some("kernel upgrade"));
+    let first_at = b.cordoned_at.unwrap_or_else(|| panic!("no cordoned_at: {b:?}"));
     assert!(first_at >= t0, "cordoned_at is now: {first_at}");
-    assert_eq!(app.get(ADMIN, "/v1/hosts/sim").await.assert_ok(200), &b);
+    assert_eq!(app.get_host(SIM_HOST).await, b);
 
     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     // Again, with a new reason: still cordoned, the reason is replaced.
-    let again = app.post(ADMIN, "/v1/hosts/sim/cordon", json!({"reason": "disk swap"})).await.assert_ok(200).clone();
-    assert_eq!(again["cordoned"], json!(true));
-    assert_eq!(again["cordoned_reason"], json!("disk swap"));
-    assert!(rfc3339(&again["cordoned_at"]) >= first_at);
+    let again = app.cordoned(SIM_HOST, Some(json!({"reason": "disk swap"}))).await;
+    assert!(again.cordoned);
+    assert_eq!(again.cordoned_reason.as_deref(), Some("disk swap"));
+    assert!(again.cordoned_at.unwrap_or_else(|| panic!("no cordoned_at: {again:?}")) >= first_at);
     // Everything else is untouched.
-    assert_eq!(again["address"], b["address"]);
-    assert_eq!(again["tls"], b["tls"]);
+    assert_eq!(again.address, b.address);
+    assert_eq!(again.tls, b.tls);
     assert_eq!(app.scalar_i64("SELECT count(*) FROM hosts WHERE cordoned").await, 1);
 }
 
 #[tokio::test]
 async fn cordon_with_an_empty_body_cordons_without_a_reason() {
     let app = TestApp::spawn().await;
-    let r = app.request(Method::POST, "/v1/hosts/sim/cordon", Some(ADMIN), None, &[]).await;
-    let b = r.assert_ok(200).clone();
-    assert_eq!(b["cordoned"], json!(true));
+    let b = app.cordoned(SIM_HOST, None).await;
+    assert!(b.cordoned);
     // No reason given: none recorded (the contract does not say null or "", both mean none).
-    assert!(b["cordoned_reason"].is_null() || b["cordoned_reason"] == json!(""), "{b}");
-    rfc3339(&b["cordoned_at"]);
+    assert!(matches!(b.cordoned_reason.as_deref(), None | Some("")), "{b:?}");
+    assert!(b.cordoned_at.is_some(), "{b:?}");
     // `{}` is the same thing.
-    let b = app.post(ADMIN, "/v1/hosts/sim/cordon", json!({})).await.assert_ok(200).clone();
-    assert_eq!(b["cordoned"], json!(true));
-    assert!(b["cordoned_reason"].is_null() || b["cordoned_reason"] == json!(""), "{b}");
+    let b = app.cordoned(SIM_HOST, Some(json!({}))).await;
+    assert!(b.cordoned);
+    assert!(matches!(b.cordoned_reason.as_deref(), None | Some("")), "{b:?}");
 }
 
 #[tokio::test]
@@ -357,14 +359,13 @@ async fn cordon_with_a_bad_body_is_invalid_argument_and_changes_nothing() {
 async fn uncordon_clears_reason_and_time() {
     let app = TestApp::spawn().await;
     app.post(ADMIN, "/v1/hosts/sim/cordon", json!({"reason": "kernel upgrade"})).await.assert_ok(200);
-    let b = app.request(Method::POST, "/v1/hosts/sim/uncordon", Some(ADMIN), None, &[]).await.assert_ok(200).clone();
-    assert_eq!(b["cordoned"], json!(false));
-    assert_eq!(b["cordoned_reason"], Value::Null);
-    assert_eq!(b["cordoned_at"], Value::Null);
-    assert_eq!(app.get(ADMIN, "/v1/hosts/sim").await.assert_ok(200), &b);
+    let b = app.uncordoned(SIM_HOST).await;
+    assert!(!b.cordoned);
+    assert_eq!(b.cordoned_reason, None);
+    assert_eq!(b.cordoned_at, None);
+    assert_eq!(app.get_host(SIM_HOST).await, b);
     // Idempotent.
-    let again = app.request(Method::POST, "/v1/hosts/sim/uncordon", Some(ADMIN), None, &[]).await;
-    assert_eq!(again.assert_ok(200), &b);
+    assert_eq!(app.uncordoned(SIM_HOST).await, b);
     let row = host_row(&app, SIM_HOST).await.unwrap();
     assert_eq!((row["cordoned"].clone(), row["cordoned_reason"].clone()), (json!(false), Value::Null));
 }
@@ -465,25 +466,18 @@ async fn vm_count_reflects_the_vm_rows_on_the_host() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 3).await;
     app.create_pool("web", 3).await;
-    assert_eq!(app.get(ADMIN, "/v1/hosts/sim").await.assert_ok(200)["vm_count"], json!(0));
+    assert_eq!(app.get_host(SIM_HOST).await.vm_count, 0);
     app.seed_vm("ci", Phase::Available).await;
     app.seed_vm("ci", Phase::Deleting).await;
     app.seed_vm("web", Phase::Quarantined).await;
     app.post(ADMIN, "/v1/hosts", plain_host("host-a", "10.0.0.5:9090")).await.assert_ok(201);
 
-    assert_eq!(app.get(ADMIN, "/v1/hosts/sim").await.assert_ok(200)["vm_count"], json!(3));
-    let list = app.get(ADMIN, "/v1/hosts").await.assert_ok(200).clone();
-    let counts: Vec<(String, i64)> = list["hosts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| (h["name"].as_str().unwrap().to_owned(), h["vm_count"].as_i64().unwrap()))
-        .collect();
+    assert_eq!(app.get_host(SIM_HOST).await.vm_count, 3);
+    let counts: Vec<(String, i64)> = app.list_hosts().await.into_iter().map(|h| (h.name, h.vm_count)).collect();
     assert_eq!(counts, [("host-a".to_owned(), 0), (SIM_HOST.to_owned(), 3)]);
-    let cordoned = app.post(ADMIN, "/v1/hosts/sim/cordon", json!({"reason": "x"})).await;
-    assert_eq!(cordoned.assert_ok(200)["vm_count"], json!(3));
-    let updated = app.put(ADMIN, "/v1/hosts/sim", json!({"address": app.sim_server.addr.to_string()})).await;
-    assert_eq!(updated.assert_ok(200)["vm_count"], json!(3));
+    assert_eq!(app.cordoned(SIM_HOST, Some(json!({"reason": "x"}))).await.vm_count, 3);
+    let updated = app.updated_host(SIM_HOST, json!({"address": app.sim_server.addr.to_string()})).await;
+    assert_eq!(updated.vm_count, 3);
 }
 
 /// A pool create naming host X and a removal of X, released together, never both succeed:
@@ -578,11 +572,9 @@ async fn client_tokens_are_refused_on_every_host_and_vm_route() {
 // VMs
 // ---------------------------------------------------------------------------------------
 
-fn vm_ids(body: &Value) -> Vec<String> {
-    let mut ids: Vec<String> =
-        body["vms"].as_array().unwrap().iter().map(|v| v["id"].as_str().unwrap().to_owned()).collect();
-    ids.sort();
-    ids
+/// The ids of `GET /v1/vms?{query}`, sorted.
+async fn vm_ids(app: &TestApp, query: &str) -> Vec<String> {
+    sorted(app.list_vms(query).await.into_iter().map(|v| v.id).collect())
 }
 
 fn sorted(mut ids: Vec<String>) -> Vec<String> {
@@ -594,35 +586,35 @@ fn sorted(mut ids: Vec<String>) -> Vec<String> {
 async fn vm_list_returns_vm_records() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
-    let b = app.get(ADMIN, "/v1/vms").await.assert_ok(200).clone();
-    assert_eq!(b, json!({"vms": []}));
+    // The typed read checks the body is exactly {"vms": []}.
+    assert_eq!(app.list_vms("").await, []);
 
     let vm = app.seed_vm("ci", Phase::Available).await;
-    let b = app.get(ADMIN, "/v1/vms").await.assert_ok(200).clone();
-    let list = b["vms"].as_array().unwrap();
-    assert_eq!(list.len(), 1);
-    let rec = &list[0];
-    let mut keys: Vec<&str> = rec.as_object().unwrap().keys().map(String::as_str).collect();
+    let r = app.get(ADMIN, "/v1/vms").await;
+    let wire = r.assert_ok(200)["vms"].as_array().unwrap();
+    assert_eq!(wire.len(), 1);
+    let mut keys: Vec<&str> = wire[0].as_object().unwrap().keys().map(String::as_str).collect();
     keys.sort();
     assert_eq!(
         keys,
         ["created_at", "flintlock_host", "id", "lease_id", "network_interfaces", "phase", "pool", "uid", "updated_at"]
     );
-    assert_eq!(rec["id"], json!(vm.id));
-    assert_eq!(rec["uid"], json!(vm.uid.clone().unwrap()));
-    assert_eq!(rec["pool"], json!({"namespace": "default", "name": "ci"}));
-    assert_eq!(rec["flintlock_host"], json!(SIM_HOST));
-    assert_eq!(rec["phase"], json!("AVAILABLE"));
-    assert_eq!(rec["lease_id"], Value::Null);
-    assert_eq!(rec["network_interfaces"]["eth1"]["index"], json!(7));
-    rfc3339(&rec["created_at"]);
-    rfc3339(&rec["updated_at"]);
+    // The typed read also parses created_at and updated_at as RFC 3339.
+    let list = r.json::<api::VmList>().vms;
+    let rec = &list[0];
+    assert_eq!(rec.id, vm.id);
+    assert_eq!(rec.uid.as_deref(), Some(vm.uid.as_deref().unwrap()));
+    assert_eq!(rec.pool, pool("ci"));
+    assert_eq!(rec.flintlock_host, SIM_HOST);
+    assert_eq!(rec.phase, Phase::Available);
+    assert_eq!(rec.lease_id, None);
+    assert_eq!(rec.network_interfaces["eth1"]["index"], json!(7));
 
     // A claimed VM carries its lease id.
     let claim = app.claimed(CLIENT_A, "ci", None).await;
-    let rec = app.get(ADMIN, &format!("/v1/vms/{}", vm.id)).await.assert_ok(200).clone();
-    assert_eq!(rec["phase"], json!("LEASED"));
-    assert_eq!(rec["lease_id"], json!(claim.lease.lease_id));
+    let rec = app.get_vm(&vm.id).await;
+    assert_eq!(rec.phase, Phase::Leased);
+    assert_eq!(rec.lease_id, Some(claim.lease.lease_id));
 }
 
 #[tokio::test]
@@ -642,28 +634,19 @@ async fn vm_list_filters_by_namespace_pool_and_phase() {
     app.conn().await.execute("UPDATE vms SET pool_namespace = 'team-b' WHERE id = $1", &[&tb.id]).await.unwrap();
 
     let all = sorted(vec![ci_a.id.clone(), ci_q.id.clone(), web_a.id.clone(), tb.id.clone()]);
-    assert_eq!(vm_ids(app.get(ADMIN, "/v1/vms").await.assert_ok(200)), all);
+    assert_eq!(vm_ids(&app, "").await, all);
     assert_eq!(
-        vm_ids(app.get(ADMIN, "/v1/vms?namespace=default").await.assert_ok(200)),
+        vm_ids(&app, "namespace=default").await,
         sorted(vec![ci_a.id.clone(), ci_q.id.clone(), web_a.id.clone()])
     );
-    assert_eq!(vm_ids(app.get(ADMIN, "/v1/vms?namespace=team-b").await.assert_ok(200)), vec![tb.id.clone()]);
-    assert_eq!(
-        vm_ids(app.get(ADMIN, "/v1/vms?namespace=default&pool=ci").await.assert_ok(200)),
-        sorted(vec![ci_a.id.clone(), ci_q.id.clone()])
-    );
-    assert_eq!(
-        vm_ids(app.get(ADMIN, "/v1/vms?namespace=default&pool=ci&phase=QUARANTINED").await.assert_ok(200)),
-        vec![ci_q.id.clone()]
-    );
-    assert_eq!(
-        vm_ids(app.get(ADMIN, "/v1/vms?phase=AVAILABLE").await.assert_ok(200)),
-        sorted(vec![ci_a.id.clone(), web_a.id.clone(), tb.id.clone()])
-    );
-    assert_eq!(vm_ids(app.get(ADMIN, "/v1/vms?phase=LEASED").await.assert_ok(200)), Vec::<String>::new());
-    assert_eq!(vm_ids(app.get(ADMIN, "/v1/vms?namespace=nope").await.assert_ok(200)), Vec::<String>::new());
+    assert_eq!(vm_ids(&app, "namespace=team-b").await, vec![tb.id.clone()]);
+    assert_eq!(vm_ids(&app, "namespace=default&pool=ci").await, sorted(vec![ci_a.id.clone(), ci_q.id.clone()]));
+    assert_eq!(vm_ids(&app, "namespace=default&pool=ci&phase=QUARANTINED").await, vec![ci_q.id.clone()]);
+    assert_eq!(vm_ids(&app, "phase=AVAILABLE").await, sorted(vec![ci_a.id.clone(), web_a.id.clone(), tb.id.clone()]));
+    assert_eq!(vm_ids(&app, "phase=LEASED").await, Vec::<String>::new());
+    assert_eq!(vm_ids(&app, "namespace=nope").await, Vec::<String>::new());
     // Empty values mean "no filter".
-    assert_eq!(vm_ids(app.get(ADMIN, "/v1/vms?namespace=&pool=&phase=").await.assert_ok(200)), all);
+    assert_eq!(vm_ids(&app, "namespace=&pool=&phase=").await, all);
 }
 
 #[tokio::test]
@@ -683,11 +666,10 @@ async fn vm_get_returns_the_record_or_not_found() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     let vm = app.seed_vm("ci", Phase::Provisioning).await;
-    let rec = app.get(ADMIN, &format!("/v1/vms/{}", vm.id)).await.assert_ok(200).clone();
-    assert_eq!(rec["id"], json!(vm.id));
-    assert_eq!(rec["phase"], json!("PROVISIONING"));
-    assert_eq!(rec["pool"], json!({"namespace": "default", "name": "ci"}));
-    let listed = app.get(ADMIN, "/v1/vms").await.assert_ok(200).clone();
-    assert_eq!(listed["vms"][0], rec, "GET one and the list give the same record");
+    let rec = app.get_vm(&vm.id).await;
+    assert_eq!(rec.id, vm.id);
+    assert_eq!(rec.phase, Phase::Provisioning);
+    assert_eq!(rec.pool, pool("ci"));
+    assert_eq!(app.list_vms("").await[0], rec, "GET one and the list give the same record");
     app.get(ADMIN, "/v1/vms/ci-nope").await.assert_error(404, "NOT_FOUND");
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::DateTime;
 use flintlock_proto::types::micro_vm_status::MicroVmState;
-use poolmgr_core::api::{ClaimResponse, LeaseRecord};
+use poolmgr_core::api::{ClaimResponse, HeartbeatResponse, LeaseRecord};
 use poolmgr_core::domain::Phase;
 use poolmgr_core::store;
 use poolmgr_tests::*;
@@ -153,8 +153,7 @@ async fn heartbeat_extends_the_lease_by_the_pools_current_expiry() {
     // UpdatePool changes the expiry: the next heartbeat uses the new value.
     let mut spec = pool_spec("ci", 1);
     spec["heartbeat_expiry_seconds"] = json!(600);
-    let p = app.put(ADMIN, "/v1/pools/default/ci", spec).await.assert_ok(200).clone();
-    assert_eq!(p["spec"]["heartbeat_expiry_seconds"], json!(600));
+    assert_eq!(app.updated_pool("ci", spec).await.spec.heartbeat_expiry_seconds, 600);
     // The update alone does not touch the lease.
     assert_eq!(expires_at_in_db(&app, &lease_id).await, l.expires_at);
 
@@ -420,8 +419,8 @@ async fn list_leases_is_ordered_by_lease_id_and_filters_by_pool() {
     assert_eq!(next, "");
 
     // An unknown pool has no leases.
-    let b = app.get(ADMIN, "/v1/leases?namespace=default&pool=nope").await.assert_ok(200).clone();
-    assert_eq!(b, json!({"leases": [], "next_page_token": ""}));
+    // The typed read checks the body is exactly {"leases": [], "next_page_token": ""}.
+    assert_eq!(app.list_leases(ADMIN, "namespace=default&pool=nope").await, (vec![], String::new()));
     // Empty values are the same as absent.
     assert_eq!(app.list_leases(ADMIN, "namespace=&pool=").await.0.len(), 5);
 }
@@ -608,7 +607,7 @@ async fn heartbeats_racing_a_release_never_fail_and_the_lease_ends() {
     for t in heartbeats {
         let r = t.await.unwrap();
         match r.status.as_u16() {
-            200 => assert_eq!(r.json_at::<LeaseRecord>("/lease").lease_id, lease_id, "{}", r.body),
+            200 => assert_eq!(r.json::<HeartbeatResponse>().lease.lease_id, lease_id, "{}", r.body),
             404 => assert_eq!(r.body["error"]["status"], json!("NOT_FOUND"), "{}", r.body),
             other => panic!("unexpected {other}: {}", r.body),
         }

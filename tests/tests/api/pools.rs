@@ -6,14 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use flintlock_proto::types::micro_vm_status::MicroVmState;
-use poolmgr_core::api::ClaimResponse;
-use poolmgr_core::domain::Phase;
+use poolmgr_core::api::{self, ClaimResponse};
+use poolmgr_core::domain::{HookFailurePolicy, Phase, PoolSpec, Replenishment, Strategy};
+use poolmgr_core::store::PoolStatus;
+use poolmgr_core::template::{IfaceType, NetworkInterface};
 use poolmgr_tests::*;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
-fn zero_status() -> Value {
-    json!({"available": 0, "claiming": 0, "leased": 0, "provisioning": 0, "quarantined": 0, "deleting": 0})
+fn zero_status() -> PoolStatus {
+    PoolStatus { available: 0, claiming: 0, leased: 0, provisioning: 0, quarantined: 0, deleting: 0 }
 }
 
 fn releases_metric(pool: &str, reason: &str) -> String {
@@ -69,28 +71,34 @@ async fn create_returns_201_with_zero_status_and_defaults_filled_in() {
         "microvm_template": template(),
     });
     let r = app.post(ADMIN, "/v1/pools", minimal).await;
-    let b = r.assert_ok(201).clone();
+    let b = r.assert_ok(201);
     let keys: HashSet<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(keys, HashSet::from(["spec", "status", "created_at", "updated_at"]), "{b}");
-    assert_eq!(b["status"], zero_status());
-    let s = &b["spec"];
-    assert_eq!(s["namespace"], json!("default"));
-    assert_eq!(s["name"], json!("ci"));
-    assert_eq!(s["size"], json!(3));
-    assert_eq!(s["flintlock_hosts"], json!([SIM_HOST]));
-    assert_eq!(s["replenishment"]["strategy"], json!("REPLACE_ON_DELETE"));
-    assert_eq!(s["hook_failure_policy"], json!("DELETE_AND_REPLACE"));
-    assert_eq!(s["heartbeat_interval_seconds"], json!(30));
-    assert_eq!(s["heartbeat_expiry_seconds"], json!(120));
-    assert_eq!(s["create_commands"], json!([]));
-    assert_eq!(s["pre_lease_commands"], json!([]));
-    assert_eq!(s["microvm_template"]["interfaces"], json!([{"device_id": "eth1", "type": "TAP"}]));
-    assert_eq!(s["microvm_template"]["kernel"]["image"], json!("ghcr.io/liquidmetal-dev/kernel:6.1"));
-    for f in ["created_at", "updated_at"] {
-        chrono::DateTime::parse_from_rfc3339(b[f].as_str().unwrap()).unwrap_or_else(|e| panic!("{f}: {e}"));
-    }
+    // The typed read also parses created_at and updated_at as RFC 3339 and checks that the
+    // defaulted lists are on the wire (`[]`, not absent).
+    let p: api::Pool = r.json();
+    assert_eq!(p.status, zero_status());
+    let s = &p.spec;
+    assert_eq!(s.namespace, "default");
+    assert_eq!(s.name, "ci");
+    assert_eq!(s.size, 3);
+    assert_eq!(s.flintlock_hosts, [SIM_HOST]);
+    assert_eq!(s.replenishment.strategy, Strategy::ReplaceOnDelete);
+    assert_eq!(s.hook_failure_policy, HookFailurePolicy::DeleteAndReplace);
+    assert_eq!(s.heartbeat_interval_seconds, 30);
+    assert_eq!(s.heartbeat_expiry_seconds, 120);
+    assert_eq!(s.create_commands, Vec::<String>::new());
+    assert_eq!(s.pre_lease_commands, Vec::<String>::new());
+    assert_eq!(
+        s.microvm_template.interfaces,
+        [NetworkInterface { device_id: "eth1".into(), kind: IfaceType::Tap, ..Default::default() }]
+    );
+    assert_eq!(
+        s.microvm_template.kernel.as_ref().map(|k| k.image.as_str()),
+        Some("ghcr.io/liquidmetal-dev/kernel:6.1")
+    );
     // Stored as returned.
-    assert_eq!(app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200), &b);
+    assert_eq!(app.get_pool("ci").await, p);
     assert_eq!(pool_rows(&app).await, 1);
     // No VM exists until the reconciler provisions.
     assert_eq!(app.scalar_i64("SELECT count(*) FROM vms").await, 0);
@@ -113,21 +121,10 @@ async fn create_keeps_every_given_field() {
         "heartbeat_interval_seconds": 10,
         "heartbeat_expiry_seconds": 10
     });
-    let b = app.post(ADMIN, "/v1/pools", spec.clone()).await.assert_ok(201).clone();
-    for k in [
-        "namespace",
-        "name",
-        "size",
-        "flintlock_hosts",
-        "replenishment",
-        "create_commands",
-        "pre_lease_commands",
-        "hook_failure_policy",
-        "heartbeat_interval_seconds",
-        "heartbeat_expiry_seconds",
-    ] {
-        assert_eq!(b["spec"][k], spec[k], "{k}");
-    }
+    let given: PoolSpec = serde_json::from_value(spec.clone()).unwrap();
+    let b = app.created_pool(spec).await;
+    // Every field but the template comes back as given.
+    assert_eq!(PoolSpec { microvm_template: given.microvm_template.clone(), ..b.spec }, given);
     app.get(ADMIN, "/v1/pools/team-a/big").await.assert_ok(200);
     app.get(ADMIN, "/v1/pools/default/big").await.assert_error(404, "NOT_FOUND");
 }
@@ -137,7 +134,7 @@ async fn create_of_an_existing_pool_is_already_exists_and_changes_nothing() {
     let app = TestApp::spawn().await;
     let first = app.create_pool("ci", 3).await;
     app.post(ADMIN, "/v1/pools", pool_spec("ci", 7)).await.assert_error(409, "ALREADY_EXISTS");
-    assert_eq!(app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200), &first);
+    assert_eq!(app.get_pool("ci").await, first);
     // The same name in another namespace is another pool.
     let mut other_ns = pool_spec("ci", 1);
     other_ns["namespace"] = json!("team-a");
@@ -246,7 +243,7 @@ async fn invalid_pool_specs_are_invalid_argument_on_update_and_change_nothing() 
         assert_eq!(r.status.as_u16(), 400, "{case}: {}", r.body);
         assert_eq!(r.error_status(), "INVALID_ARGUMENT", "{case}: {}", r.body);
     }
-    assert_eq!(app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200), &before);
+    assert_eq!(app.get_pool("ci").await, before);
 }
 
 #[tokio::test]
@@ -280,9 +277,8 @@ async fn boundary_values_are_accepted() {
     cases.push(s);
     let n = cases.len() as i64;
     for spec in cases {
-        let name = spec["name"].clone();
-        let b = app.post(ADMIN, "/v1/pools", spec).await.assert_ok(201).clone();
-        assert_eq!(b["spec"]["name"], name);
+        let name = spec["name"].as_str().unwrap().to_owned();
+        assert_eq!(app.created_pool(spec).await.spec.name, name);
     }
     assert_eq!(pool_rows(&app).await, n);
 }
@@ -300,7 +296,7 @@ async fn pool_on_an_unregistered_host_is_failed_precondition() {
     // The same on update.
     let before = app.create_pool("ci", 1).await;
     app.put(ADMIN, "/v1/pools/default/ci", spec).await.assert_error(400, "FAILED_PRECONDITION");
-    assert_eq!(app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200), &before);
+    assert_eq!(app.get_pool("ci").await, before);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -311,7 +307,7 @@ async fn pool_on_an_unregistered_host_is_failed_precondition() {
 async fn get_pool_is_200_for_a_known_pool_and_404_otherwise() {
     let app = TestApp::spawn().await;
     let created = app.create_pool("ci", 2).await;
-    assert_eq!(app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200), &created);
+    assert_eq!(app.get_pool("ci").await, created);
     app.get(ADMIN, "/v1/pools/default/nope").await.assert_error(404, "NOT_FOUND");
     app.get(ADMIN, "/v1/pools/other/ci").await.assert_error(404, "NOT_FOUND");
 }
@@ -325,32 +321,27 @@ async fn list_pools_returns_all_or_one_namespace() {
     team["namespace"] = json!("team-a");
     app.post(ADMIN, "/v1/pools", team).await.assert_ok(201);
 
-    let names = |b: &Value| -> HashSet<String> {
-        b["pools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| format!("{}/{}", p["spec"]["namespace"].as_str().unwrap(), p["spec"]["name"].as_str().unwrap()))
-            .collect()
-    };
-    let all = app.get(ADMIN, "/v1/pools").await.assert_ok(200).clone();
+    let names =
+        |pools: &[api::Pool]| -> HashSet<String> { pools.iter().map(|p| p.spec.pool_ref().to_string()).collect() };
+    let all = app.list_pools("").await;
     assert_eq!(names(&all), HashSet::from(["default/ci".into(), "default/build".into(), "team-a/ci".into()]));
-    assert_eq!(all["pools"].as_array().unwrap().len(), 3);
-    for p in all["pools"].as_array().unwrap() {
-        assert_eq!(p["status"], zero_status());
+    assert_eq!(all.len(), 3);
+    for p in &all {
+        assert_eq!(p.status, zero_status());
     }
-    let team = app.get(ADMIN, "/v1/pools?namespace=team-a").await.assert_ok(200).clone();
+    let team = app.list_pools("namespace=team-a").await;
     assert_eq!(names(&team), HashSet::from(["team-a/ci".into()]));
-    assert_eq!(team["pools"][0]["spec"]["size"], json!(3));
-    let default = app.get(ADMIN, "/v1/pools?namespace=default").await.assert_ok(200).clone();
+    assert_eq!(team[0].spec.size, 3);
+    let default = app.list_pools("namespace=default").await;
     assert_eq!(names(&default), HashSet::from(["default/ci".into(), "default/build".into()]));
-    assert_eq!(app.get(ADMIN, "/v1/pools?namespace=nobody").await.assert_ok(200), &json!({"pools": []}));
+    // The typed read checks the body is exactly {"pools": []}.
+    assert_eq!(app.list_pools("namespace=nobody").await, []);
 }
 
 #[tokio::test]
 async fn list_pools_of_an_empty_system_is_an_empty_list() {
     let app = TestApp::spawn().await;
-    assert_eq!(app.get(ADMIN, "/v1/pools").await.assert_ok(200), &json!({"pools": []}));
+    assert_eq!(app.list_pools("").await, []);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -377,21 +368,20 @@ async fn status_counts_every_phase_live() {
     // Another pool's VMs do not count.
     app.create_pool("other", 1).await;
     app.seed_available("other", 1).await;
-    let expected =
-        json!({"available": 2, "claiming": 2, "leased": 1, "provisioning": 3, "quarantined": 1, "deleting": 2});
+    let expected = PoolStatus { available: 2, claiming: 2, leased: 1, provisioning: 3, quarantined: 1, deleting: 2 };
 
-    assert_eq!(app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200)["status"], expected);
-    let listed = app.get(ADMIN, "/v1/pools?namespace=default").await.assert_ok(200).clone();
-    let ci = listed["pools"].as_array().unwrap().iter().find(|p| p["spec"]["name"] == json!("ci")).unwrap();
-    assert_eq!(ci["status"], expected);
+    assert_eq!(app.get_pool("ci").await.status, expected);
+    let listed = app.list_pools("namespace=default").await;
+    let ci = listed.iter().find(|p| p.spec.name == "ci").unwrap();
+    assert_eq!(ci.status, expected);
 
     let mut spec = pool_spec("ci", 20);
     spec["heartbeat_expiry_seconds"] = json!(300);
-    let b = app.put(ADMIN, "/v1/pools/default/ci", spec).await.assert_ok(200).clone();
-    assert_eq!(b["status"], expected, "PUT answers with the live status");
-    assert_eq!(b["spec"]["size"], json!(20));
-    assert_eq!(b["spec"]["heartbeat_expiry_seconds"], json!(300));
-    assert_eq!(app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200)["spec"], b["spec"]);
+    let b = app.updated_pool("ci", spec).await;
+    assert_eq!(b.status, expected, "PUT answers with the live status");
+    assert_eq!(b.spec.size, 20);
+    assert_eq!(b.spec.heartbeat_expiry_seconds, 300);
+    assert_eq!(app.get_pool("ci").await.spec, b.spec);
 }
 
 #[tokio::test]
@@ -404,18 +394,15 @@ async fn update_replaces_the_spec_and_bumps_updated_at() {
     spec["hook_failure_policy"] = json!("QUARANTINE");
     spec["heartbeat_interval_seconds"] = json!(60);
     spec["heartbeat_expiry_seconds"] = json!(600);
-    let b = app.put(ADMIN, "/v1/pools/default/ci", spec.clone()).await.assert_ok(200).clone();
-    assert_eq!(b["spec"]["size"], json!(5));
-    assert_eq!(b["spec"]["replenishment"], spec["replenishment"]);
-    assert_eq!(b["spec"]["hook_failure_policy"], json!("QUARANTINE"));
-    assert_eq!(b["spec"]["heartbeat_interval_seconds"], json!(60));
-    assert_eq!(b["spec"]["heartbeat_expiry_seconds"], json!(600));
-    assert_eq!(b["status"], zero_status());
-    assert_eq!(b["created_at"], before["created_at"]);
-    let (old, new) = (
-        chrono::DateTime::parse_from_rfc3339(before["updated_at"].as_str().unwrap()).unwrap(),
-        chrono::DateTime::parse_from_rfc3339(b["updated_at"].as_str().unwrap()).unwrap(),
-    );
+    let b = app.updated_pool("ci", spec).await;
+    assert_eq!(b.spec.size, 5);
+    assert_eq!(b.spec.replenishment, Replenishment { strategy: Strategy::MinSizeThreshold, min_size: Some(2) });
+    assert_eq!(b.spec.hook_failure_policy, HookFailurePolicy::Quarantine);
+    assert_eq!(b.spec.heartbeat_interval_seconds, 60);
+    assert_eq!(b.spec.heartbeat_expiry_seconds, 600);
+    assert_eq!(b.status, zero_status());
+    assert_eq!(b.created_at, before.created_at);
+    let (old, new) = (before.updated_at, b.updated_at);
     assert!(new > old, "updated_at moves: {old} → {new}");
 
     // Omitted optional fields are reset to their defaults: the body is the whole spec.
@@ -426,11 +413,11 @@ async fn update_replaces_the_spec_and_bumps_updated_at() {
         "replenishment": {"strategy": "REPLACE_ON_DELETE"},
         "microvm_template": template(),
     });
-    let b = app.put(ADMIN, "/v1/pools/default/ci", minimal).await.assert_ok(200).clone();
-    assert_eq!(b["spec"]["hook_failure_policy"], json!("DELETE_AND_REPLACE"));
-    assert_eq!(b["spec"]["replenishment"], json!({"strategy": "REPLACE_ON_DELETE"}));
-    assert_eq!(b["spec"]["heartbeat_interval_seconds"], json!(30));
-    assert_eq!(b["spec"]["heartbeat_expiry_seconds"], json!(120));
+    let b = app.updated_pool("ci", minimal).await;
+    assert_eq!(b.spec.hook_failure_policy, HookFailurePolicy::DeleteAndReplace);
+    assert_eq!(b.spec.replenishment, Replenishment { strategy: Strategy::ReplaceOnDelete, min_size: None });
+    assert_eq!(b.spec.heartbeat_interval_seconds, 30);
+    assert_eq!(b.spec.heartbeat_expiry_seconds, 120);
 }
 
 #[tokio::test]
@@ -447,8 +434,8 @@ async fn update_with_a_body_naming_another_pool_is_invalid_argument() {
     let mut no_ns = pool_spec("ci", 7);
     no_ns.as_object_mut().unwrap().remove("namespace");
     app.put(ADMIN, "/v1/pools/team-a/ci", no_ns).await.assert_error(400, "INVALID_ARGUMENT");
-    assert_eq!(app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200), &before);
-    assert_eq!(app.get(ADMIN, "/v1/pools/default/other").await.assert_ok(200)["spec"]["size"], json!(1));
+    assert_eq!(app.get_pool("ci").await, before);
+    assert_eq!(app.get_pool("other").await.spec.size, 1);
 }
 
 #[tokio::test]
@@ -521,7 +508,7 @@ async fn delete_with_a_leased_vm_without_force_is_refused_and_changes_nothing() 
     let lease_id = claim.lease.lease_id.clone();
     let phases = vm_phases(&app, "ci").await;
     let events = app.scalar_i64("SELECT count(*) FROM events").await;
-    let pool_before = app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200).clone();
+    let pool_before = app.get_pool("ci").await;
 
     for path in ["/v1/pools/default/ci", "/v1/pools/default/ci?force=false"] {
         let r = app.delete(ADMIN, path).await;
@@ -529,7 +516,7 @@ async fn delete_with_a_leased_vm_without_force_is_refused_and_changes_nothing() 
         assert!(r.body["error"]["message"].as_str().unwrap().contains("force"), "{}", r.body);
     }
 
-    assert_eq!(app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200), &pool_before, "pool unchanged");
+    assert_eq!(app.get_pool("ci").await, pool_before, "pool unchanged");
     assert_eq!(vm_phases(&app, "ci").await, phases, "every VM in its phase");
     assert_eq!(app.get_lease(CLIENT_A, &lease_id).await, claim.lease);
     assert_eq!(app.scalar_i64("SELECT count(*) FROM events").await, events, "no event");
@@ -675,7 +662,7 @@ async fn pool_routes_need_an_admin_token() {
         app.request(method.clone(), path, None, body.clone(), &[]).await.assert_error(401, "UNAUTHENTICATED");
         app.request(method, path, Some("nope"), body, &[]).await.assert_error(401, "UNAUTHENTICATED");
     }
-    assert_eq!(app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200), &before);
+    assert_eq!(app.get_pool("ci").await, before);
     assert_eq!(pool_rows(&app).await, 1);
 }
 

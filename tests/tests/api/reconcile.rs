@@ -258,8 +258,7 @@ async fn vms_ending_failed_are_kept_under_quarantine() {
         .unwrap()
         .get(0);
     assert!(app.sim.vm(&q).is_some(), "a quarantined VM is kept for inspection");
-    let pool = app.get(ADMIN, "/v1/pools/default/ci").await;
-    assert!(pool.assert_ok(200)["status"]["quarantined"].as_i64().unwrap() >= 1);
+    assert!(app.get_pool("ci").await.status.quarantined >= 1);
 }
 
 #[tokio::test]

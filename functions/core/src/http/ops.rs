@@ -26,7 +26,7 @@ use crate::service::ops;
 )]
 async fn healthz(State(state): State<AppState>) -> Result<Response, ApiError> {
     ops::health(&state).await?;
-    Ok(Json(api::Health { status: "ok" }).into_response())
+    Ok(Json(api::Health { status: "ok".into() }).into_response())
 }
 
 /// Prometheus metrics; the pool gauges are computed from the database at scrape time.
