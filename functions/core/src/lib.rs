@@ -7,21 +7,30 @@
 //!
 //! # Layout
 //!
-//! - [`domain`], [`template`]: parsed, validated types (PoolSpec, RequestId, phases, …).
-//! - [`store`]: every SQL statement and the one row mapping of each table, one file per
-//!   table (`store/mod.rs` says what lives where).
-//! - [`db`]: connection pool, refinery migrations, schema version check.
-//! - [`service`]: claim, lease, pool and host operations.
+//! Layers, each importing only those below it (no import circle):
+//! `http` → `service` → (`teardown`, `store`, `flintlock`); `reconcile` → (`teardown`,
+//! `store`, `flintlock`); everything → `domain`. Each folder's `mod.rs` says what lives where.
+//!
+//! - [`domain`], [`template`]: parsed, validated types (PoolSpec, RequestId, phases, the name
+//!   pattern, VM counts, …). No I/O.
+//! - [`store`]: every SQL statement and the one row mapping of each table, one file per table
+//!   (`pool.rs`, `host.rs`, `vm.rs`, `lease.rs`, `event.rs`, and `claim.rs` for the claim
+//!   statements); runs on any [`store::Executor`].
+//! - [`db`]: the database handle [`db::Db`] (the pool and the statement limits its
+//!   connections carry), refinery migrations, schema version check.
+//! - [`clock`]: what "now" is for time comparisons (the database's, or a test's).
+//! - [`service`]: the operations behind the routes (claim, lease, pool, host, vm, event, ops);
+//!   answers in [`error::ApiError`].
 //! - [`http`]: the Routers of the HTTP contract, one file per function's routes, its
 //!   extractors and its OpenAPI document; [`api`]: its JSON objects; [`error`]: its error shape.
 //! - [`auth`]: bearer tokens and principals; [`config`]: environment configuration;
 //!   [`secrets`]: secrets named by AWS Secrets Manager ARN, resolved into that configuration.
 //! - [`reconcile`]: the reconcile pass, one file per step (strategy arithmetic, provisioning,
-//!   create hooks, sweeps, orphans).
+//!   create hooks, sweeps, orphans), with its own error type that says whether a retry helps.
 //! - [`teardown`]: the VM delete (flintlock, then rows) that `service` and `reconcile` share.
-//! - [`flintlock`]: the gRPC client for flintlock hosts.
-//! - [`metrics`]: Prometheus counters, and their CloudWatch EMF lines on Lambda;
-//!   [`telemetry`]: JSON logs.
+//! - [`flintlock`]: the gRPC client for flintlock hosts, given a [`flintlock::Endpoint`].
+//! - [`metrics`]: Prometheus counters and the one list of pool gauges, and their CloudWatch
+//!   EMF lines on Lambda; [`telemetry`]: JSON logs.
 
 pub mod api;
 pub mod app;

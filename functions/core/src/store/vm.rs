@@ -53,7 +53,7 @@ pub(super) const VM_COUNTS_OF_POOL_P: &str = "
      FROM vms v LEFT JOIN leases l ON l.vm_id = v.id
      WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name)";
 
-/// One pool's VMs counted by phase ([`VM_COUNTS_OF_POOL_P`]): what the replenishment
+/// One pool's VMs counted by phase (`VM_COUNTS_OF_POOL_P`): what the replenishment
 /// strategies count after a pass's steps.
 pub async fn vm_counts_for_pool(c: &impl Executor, pool: &PoolRef) -> Result<VmCounts> {
     let row = c
