@@ -55,6 +55,22 @@ impl utoipa::PartialSchema for NameFilter {
 
 impl ToSchema for NameFilter {}
 
+/// Schema only: a phase filter of a query string, a [`Phase`] or empty for "any".
+#[allow(dead_code)]
+pub struct PhaseFilter(String);
+
+impl utoipa::PartialSchema for PhaseFilter {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let names = std::iter::once("").chain(Phase::ALL.iter().map(|p| p.as_str()));
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .enum_values(Some(names))
+            .into()
+    }
+}
+
+impl ToSchema for PhaseFilter {}
+
 static NAME_RE: LazyLock<Regex> = LazyLock::new(|| Regex::new(NAME_PATTERN).expect("static regex"));
 
 /// Validates a DNS-label-like name (pool, namespace, host).

@@ -204,8 +204,33 @@ impl MicroVmTemplate {
             }
             _ => {}
         }
+        if let Some(v) = &self.root_volume
+            && v.source.container_source.as_deref().is_none_or(|s| s.trim().is_empty())
+        {
+            return Err("microvm_template.root_volume has no source: set source.container_source".into());
+        }
+        let mut ids = std::collections::HashSet::new();
+        for (what, v) in self
+            .root_volume
+            .iter()
+            .map(|v| ("root_volume".to_string(), v))
+            .chain(self.additional_volumes.iter().enumerate().map(|(i, v)| (format!("additional_volumes[{i}]"), v)))
+        {
+            if !ids.insert(v.id.as_str()) {
+                return Err(format!(
+                    "microvm_template.{what}.id {:?} is used by another volume: volume ids must be unique",
+                    v.id
+                ));
+            }
+        }
         let mut virtiofs = 0;
         for (i, v) in self.additional_volumes.iter().enumerate() {
+            let set = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.trim().is_empty());
+            if !set(&v.source.container_source) && !set(&v.source.virtiofs_source) {
+                return Err(format!(
+                    "microvm_template.additional_volumes[{i}] has no source: set source.container_source or source.virtiofs_source"
+                ));
+            }
             if v.source.container_source.is_some() && v.source.virtiofs_source.is_some() {
                 return Err(format!(
                     "microvm_template.additional_volumes[{i}] sets both container_source and virtiofs_source"
@@ -340,6 +365,30 @@ mod tests {
             "interfaces": [{"device_id": "eth1", "type": "TAP"}]
         }))
         .unwrap()
+    }
+
+    /// Issue 14 item 16: a volume with no source (`{}`, or `[null, null]`, which serde's derive
+    /// reads as an empty struct) and a volume id used twice are refused.
+    #[test]
+    fn volumes_need_a_source_and_unique_ids() {
+        let extra = |v: serde_json::Value| {
+            let mut t = serde_json::to_value(ok_template()).unwrap();
+            t["additional_volumes"] = serde_json::json!([v]);
+            serde_json::from_value::<MicroVmTemplate>(t).unwrap().validate()
+        };
+        for source in
+            [serde_json::json!([null, null]), serde_json::json!({}), serde_json::json!({"container_source": " "})]
+        {
+            let e = extra(serde_json::json!({"id": "data", "source": source})).unwrap_err();
+            assert!(e.contains("additional_volumes[0] has no source"), "{e}");
+        }
+        let e = extra(serde_json::json!({"id": "root", "source": {"container_source": "img"}})).unwrap_err();
+        assert!(e.contains("additional_volumes[0].id \"root\" is used by another volume"), "{e}");
+        extra(serde_json::json!({"id": "data", "source": {"container_source": "img"}})).unwrap();
+
+        let mut t = ok_template();
+        t.root_volume.as_mut().unwrap().source = VolumeSource::default();
+        assert!(t.validate().unwrap_err().contains("root_volume has no source"));
     }
 
     #[test]

@@ -229,6 +229,35 @@ async fn wrong_types_are_invalid_argument_and_change_nothing() {
     assert_eq!(snapshot(app).await, before);
 }
 
+/// Issue 14 item 16 (found by schemathesis): a volume whose source is `[null, null]` (serde's
+/// derive reads an array as a struct) or `{}`, and a volume reusing the root volume's id, were
+/// accepted; each is refused with 400 and changes nothing.
+#[tokio::test]
+async fn volumes_without_a_source_or_with_a_reused_id_are_invalid_argument() {
+    let f = fixture().await;
+    let app = &f.app;
+    let before = snapshot(app).await;
+    let volumes = [
+        (json!({"id": "data", "source": [null, null]}), "has no source"),
+        (json!({"id": "data", "source": {}}), "has no source"),
+        (json!({"id": "root", "source": {"container_source": "img"}}), "volume ids must be unique"),
+    ];
+    for (volume, says) in volumes {
+        for (method, path, base) in [
+            (Method::POST, "/v1/pools", pool_spec("web", 1)),
+            (Method::PUT, "/v1/pools/default/ci", pool_spec("ci", 1)),
+        ] {
+            let mut spec = base;
+            spec["microvm_template"]["additional_volumes"] = json!([volume.clone()]);
+            let r = app.request(method.clone(), path, Some(ADMIN), Some(spec.clone()), &[]).await;
+            assert_invalid(&r, &format!("{method} {path} {spec}"));
+            let msg = r.body["error"]["message"].as_str().unwrap();
+            assert!(msg.contains(says), "the message says what is wrong: {msg}");
+        }
+    }
+    assert_eq!(snapshot(app).await, before);
+}
+
 #[tokio::test]
 async fn unknown_fields_are_invalid_argument_and_change_nothing() {
     let f = fixture().await;

@@ -18,7 +18,7 @@ use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, body_error, optional_nam
 use super::openapi::{AdminOnly, AlreadyExists, Common, NotFound};
 use crate::api;
 use crate::app::AppState;
-use crate::domain::{NameFilter, Phase};
+use crate::domain::{NameFilter, Phase, PhaseFilter};
 use crate::error::ApiError;
 use crate::service::{host, vm};
 
@@ -164,8 +164,8 @@ struct VmListQuery {
     /// Only pools of this name (empty means any).
     #[param(value_type = Option<NameFilter>, inline)]
     pool: Option<String>,
-    /// Only VMs in this phase.
-    #[param(value_type = Option<Phase>)]
+    /// Only VMs in this phase (empty means any).
+    #[param(value_type = Option<PhaseFilter>, inline)]
     phase: Option<String>,
 }
 
