@@ -229,6 +229,44 @@ async fn wrong_types_are_invalid_argument_and_change_nothing() {
     assert_eq!(snapshot(app).await, before);
 }
 
+/// Issue 14 item 16: serde's derive reads a struct from a JSON array (its fields in order), so
+/// an array where the contract documents an object was accepted (`"pool": ["default", "ci"]`
+/// claimed from pool default/ci). Every route refuses it with 400 and changes nothing.
+#[tokio::test]
+async fn an_array_where_an_object_is_documented_is_invalid_argument_on_every_route() {
+    let f = fixture().await;
+    let app = &f.app;
+    let before = snapshot(app).await;
+    let mut cases: Vec<(Method, &str, Value, &str)> = vec![
+        (Method::POST, "/v1/claims", json!({"pool": ["default", "ci"]}), "body.pool must be an object"),
+        (Method::POST, "/v1/claims", json!([{"namespace": "default", "name": "ci"}, "r-1"]), "body must be an object"),
+        (
+            Method::POST,
+            "/v1/hosts",
+            json!({"name": "host-b", "address": "x:1", "tls": [true]}),
+            "body.tls must be an object",
+        ),
+        (Method::POST, "/v1/hosts/sim/cordon", json!(["maintenance"]), "body must be an object"),
+    ];
+    for (method, path, base) in
+        [(Method::POST, "/v1/pools", pool_spec("web", 1)), (Method::PUT, "/v1/pools/default/ci", pool_spec("ci", 1))]
+    {
+        let mut spec = base.clone();
+        spec["replenishment"] = json!(["REPLACE_ON_DELETE", null]);
+        cases.push((method.clone(), path, spec, "body.replenishment must be an object"));
+        let mut spec = base;
+        spec["microvm_template"]["root_volume"]["source"] = json!(["img", null]);
+        cases.push((method, path, spec, "body.microvm_template.root_volume.source must be an object"));
+    }
+    for (method, path, body, says) in cases {
+        let r = app.request(method.clone(), path, Some(ADMIN), Some(body.clone()), &[]).await;
+        assert_invalid(&r, &format!("{method} {path} {body}"));
+        let msg = r.body["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(says), "{method} {path}: the message says what is wrong: {msg}");
+    }
+    assert_eq!(snapshot(app).await, before);
+}
+
 /// Issue 14 item 16 (found by schemathesis): a volume whose source is `[null, null]` (serde's
 /// derive reads an array as a struct) or `{}`, and a volume reusing the root volume's id, were
 /// accepted; each is refused with 400 and changes nothing.
@@ -238,7 +276,8 @@ async fn volumes_without_a_source_or_with_a_reused_id_are_invalid_argument() {
     let app = &f.app;
     let before = snapshot(app).await;
     let volumes = [
-        (json!({"id": "data", "source": [null, null]}), "has no source"),
+        // Refused twice over: an array for the documented object, and no source in it.
+        (json!({"id": "data", "source": [null, null]}), "source must be an object, not an array"),
         (json!({"id": "data", "source": {}}), "has no source"),
         (json!({"id": "root", "source": {"container_source": "img"}}), "volume ids must be unique"),
     ];

@@ -251,7 +251,8 @@ async fn a_database_blip_during_a_pool_step_does_not_leave_the_reconcile_lease_b
     let pass = tokio::spawn(async move { poolmgr_core::reconcile::run_pass(&state).await });
     let t0 = Instant::now();
     while app.sim.exec_running() == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(10), "the create hook never started");
+        // A bound against a hang, not a timing check: a busy machine may take a while to get there.
+        assert!(t0.elapsed() < Duration::from_secs(60), "the create hook never started");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The database "goes away": its name stops existing for new connections, open ones die.

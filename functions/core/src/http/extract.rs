@@ -10,6 +10,7 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use serde::de::DeserializeOwned;
+use utoipa::ToSchema;
 
 use crate::app::AppState;
 use crate::auth::Principal;
@@ -19,21 +20,29 @@ use crate::error::ApiError;
 /// Largest accepted request body. A PoolSpec with a big cloud-init payload fits.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
 
-/// A JSON body whose every failure is a contract error. The content type is not checked:
-/// a body that parses as JSON is accepted.
+/// A JSON body whose every failure is a contract error, including an array where the body's
+/// schema documents an object ([`super::shape`]). The content type is not checked: a body
+/// that parses as JSON is accepted.
 pub struct ApiJson<T>(pub T);
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+impl<T: DeserializeOwned + ToSchema + 'static, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         let bytes = axum::body::Bytes::from_request(req, state).await.map_err(body_error)?;
-        let value = serde_json::from_slice(&bytes)
-            .map(ApiJson)
-            .map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
-        reject_nul_in_json(&bytes)?;
-        Ok(value)
+        parse_json(&bytes).map(ApiJson)
     }
+}
+
+/// A JSON body as `T`, every failure a contract error: malformed JSON, a wrong type or an
+/// unknown field, a NUL character, or an array where `T`'s schema documents an object (serde
+/// reads a struct from an array too; [`super::shape`] refuses it).
+pub(super) fn parse_json<T: DeserializeOwned + ToSchema + 'static>(bytes: &[u8]) -> Result<T, ApiError> {
+    let value =
+        serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
+    reject_nul_in_json(bytes)?;
+    super::shape::check::<T>(bytes).map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
+    Ok(value)
 }
 
 /// A body that could not be read, too large included, as a contract error (never axum's
@@ -51,7 +60,7 @@ const NUL_MESSAGE: &str = "text must not contain the NUL character (\\u0000)";
 /// PostgreSQL text cannot hold NUL: refuse it at the edge as INVALID_ARGUMENT rather than let
 /// the database fail with an internal error. In JSON a NUL can only be written `\u0000`, so
 /// bodies without that escape are not walked.
-pub(super) fn reject_nul_in_json(bytes: &[u8]) -> Result<(), ApiError> {
+fn reject_nul_in_json(bytes: &[u8]) -> Result<(), ApiError> {
     fn has_nul(v: &serde_json::Value) -> bool {
         match v {
             serde_json::Value::String(s) => s.contains('\0'),

@@ -14,7 +14,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, body_error, optional_name, reject_nul_in_json};
+use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, body_error, optional_name, parse_json};
 use super::openapi::{AdminOnly, AlreadyExists, Common, NotFound};
 use crate::api;
 use crate::app::AppState;
@@ -125,14 +125,8 @@ async fn cordon_host(
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
     // The body is optional: an empty one cordons without a reason.
-    let body: CordonBody = if body.iter().all(u8::is_ascii_whitespace) {
-        CordonBody::default()
-    } else {
-        let b =
-            serde_json::from_slice(&body).map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
-        reject_nul_in_json(&body)?;
-        b
-    };
+    let body: CordonBody =
+        if body.iter().all(u8::is_ascii_whitespace) { CordonBody::default() } else { parse_json(&body)? };
     let reason = body.reason.unwrap_or_default();
     if reason.len() > 1024 {
         return Err(ApiError::InvalidArgument("reason is longer than 1024 bytes".into()));

@@ -16,15 +16,16 @@
 //!   route), the middleware they share (`finish`), the whole route table ([`api_routes`])
 //!   and the OpenAPI document built from it, served at `/openapi.json`.
 //! - [`extract`]: the extractors (`ApiJson`, `ApiQuery`, `ApiPath`, `Caller`, `Admin`) and
-//!   the parsers of path and query values.
+//!   the parsers of path and query values; `shape`: the check behind `ApiJson` that refuses
+//!   an array where the body's schema documents an object.
 //! - `claims`, `leases`, `pools`, `hosts` (hosts and VMs), `events`: one file per function's
 //!   routes; `ops`: `/healthz`, `/metrics` and the 404/405 fallbacks, on every function.
 //! - [`openapi`]: what the document's operations share (error responses, bearer scheme) and
 //!   the builder of a document from a route table.
 //!
 //! Imports go one way: this file uses every other file; the route files use [`extract`] and
-//! [`openapi`]; [`extract`] and [`openapi`] use neither each other nor any route file, and no
-//! file imports this one.
+//! [`openapi`]; [`extract`] uses `shape`; `shape`, [`extract`] and [`openapi`] use neither
+//! [`openapi`] nor any route file, and no file imports this one.
 
 mod claims;
 mod events;
@@ -34,6 +35,7 @@ mod leases;
 pub mod openapi;
 mod ops;
 mod pools;
+mod shape;
 
 use std::sync::LazyLock;
 
