@@ -61,9 +61,30 @@ pub struct HookConfig {
     /// How long a created VM may take until its guest agent answers
     /// (`POOLMGR_GUEST_AGENT_TIMEOUT_SECONDS`, 60).
     pub guest_agent_timeout: Duration,
+    /// How long all the pre-lease commands of one claim may take together
+    /// (`POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS`, 15). Each command gets at most what is left of
+    /// it; past it the hook has failed (the pool's hook-failure policy). Keep it well below
+    /// the claims function's timeout (30 s in `infra/template.yaml`): the lease is written
+    /// after the hooks, and a function killed at its timeout leaves the VM to the abandon
+    /// sweep.
+    pub claim_hook_deadline: Duration,
     /// A VM in PRE_LEASE_HOOK_RUNNING for longer was abandoned by a claim that died
-    /// mid-hook; the reconciler deletes it (`POOLMGR_CLAIM_ABANDON_SECONDS`, 600).
+    /// mid-hook; the reconciler deletes it (`POOLMGR_CLAIM_ABANDON_SECONDS`). Must exceed
+    /// [`HookConfig::longest_claim_hold`], or the sweep would delete VMs under live claims:
+    /// such a value is refused at start. Unset, it is that bound plus a minute.
     pub claim_abandon_after: Duration,
+}
+
+/// Slack added to [`HookConfig::longest_claim_hold`] for the default abandon period.
+pub const CLAIM_ABANDON_SLACK: Duration = Duration::from_secs(60);
+
+impl HookConfig {
+    /// The longest a live claim keeps a VM in PRE_LEASE_HOOK_RUNNING: its hooks' deadline,
+    /// then a connection and one statement for the lease (`statement_timeout`; `None`, no
+    /// client-side limit, counts as 30 s).
+    pub fn longest_claim_hold(&self, connect_timeout: Duration, statement_timeout: Option<Duration>) -> Duration {
+        self.claim_hook_deadline + connect_timeout + statement_timeout.unwrap_or(Duration::from_secs(30))
+    }
 }
 
 /// Knobs of the reconcile pass.
@@ -115,6 +136,43 @@ fn parse_tokens(raw: Option<String>, role: Role) -> Vec<TokenEntry> {
         .collect()
 }
 
+/// The hook knobs; refuses an abandon period a live claim could outlive.
+fn hook_config(
+    lookup: &impl Fn(&str) -> Option<String>,
+    connect_timeout: Duration,
+    statement_timeout: Option<Duration>,
+) -> Result<HookConfig, ConfigError> {
+    let mut hooks = HookConfig {
+        command_timeout: Duration::from_secs(parse_num(lookup, "POOLMGR_HOOK_TIMEOUT_SECONDS", 30u64)?.max(1)),
+        guest_agent_timeout: Duration::from_secs(parse_num(lookup, "POOLMGR_GUEST_AGENT_TIMEOUT_SECONDS", 60u64)?),
+        claim_hook_deadline: Duration::from_secs(parse_num(lookup, "POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS", 15u64)?),
+        claim_abandon_after: Duration::ZERO,
+    };
+    if hooks.claim_hook_deadline.is_zero() {
+        return Err(ConfigError("POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS must be at least 1".into()));
+    }
+    let hold = hooks.longest_claim_hold(connect_timeout, statement_timeout);
+    hooks.claim_abandon_after = match lookup("POOLMGR_CLAIM_ABANDON_SECONDS").filter(|v| !v.trim().is_empty()) {
+        None => hold + CLAIM_ABANDON_SLACK,
+        Some(_) => {
+            let set = Duration::from_secs(parse_num(lookup, "POOLMGR_CLAIM_ABANDON_SECONDS", 0u64)?);
+            if set <= hold {
+                return Err(ConfigError(format!(
+                    "POOLMGR_CLAIM_ABANDON_SECONDS={} is not above the longest a live claim holds a VM in \
+                     PRE_LEASE_HOOK_RUNNING ({} s: POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS {} + the connect and \
+                     statement timeouts of its lease write): the reconciler would delete VMs whose claim \
+                     is still running; raise it or lower the hook deadline",
+                    set.as_secs(),
+                    hold.as_secs(),
+                    hooks.claim_hook_deadline.as_secs(),
+                )));
+            }
+            set
+        }
+    };
+    Ok(hooks)
+}
+
 impl Config {
     pub fn from_env() -> Result<Config, ConfigError> {
         Config::from_lookup(|k| std::env::var(k).ok())
@@ -153,12 +211,15 @@ impl Config {
             }
         };
         let statement_timeout = parse_num(&lookup, "POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS", 10u64)?;
+        let db_statement_timeout = (statement_timeout > 0).then(|| Duration::from_secs(statement_timeout));
+        let db_connect_timeout = Duration::from_secs(parse_num(&lookup, "POOLMGR_DB_CONNECT_TIMEOUT_SECONDS", 5u64)?);
+        let hooks = hook_config(&lookup, db_connect_timeout, db_statement_timeout)?;
         Ok(Config {
             database_url,
             db_pool_size,
-            db_connect_timeout: Duration::from_secs(parse_num(&lookup, "POOLMGR_DB_CONNECT_TIMEOUT_SECONDS", 5u64)?),
+            db_connect_timeout,
             db_check_idle: Duration::from_secs(parse_num(&lookup, "POOLMGR_DB_CHECK_IDLE_SECONDS", 1u64)?),
-            db_statement_timeout: (statement_timeout > 0).then(|| Duration::from_secs(statement_timeout)),
+            db_statement_timeout,
             db_cancel_on_timeout: !matches!(
                 lookup("POOLMGR_DB_CANCEL_ON_TIMEOUT").as_deref().map(str::trim),
                 Some("false" | "0" | "no")
@@ -178,15 +239,7 @@ impl Config {
             flintlock_namespace_prefix: lookup("POOLMGR_FLINTLOCK_NAMESPACE_PREFIX")
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "poolmgr-".into()),
-            hooks: HookConfig {
-                command_timeout: Duration::from_secs(parse_num(&lookup, "POOLMGR_HOOK_TIMEOUT_SECONDS", 30u64)?.max(1)),
-                guest_agent_timeout: Duration::from_secs(parse_num(
-                    &lookup,
-                    "POOLMGR_GUEST_AGENT_TIMEOUT_SECONDS",
-                    60u64,
-                )?),
-                claim_abandon_after: Duration::from_secs(parse_num(&lookup, "POOLMGR_CLAIM_ABANDON_SECONDS", 600u64)?),
-            },
+            hooks,
             reconcile: ReconcileConfig {
                 deadline: Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_DEADLINE_SECONDS", 50u64)?),
                 concurrency: parse_num(&lookup, "POOLMGR_RECONCILE_CONCURRENCY", 8usize)?.max(1),
@@ -227,6 +280,32 @@ mod tests {
         assert_eq!(c.auth.tokens.len(), 2);
         assert!(cfg(&[("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "off")]).is_err());
         assert!(cfg(&[("POOLMGR_AUTH", "disabled")]).is_err());
+    }
+
+    /// Issue 14 item 4: the abandon sweep must never take a VM from a claim that is still
+    /// running. Unset, the abandon period is derived from the claim's hook deadline and the
+    /// lease write's timeouts; a value a live claim could outlive is refused at start.
+    #[test]
+    fn the_abandon_period_outlives_the_longest_live_claim() {
+        let base = [("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "disabled")];
+        let c = cfg(&base).unwrap();
+        assert_eq!(c.hooks.claim_hook_deadline, Duration::from_secs(15));
+        // 15 s of hooks + 5 s to connect + 10 s for the lease statement, plus a minute.
+        assert_eq!(c.hooks.longest_claim_hold(c.db_connect_timeout, c.db_statement_timeout), Duration::from_secs(30));
+        assert_eq!(c.hooks.claim_abandon_after, Duration::from_secs(90));
+
+        let err = cfg(&[base[0], base[1], ("POOLMGR_CLAIM_ABANDON_SECONDS", "30")]).unwrap_err().to_string();
+        assert!(err.contains("POOLMGR_CLAIM_ABANDON_SECONDS=30") && err.contains("30 s"), "{err}");
+        let ok = cfg(&[base[0], base[1], ("POOLMGR_CLAIM_ABANDON_SECONDS", "31")]).unwrap();
+        assert_eq!(ok.hooks.claim_abandon_after, Duration::from_secs(31));
+        // A longer hook deadline moves both the bound and the derived default.
+        let long = [base[0], base[1], ("POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS", "20")];
+        assert!(cfg(&[long[0], long[1], long[2], ("POOLMGR_CLAIM_ABANDON_SECONDS", "31")]).is_err());
+        assert_eq!(cfg(&long).unwrap().hooks.claim_abandon_after, Duration::from_secs(95));
+        // Without a client-side statement limit the lease write counts as 30 s.
+        let unbounded = cfg(&[base[0], base[1], ("POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS", "0")]).unwrap();
+        assert_eq!(unbounded.hooks.claim_abandon_after, Duration::from_secs(15 + 5 + 30 + 60));
+        assert!(cfg(&[base[0], base[1], ("POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS", "0")]).is_err());
     }
 
     #[test]

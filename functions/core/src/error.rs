@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-/// Seconds a client should wait before retrying a 429 or 503.
+/// Seconds a client should wait before retrying a 409 ABORTED, a 429 or a 503.
 pub const RETRY_AFTER_SECONDS: u64 = 1;
 
 #[derive(Debug, thiserror::Error)]
@@ -111,7 +111,8 @@ impl IntoResponse for ApiError {
         }
         let body = ErrorBody { error: ErrorDetail { code: code.as_u16(), status, message: self.to_string() } };
         let mut resp = (code, axum::Json(body)).into_response();
-        if matches!(self, ApiError::ResourceExhausted(_) | ApiError::Unavailable { .. }) {
+        // ABORTED means "retrying is correct" (the contract): it says when, too.
+        if matches!(self, ApiError::Aborted(_) | ApiError::ResourceExhausted(_) | ApiError::Unavailable { .. }) {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         }
         resp
@@ -123,7 +124,7 @@ impl From<crate::store::StoreError> for ApiError {
         use crate::store::StoreError as S;
         match e {
             S::Unavailable(cause) => ApiError::unavailable("database unavailable, retry", cause),
-            S::Db(cause) => ApiError::internal(cause),
+            S::Db(cause) | S::UniqueViolation(cause) => ApiError::internal(cause),
         }
     }
 }

@@ -321,28 +321,46 @@ async fn concurrent_claims_never_hand_out_a_vm_twice() {
     assert_eq!(app.scalar_i64("SELECT count(DISTINCT vm_id) FROM leases").await, 20);
 }
 
-/// 32 claimers with one request_id released at once: one lease, every response carries it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_claims_with_one_request_id_create_one_lease() {
-    let app = Arc::new(TestApp::spawn().await);
-    app.create_pool("ci", 10).await;
-    app.seed_available("ci", 10).await;
-    let barrier = Arc::new(Barrier::new(32));
-    let tasks: Vec<_> = (0..32)
+/// Backends of this test's database waiting for a lock (a row lock, or a concurrent insert of
+/// the same unique key).
+pub(crate) async fn lock_waiters(app: &TestApp) -> i64 {
+    app.scalar_i64(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .await
+}
+
+/// `n` claimers of `CLIENT_A` with request_id `rid`, released at once by a barrier.
+fn duplicates(app: &Arc<TestApp>, n: usize, rid: &'static str) -> Vec<tokio::task::JoinHandle<TestResponse>> {
+    let barrier = Arc::new(Barrier::new(n));
+    (0..n)
         .map(|_| {
             let (app, barrier) = (app.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                app.claim(CLIENT_A, "ci", Some("the-one")).await
+                app.claim(CLIENT_A, "ci", Some(rid)).await
             })
         })
-        .collect();
+        .collect()
+}
+
+/// 32 claimers with one request_id released at once on a pool with `vms` AVAILABLE VMs: the
+/// contract's semantics 5, whatever the interleaving. Exactly one lease; every caller gets it
+/// (200, never 429 — not even with a single VM, which the losers' snapshots see locked by the
+/// winner); exactly one answer is the fresh claim, the other 31 are replays with
+/// `Idempotent-Replayed`; the VMs the losers picked are AVAILABLE again.
+async fn thirty_two_duplicates_get_one_lease(vms: usize) {
+    let app = Arc::new(TestApp::spawn().await);
+    app.create_pool("ci", vms as i32).await;
+    app.seed_available("ci", vms).await;
     let mut lease_ids = std::collections::HashSet::new();
     let mut fresh = 0;
-    for t in tasks {
+    for t in duplicates(&app, 32, "the-one") {
         let r = t.await.unwrap();
-        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.status, 200, "a duplicate never answers anything but the lease: {}", r.body);
         let b: ClaimResponse = r.json();
+        let header = r.headers.get("idempotent-replayed").and_then(|v| v.to_str().ok());
+        assert_eq!(header, b.replayed.then_some("true"), "Idempotent-Replayed exactly on replays");
         lease_ids.insert(b.lease.lease_id);
         if !b.replayed {
             fresh += 1;
@@ -351,10 +369,115 @@ async fn concurrent_claims_with_one_request_id_create_one_lease() {
     assert_eq!(lease_ids.len(), 1, "every response carries the same lease");
     assert_eq!(fresh, 1, "exactly one response is the fresh claim");
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
-    assert_eq!(
-        app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'").await,
-        9,
-        "every other VM still AVAILABLE"
-    );
+    assert_eq!(app.count_phase("ci", "LEASED").await, 1);
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, vms as i64 - 1, "every other VM still AVAILABLE");
     assert_eq!(app.count_events("VM_CLAIMED").await, 1);
+    assert_eq!(
+        app.metric("poolmgr_vm_claims_total{pool_name=\"ci\",pool_namespace=\"default\",replayed=\"true\"}"),
+        31.0
+    );
+    assert_eq!(
+        app.metric("poolmgr_vm_claim_failures_total{pool_name=\"ci\",pool_namespace=\"default\",reason=\"exhausted\"}"),
+        0.0
+    );
+}
+
+/// Issue 14 item 1: 32 claimers with one request_id on a pool with a single AVAILABLE VM:
+/// every caller gets the winner's lease, none answers 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_with_one_request_id_on_one_vm_all_get_the_one_lease() {
+    thirty_two_duplicates_get_one_lease(1).await;
+}
+
+/// Issue 14 item 1: the same with ten VMs (the losers pick VMs of their own and give them back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_with_one_request_id_create_one_lease() {
+    thirty_two_duplicates_get_one_lease(10).await;
+}
+
+/// Issue 14 item 1, the moment forced: a claim of request_id r-1 is committing (here the
+/// test's own open transaction: its lease is written, its VM — the pool's only one — locked
+/// and LEASED) when 12 duplicates arrive. Their snapshots cannot see that lease and SKIP
+/// LOCKED skips the VM, which used to answer 429. They must wait for it and replay it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicates_of_a_claim_still_committing_wait_for_its_lease_instead_of_answering_429() {
+    let app = Arc::new(TestApp::spawn().await);
+    app.create_pool("ci", 1).await;
+    let vm = app.seed_available("ci", 1).await.remove(0);
+    let mut winner = app.db.client().await;
+    let tx = winner.transaction().await.unwrap();
+    tx.execute(
+        "INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at, last_heartbeat_at, expires_at,
+                             request_id, principal)
+         VALUES ('the-winners-lease', $1, 'default', 'ci', now(), now(), now() + interval '120 seconds', 'r-1', 'client-a')",
+        &[&vm.id],
+    )
+    .await
+    .unwrap();
+    tx.execute("UPDATE vms SET phase = 'LEASED', lease_id = 'the-winners-lease' WHERE id = $1", &[&vm.id])
+        .await
+        .unwrap();
+
+    let tasks = duplicates(&app, 12, "r-1");
+    // Every duplicate is blocked behind the winner (or, before the fix, already answered).
+    for _ in 0..400 {
+        if lock_waiters(&app).await == 12 || tasks.iter().all(|t| t.is_finished()) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    tx.commit().await.unwrap();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        let b: ClaimResponse = r.json();
+        assert!(b.replayed);
+        assert_eq!(b.lease.lease_id, "the-winners-lease");
+        assert_eq!(b.vm.id, vm.id);
+    }
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
+    assert_eq!(
+        app.metric("poolmgr_vm_claims_total{pool_name=\"ci\",pool_namespace=\"default\",replayed=\"true\"}"),
+        12.0
+    );
+}
+
+/// Issue 14 item 2: a lease past its `expires_at` that the sweep has not removed yet is never
+/// replayed as live. The retry with its request_id expires it — as the sweep would: lease
+/// gone, VM DELETING, VM_DELETED_DUE_TO_EXPIRY — and claims a fresh VM.
+#[tokio::test]
+async fn a_retry_of_an_expired_lease_expires_it_and_claims_a_fresh_vm() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.seed_available("ci", 2).await;
+    let first = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    // Past expires_at (120 s), before any reconcile pass.
+    app.advance_clock(std::time::Duration::from_secs(121));
+
+    let r = app.claim(CLIENT_A, "ci", Some("r-1")).await;
+    let second: ClaimResponse = r.assert_ok_response(200).json();
+    assert!(!second.replayed, "never a replay of the dead lease: {second:?}");
+    assert!(r.headers.get("idempotent-replayed").is_none());
+    assert_ne!(second.lease.lease_id, first.lease.lease_id);
+    assert_ne!(second.vm.id, first.vm.id);
+    assert_eq!(second.lease.request_id.as_deref(), Some("r-1"));
+    assert_eq!(app.phase_of(&first.vm.id).await.as_deref(), Some("DELETING"));
+    assert_eq!(app.count_events("VM_DELETED_DUE_TO_EXPIRY").await, 1);
+    assert_eq!(
+        app.metric("poolmgr_vm_releases_total{pool_name=\"ci\",pool_namespace=\"default\",reason=\"expiry\"}"),
+        1.0
+    );
+    app.get(CLIENT_A, &format!("/v1/leases/{}", first.lease.lease_id)).await.assert_error(404, "NOT_FOUND");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
+    assert_eq!(
+        app.metric("poolmgr_vm_claims_total{pool_name=\"ci\",pool_namespace=\"default\",replayed=\"true\"}"),
+        0.0
+    );
+    // The new lease replays as usual (leases are written by the database's clock: back to it).
+    app.reset_clock();
+    let third = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    assert!(third.replayed);
+    assert_eq!(third.lease, second.lease);
+    // The sweep finds nothing left to expire.
+    assert_eq!(app.pass().await.expired, 0);
 }

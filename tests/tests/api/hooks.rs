@@ -111,42 +111,107 @@ async fn a_hook_failure_then_a_retry_with_the_same_request_id_claims_fresh() {
     assert!(vms.iter().any(|v| v.id == b.vm.id));
 }
 
+/// `n` claims of `CLIENT_A` with request_id `rid` on pool ci, released at once by a barrier.
+fn duplicates(app: &Arc<TestApp>, n: usize, rid: &'static str) -> Vec<tokio::task::JoinHandle<TestResponse>> {
+    let barrier = Arc::new(Barrier::new(n));
+    (0..n)
+        .map(|_| {
+            let (app, barrier) = (app.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                app.claim(CLIENT_A, "ci", Some(rid)).await
+            })
+        })
+        .collect()
+}
+
+/// Issue 14 item 1 (contract semantics 5 with pre-lease hooks): 12 claims with one request_id
+/// released at once on a hook pool with 4 VMs. One VM is taken, the hook runs once, one lease;
+/// every caller gets that lease (one fresh, 11 replays), none answers 429 or takes a VM of its
+/// own. (This test used to accept a second hook run on a VM the loser then gave back.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_duplicate_request_ids_with_a_slow_hook_create_one_lease() {
     let app = Arc::new(TestApp::spawn().await);
     hook_pool(&app, "DELETE_AND_REPLACE", 4).await;
     app.sim.set_exec_rule("reset-state", slow(400));
-    let barrier = Arc::new(Barrier::new(2));
-    let tasks: Vec<_> = (0..2)
-        .map(|_| {
-            let (app, barrier) = (app.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                app.claim(CLIENT_A, "ci", Some("dup")).await
-            })
-        })
-        .collect();
-    let mut bodies = vec![];
-    for t in tasks {
+    let mut lease_ids = std::collections::HashSet::new();
+    let mut fresh = 0;
+    for t in duplicates(&app, 12, "dup") {
         let r = t.await.unwrap();
-        bodies.push(r.assert_ok_response(200).json::<ClaimResponse>());
+        let b = r.assert_ok_response(200).json::<ClaimResponse>();
+        lease_ids.insert(b.lease.lease_id);
+        fresh += usize::from(!b.replayed);
     }
-    assert_eq!(bodies[0].lease.lease_id, bodies[1].lease.lease_id, "both carry the winner's lease");
-    let replayed: Vec<bool> = bodies.iter().map(|b| b.replayed).collect();
-    assert!(replayed.contains(&true) && replayed.contains(&false), "{replayed:?}");
-    assert_eq!(app.sim.exec_calls().len(), 2, "both ran the hook: the loser's VM went back");
+    assert_eq!(lease_ids.len(), 1, "every caller carries the winner's lease");
+    assert_eq!(fresh, 1);
+    assert_eq!(app.sim.exec_calls().len(), 1, "the hook ran once: no duplicate took a VM");
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
-    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 3, "the loser's VM is AVAILABLE again");
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 3, "no other VM was touched");
     assert_eq!(app.count_phase("ci", "PRE_LEASE_HOOK_RUNNING").await, 0);
     assert_eq!(app.count_events("VM_CLAIMED").await, 1);
     assert_eq!(
         app.metric("poolmgr_vm_claims_total{pool_name=\"ci\",pool_namespace=\"default\",replayed=\"true\"}"),
-        1.0
+        11.0
     );
     assert_eq!(
         app.metric("poolmgr_vm_claims_total{pool_name=\"ci\",pool_namespace=\"default\",replayed=\"false\"}"),
         1.0
     );
+}
+
+/// Issue 14 item 1: duplicates arriving while the first claim's hook runs on the pool's only
+/// VM. Their snapshots see no lease and no AVAILABLE VM (this used to answer 429); they wait
+/// for the lease and replay it, and the hook runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicates_arriving_while_the_hook_runs_wait_for_its_lease() {
+    let app = Arc::new(TestApp::spawn().await);
+    let vms = hook_pool(&app, "QUARANTINE", 1).await;
+    app.sim.set_exec_rule("reset-state", slow(600));
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move { app.claim(CLIENT_A, "ci", Some("r-1")).await })
+    };
+    wait_for("the hook to start", async || app.sim.exec_running() == 1).await;
+    let dups = duplicates(&app, 12, "r-1");
+    let first = first.await.unwrap().assert_ok_response(200).json::<ClaimResponse>();
+    assert!(!first.replayed);
+    for t in dups {
+        let b = t.await.unwrap().assert_ok_response(200).json::<ClaimResponse>();
+        assert!(b.replayed);
+        assert_eq!(b.lease, first.lease);
+        assert_eq!(b.vm.id, vms[0].id);
+    }
+    assert_eq!(app.sim.exec_calls().len(), 1);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
+}
+
+/// Issue 14 item 1: the duplicates of a claim whose hook fails run no hook of their own and
+/// take no VM; once that claim ended without a lease they answer 409 ABORTED with Retry-After
+/// (the contract's "the concurrent claim that won the request_id already ended").
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicates_of_a_claim_whose_hook_fails_are_aborted_and_run_no_hook() {
+    let app = Arc::new(TestApp::spawn().await);
+    hook_pool(&app, "QUARANTINE", 2).await;
+    app.sim.set_exec_rule(
+        "reset-state",
+        ExecRule { exit_code: 3, duration: Duration::from_millis(600), ..Default::default() },
+    );
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move { app.claim(CLIENT_A, "ci", Some("r-1")).await })
+    };
+    wait_for("the hook to start", async || app.sim.exec_running() == 1).await;
+    let dups = duplicates(&app, 4, "r-1");
+    first.await.unwrap().assert_error(500, "INTERNAL");
+    for t in dups {
+        let r = t.await.unwrap();
+        r.assert_error(409, "ABORTED");
+        assert!(r.headers.get("retry-after").is_some(), "ABORTED carries Retry-After");
+    }
+    assert_eq!(app.sim.exec_calls().len(), 1, "the duplicates ran no hook");
+    assert_eq!(app.count_phase("ci", "QUARANTINED").await, 1);
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 1, "the other VM untouched");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -271,7 +336,7 @@ async fn a_claim_abandoned_mid_hook_is_recovered_by_the_reconcile_pass() {
     // A function that took the VM (first transaction) and died before finishing.
     {
         let conn = app.conn().await;
-        let taken = poolmgr_core::store::vm_claim_for_hook(&**conn, &pool("ci")).await.unwrap();
+        let taken = poolmgr_core::store::vm_claim_for_hook(&**conn, &pool("ci"), "client-a", None).await.unwrap();
         assert_eq!(taken.vm.unwrap().id, vms[0].id);
     }
     app.pass().await;
@@ -282,6 +347,99 @@ async fn a_claim_abandoned_mid_hook_is_recovered_by_the_reconcile_pass() {
     assert!(phase.is_none() || phase.as_deref() == Some("DELETING"), "deleted, never handed out again: {phase:?}");
     assert_eq!(app.count_events("VM_HOOK_FAILED").await, 1);
     app.claim(CLIENT_A, "ci", None).await.assert_error(429, "RESOURCE_EXHAUSTED");
+}
+
+/// Issue 14 item 4: a client that disconnects while the hook claim's first transaction is in
+/// flight — it commits (VM → PRE_LEASE_HOOK_RUNNING) after the client left — must not strand
+/// the VM, counted as claiming, until the abandon sweep: the claim still finishes and the
+/// client's retry replays its lease. The moment is forced: the test holds an uncommitted
+/// claim of the same request_id on the other VM, so the first transaction waits on the
+/// request_id's unique index until the test rolls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_gone_while_the_first_hook_transaction_commits_still_gets_its_claim_finished() {
+    let app = Arc::new(TestApp::spawn().await);
+    let vms = hook_pool(&app, "QUARANTINE", 2).await;
+    let mut holder = app.db.client().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute(
+        "UPDATE vms SET phase = 'PRE_LEASE_HOOK_RUNNING', hook_started_at = now(),
+                        claim_principal = 'client-a', claim_request_id = 'r-1'
+         WHERE id = $1",
+        &[&vms[1].id],
+    )
+    .await
+    .unwrap();
+    let claim = {
+        let app = app.clone();
+        tokio::spawn(async move { app.claim(CLIENT_A, "ci", Some("r-1")).await })
+    };
+    wait_for("the first transaction to wait", async || crate::claims::lock_waiters(&app).await == 1).await;
+    claim.abort(); // the client goes away
+    let _ = claim.await;
+    tx.rollback().await.unwrap();
+    wait_for("the detached claim to finish", async || app.phase_of(&vms[0].id).await.as_deref() == Some("LEASED"))
+        .await;
+    assert_eq!(app.count_phase("ci", "PRE_LEASE_HOOK_RUNNING").await, 0, "nothing stranded");
+    assert_eq!(app.sim.exec_calls().len(), 1);
+    let r = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    assert!(r.replayed, "the retry finds the lease the abandoned call made");
+    assert_eq!(r.vm.id, vms[0].id);
+    assert_eq!(app.phase_of(&vms[1].id).await.as_deref(), Some("AVAILABLE"));
+}
+
+/// Issue 14 item 4: a database error between the two transactions of a hook claim (here the
+/// lease insert fails) must not leave the VM in PRE_LEASE_HOOK_RUNNING, counted as claiming,
+/// for the abandon period: its hook ran to the end, so it is AVAILABLE again at once and the
+/// next claim takes it.
+#[tokio::test]
+async fn a_database_error_between_the_hook_transactions_gives_the_vm_back() {
+    let app = TestApp::spawn().await;
+    let vms = hook_pool(&app, "QUARANTINE", 1).await;
+    app.conn()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION fail_lease_insert() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$;
+             CREATE TRIGGER fail_lease_insert BEFORE INSERT ON leases
+                 FOR EACH ROW EXECUTE FUNCTION fail_lease_insert();",
+        )
+        .await
+        .unwrap();
+    app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_error(500, "INTERNAL");
+    assert_eq!(app.sim.exec_calls().len(), 1, "the hook ran");
+    assert_eq!(app.phase_of(&vms[0].id).await.as_deref(), Some("AVAILABLE"), "given back, not stranded");
+    assert_eq!(app.get_pool("ci").await.status.claiming, 0);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+    assert_eq!(app.count_events("VM_CLAIMED").await, 0);
+
+    app.conn().await.batch_execute("DROP TRIGGER fail_lease_insert ON leases").await.unwrap();
+    let b = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    assert!(!b.replayed);
+    assert_eq!(b.vm.id, vms[0].id);
+}
+
+/// Issue 14 item 4: a claim's pre-lease commands share one deadline
+/// (`POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS`), below the function timeout, whatever each
+/// command's own limit (30 s here): the second command gets only what is left of it, and
+/// past it the hook has failed (the pool's policy applies).
+#[tokio::test]
+async fn a_claims_pre_lease_commands_share_one_deadline() {
+    let app = TestApp::spawn_with(|env| env.push(("POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS".into(), "1".into()))).await;
+    app.post(ADMIN, "/v1/pools", hook_spec("ci", 1, &[], &["step-one", "step-two"], "QUARANTINE")).await.assert_ok(201);
+    let vm = app.seed_available("ci", 1).await.remove(0);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    app.sim.set_exec_rule("step-one", slow(300));
+    app.sim.set_exec_rule("step-two", slow(5000));
+
+    let r = app.claim(CLIENT_A, "ci", Some("r-1")).await;
+    r.assert_error(500, "INTERNAL");
+    assert!(r.body["error"]["message"].as_str().unwrap().contains("deadline"), "{}", r.body);
+    let calls = app.sim.exec_calls();
+    assert_eq!(calls.iter().map(|c| c.cmd.as_str()).collect::<Vec<_>>(), ["step-one", "step-two"]);
+    assert_eq!(calls[0].timeout_seconds, 1, "the first command gets no more than the deadline");
+    assert_eq!(calls[1].timeout_seconds, 1, "the second gets what is left of it, not its own 30 s");
+    assert_eq!(app.phase_of(&vm.id).await.as_deref(), Some("QUARANTINED"));
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
 }
 
 #[tokio::test]

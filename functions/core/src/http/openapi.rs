@@ -129,7 +129,7 @@ error_responses!(
     /// The claim's outcomes beyond the common ones.
     ClaimErrors {
         "404" => ("NOT_FOUND: unknown pool", false),
-        "409" => ("ABORTED: the claim raced a deletion (the replayed lease's VM is DELETING or gone, or the concurrent claim that won the request_id already ended); retrying is correct", false),
+        "409" => ("ABORTED: the claim raced a deletion (the replayed lease's VM is DELETING or gone, or the concurrent claim that won the request_id already ended), or a concurrent claim with this request_id is still running its pre-lease hook; retrying is correct", true),
         "429" => ("RESOURCE_EXHAUSTED: no AVAILABLE VM in the pool", true),
     }
 );

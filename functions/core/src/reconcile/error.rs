@@ -41,7 +41,7 @@ impl ReconcileError {
     pub fn is_retryable(&self) -> bool {
         match self {
             ReconcileError::Store(StoreError::Unavailable(_)) => true,
-            ReconcileError::Store(StoreError::Db(_)) => false,
+            ReconcileError::Store(StoreError::Db(_) | StoreError::UniqueViolation(_)) => false,
             ReconcileError::Flintlock { source, .. } => match source {
                 FlintlockError::Unavailable { .. } | FlintlockError::Exec { .. } => true,
                 FlintlockError::Rpc { code, .. } => *code != tonic::Code::InvalidArgument,

@@ -1,22 +1,50 @@
 //! ClaimVM (`POST /v1/claims`): hand out one AVAILABLE VM, or replay the lease a
 //! `request_id` already created.
 //!
-//! Never calls flintlock: everything the response needs was stored at provisioning. Never
-//! writes outside the one claim statement, so a claim that fails has changed nothing.
+//! Never calls flintlock except to run a pool's pre-lease hook: everything the response needs
+//! was stored at provisioning. The common claim (no hook, no duplicate) is the one claim
+//! statement, one round trip; the rarer paths — a duplicate still committing, a lease that
+//! expired before the sweep, a hook claim — take a few more statements, each of which
+//! changes nothing or one thing the next one relies on.
+//!
+//! Never answers 429 to a claim whose request_id a concurrent claim is committing, and never
+//! replays an expired lease as live (issue 14, items 1 and 2; `docs/design-notes.md`).
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
 
 use crate::api::ClaimResponse;
 use crate::app::AppState;
 use crate::auth::Principal;
 use crate::domain::{HookFailurePolicy, LeaseId, Phase, PoolRef, RequestId};
 use crate::error::ApiError;
-use crate::store::{self, ClaimOutcome, HookLease, HostRow, LeaseView, VmRow};
+use crate::store::{self, ClaimOutcome, HookLease, HostRow, LeaseRow, LeaseView, StoreError, VmRow};
 
+#[derive(Clone)]
 pub struct ClaimRequest {
     pub pool: PoolRef,
     pub request_id: Option<RequestId>,
 }
 
-/// Answers a claim from an existing lease of this principal's `request_id`.
+/// What a claim already did, so each detour happens at most once per request.
+#[derive(Default)]
+struct Rounds {
+    /// It expired its request_id's lease (found expired, not yet swept).
+    expired: bool,
+    /// It waited for the claims in flight on the pool after finding no VM.
+    waited: bool,
+    /// Times its hook claim's first transaction lost the request_id to a concurrent one.
+    raced: u32,
+}
+
+/// "Now" for a lease's liveness: the clock's if a test moved it, else the database's, as it
+/// was when the statement that read the lease ran.
+fn now_for(state: &AppState, db_now: DateTime<Utc>) -> DateTime<Utc> {
+    state.clock.now_param().unwrap_or(db_now)
+}
+
+/// Answers a claim from an existing, live lease of this principal's `request_id`.
 fn replay(state: &AppState, req: &ClaimRequest, rid: &RequestId, view: LeaseView) -> Result<ClaimResponse, ApiError> {
     let lease_pool = view.lease.pool_ref();
     if lease_pool != req.pool {
@@ -35,53 +63,112 @@ fn replay(state: &AppState, req: &ClaimRequest, rid: &RequestId, view: LeaseView
         }
         // A release marks the VM DELETING before flintlock confirms, and removes the VM row
         // before the lease row: either way the lease is ending.
-        _ => {
-            state.metrics.claim_failure(&req.pool, "aborted");
-            Err(ApiError::Aborted(format!(
-                "lease {} for request_id {:?} is being released, retry",
-                view.lease.lease_id,
-                rid.as_str()
-            )))
-        }
+        _ => Err(aborted(
+            state,
+            req,
+            format!("lease {} for request_id {:?} is being released, retry", view.lease.lease_id, rid.as_str()),
+        )),
     }
 }
 
-pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -> Result<ClaimResponse, ApiError> {
+fn aborted(state: &AppState, req: &ClaimRequest, message: String) -> ApiError {
+    state.metrics.claim_failure(&req.pool, "aborted");
+    ApiError::Aborted(message)
+}
+
+/// The lease this request_id already has: replayed while live. An expired one (past
+/// `expires_at`, not yet swept) is never replayed: the claim expires it — exactly as the sweep
+/// would — and `Ok(None)` tells the caller to claim afresh (design-notes, item 2).
+async fn answer_existing(
+    state: &AppState,
+    req: &ClaimRequest,
+    view: LeaseView,
+    now: DateTime<Utc>,
+    rounds: &mut Rounds,
+) -> Result<Option<ClaimResponse>, ApiError> {
+    let rid = req.request_id.as_ref().ok_or_else(|| ApiError::internal("a replay needs a request_id"))?;
+    if view.lease.expires_at > now {
+        return replay(state, req, rid, view).map(Some);
+    }
+    if rounds.expired {
+        // It was expired once already and is back: not one this claim should fight over.
+        return Err(aborted(
+            state,
+            req,
+            format!("lease {} for request_id {:?} has expired, retry", view.lease.lease_id, rid.as_str()),
+        ));
+    }
+    rounds.expired = true;
+    expire_lease(state, &view.lease).await?;
+    Ok(None)
+}
+
+async fn expire_lease(state: &AppState, lease: &LeaseRow) -> Result<(), ApiError> {
     let conn = state.conn().await?;
-    let lease_id = LeaseId::generate();
-    let prepared = match state.config.db_prepare_claim {
-        true => Some(store::lease_claim_prepare(&conn).await?),
-        false => None,
-    };
-    let outcome = store::lease_claim(
-        &conn,
-        prepared.as_ref(),
-        &req.pool,
-        lease_id.as_str(),
-        req.request_id.as_ref().map(RequestId::as_str),
-        &principal.name,
-    )
-    .await?;
-    match outcome {
-        ClaimOutcome::PoolNotFound => Err(pool_not_found(&req.pool)),
-        ClaimOutcome::Existing(view) => {
-            let rid = req.request_id.as_ref().ok_or_else(|| ApiError::internal("a replay needs a request_id"))?;
-            replay(state, &req, rid, *view)
-        }
-        ClaimOutcome::NoVmAvailable => {
-            state.metrics.claim_failure(&req.pool, "exhausted");
-            Err(exhausted(&req.pool))
-        }
-        ClaimOutcome::NeedsPreLeaseHook => {
-            drop(conn);
-            claim_with_hook(state, principal, req).await
-        }
-        // A concurrent claim with our request_id committed first; answer with its lease.
-        ClaimOutcome::DuplicateRequestId => replay_winner(state, principal, &req).await,
-        ClaimOutcome::Claimed(view) => {
-            state.metrics.claim(&req.pool, false);
-            let vm = view.vm.as_ref().ok_or_else(|| ApiError::internal("claimed lease without its VM"))?;
-            Ok(ClaimResponse::new(&view, vm, false))
+    // None: the sweep expired it first; either way it is gone.
+    if let Some(l) = store::lease_expire_one(&conn, &lease.lease_id, state.clock.now_param()).await? {
+        let held = (Utc::now() - l.claimed_at).as_seconds_f64();
+        state.metrics.release(&l.pool_ref(), "expiry", Some(held));
+        tracing::info!(pool = %l.pool_ref(), lease = %l.lease_id, vm = %l.vm_id, "expired lease of a retried request_id expired by its claim");
+    }
+    Ok(())
+}
+
+/// A claim with a request_id that found no VM: the VMs it skipped may be held by a claim of
+/// the same request_id whose lease (or hook VM) its snapshot could not see yet. It waits once
+/// for the claims in flight on the pool and looks again (`true`). `false`: no request_id, or
+/// it waited already: the pool is exhausted.
+async fn waited_for_claimers(state: &AppState, req: &ClaimRequest, rounds: &mut Rounds) -> Result<bool, ApiError> {
+    if req.request_id.is_none() || rounds.waited {
+        return Ok(false);
+    }
+    rounds.waited = true;
+    let conn = state.conn().await?;
+    store::vm_wait_for_claimers(&conn, &req.pool).await?;
+    Ok(true)
+}
+
+pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -> Result<ClaimResponse, ApiError> {
+    let mut rounds = Rounds::default();
+    loop {
+        let outcome = {
+            let conn = state.conn().await?;
+            let lease_id = LeaseId::generate();
+            let prepared = match state.config.db_prepare_claim {
+                true => Some(store::lease_claim_prepare(&conn).await?),
+                false => None,
+            };
+            store::lease_claim(
+                &conn,
+                prepared.as_ref(),
+                &req.pool,
+                lease_id.as_str(),
+                req.request_id.as_ref().map(RequestId::as_str),
+                &principal.name,
+            )
+            .await?
+        };
+        match outcome {
+            ClaimOutcome::PoolNotFound => return Err(pool_not_found(&req.pool)),
+            ClaimOutcome::Existing { view, db_now } => {
+                if let Some(r) = answer_existing(state, &req, *view, now_for(state, db_now), &mut rounds).await? {
+                    return Ok(r);
+                }
+            }
+            ClaimOutcome::NoVmAvailable => {
+                if !waited_for_claimers(state, &req, &mut rounds).await? {
+                    state.metrics.claim_failure(&req.pool, "exhausted");
+                    return Err(exhausted(&req.pool));
+                }
+            }
+            ClaimOutcome::NeedsPreLeaseHook => return claim_with_hook(state, principal, req, rounds).await,
+            // A concurrent claim with our request_id committed first; answer with its lease.
+            ClaimOutcome::DuplicateRequestId => return replay_winner(state, principal, &req).await,
+            ClaimOutcome::Claimed(view) => {
+                state.metrics.claim(&req.pool, false);
+                let vm = view.vm.as_ref().ok_or_else(|| ApiError::internal("claimed lease without its VM"))?;
+                return Ok(ClaimResponse::new(&view, vm, false));
+            }
         }
     }
 }
@@ -96,10 +183,10 @@ async fn replay_winner(state: &AppState, principal: &Principal, req: &ClaimReque
     let rid = req.request_id.as_ref().ok_or_else(|| ApiError::internal("a duplicate needs a request_id"))?;
     let conn = state.conn().await?;
     match store::lease_get_by_request_id(&conn, &principal.name, rid.as_str()).await? {
+        // Just committed, so live: replayed as such.
         Some(view) => replay(state, req, rid, view),
         None => {
-            state.metrics.claim_failure(&req.pool, "aborted");
-            Err(ApiError::Aborted(format!("concurrent claim for request_id {:?} already ended, retry", rid.as_str())))
+            Err(aborted(state, req, format!("concurrent claim for request_id {:?} already ended, retry", rid.as_str())))
         }
     }
 }
@@ -108,29 +195,142 @@ pub fn pool_not_found(pool: &PoolRef) -> ApiError {
     ApiError::NotFound(format!("pool {pool} not found"))
 }
 
+/// Where a hook claim's first transaction left it.
+enum HookStep {
+    /// It took a VM, ran the hook and answered (a lease, or the hook's failure as an error).
+    Done(Box<ClaimResponse>),
+    PoolNotFound,
+    /// The request_id has a lease; nothing was taken.
+    Existing(Box<LeaseView>, DateTime<Utc>),
+    /// A claim with this request_id is running its hook on this VM; nothing was taken.
+    InFlight(Box<VmRow>),
+    NoVm,
+    /// A concurrent first transaction with this request_id committed first; nothing was taken.
+    Raced,
+}
+
 /// The two-phase claim of a pool with `pre_lease_commands` (the seed ADR): transaction 1
-/// takes an AVAILABLE VM to PRE_LEASE_HOOK_RUNNING; the hook runs outside any transaction;
-/// transaction 2 writes the lease. Everything after transaction 1 runs detached from the
-/// request, so a client that disconnects cannot leave the VM stuck or half cleaned up.
+/// takes an AVAILABLE VM to PRE_LEASE_HOOK_RUNNING with this claim's request_id on it; the
+/// hook runs outside any transaction; transaction 2 writes the lease.
+///
+/// Transaction 1 and everything after it run detached from the request: a client that
+/// disconnects — even while transaction 1 is still in flight — cannot leave the VM in
+/// PRE_LEASE_HOOK_RUNNING with nobody to finish the claim (issue 14, item 4). A duplicate
+/// arriving while the hook runs takes no VM and runs no hook: it waits for the lease.
 async fn claim_with_hook(
     state: &AppState,
     principal: &Principal,
     req: ClaimRequest,
+    mut rounds: Rounds,
 ) -> Result<ClaimResponse, ApiError> {
+    loop {
+        let (st, pr, rq) = (state.clone(), principal.clone(), req.clone());
+        let step = super::detached(async move { take_and_finish(&st, &pr, &rq).await }).await?;
+        match step {
+            HookStep::Done(resp) => return Ok(*resp),
+            HookStep::PoolNotFound => return Err(pool_not_found(&req.pool)),
+            HookStep::Existing(view, db_now) => {
+                if let Some(r) = answer_existing(state, &req, *view, now_for(state, db_now), &mut rounds).await? {
+                    return Ok(r);
+                }
+            }
+            HookStep::InFlight(vm) => return wait_for_hook_claim(state, principal, &req, &vm).await,
+            HookStep::NoVm => {
+                if !waited_for_claimers(state, &req, &mut rounds).await? {
+                    state.metrics.claim_failure(&req.pool, "exhausted");
+                    return Err(exhausted(&req.pool));
+                }
+            }
+            // The winner's first transaction is committed now: the next look finds it.
+            HookStep::Raced if rounds.raced < 3 => rounds.raced += 1,
+            HookStep::Raced => {
+                return Err(aborted(state, &req, "concurrent claims with this request_id keep racing, retry".into()));
+            }
+        }
+    }
+}
+
+/// Transaction 1, then (when it took a VM) the hook and transaction 2.
+async fn take_and_finish(state: &AppState, principal: &Principal, req: &ClaimRequest) -> Result<HookStep, ApiError> {
+    let rid = req.request_id.as_ref().map(RequestId::as_str);
     let taken = {
         let conn = state.conn().await?;
-        store::vm_claim_for_hook(&conn, &req.pool).await?
+        match store::vm_claim_for_hook(&conn, &req.pool, &principal.name, rid).await {
+            Err(StoreError::UniqueViolation(_)) => return Ok(HookStep::Raced),
+            other => other?,
+        }
     };
     if !taken.pool_found {
-        return Err(pool_not_found(&req.pool));
+        return Ok(HookStep::PoolNotFound);
+    }
+    if let Some(view) = taken.existing {
+        return Ok(HookStep::Existing(Box::new(view), taken.db_now));
+    }
+    if let Some(vm) = taken.in_flight {
+        return Ok(HookStep::InFlight(Box::new(vm)));
     }
     let Some(vm) = taken.vm else {
-        state.metrics.claim_failure(&req.pool, "exhausted");
-        return Err(exhausted(&req.pool));
+        return Ok(HookStep::NoVm);
     };
-    let (state, principal) = (state.clone(), principal.clone());
-    super::detached(async move { finish_hook_claim(&state, &principal, &req, vm, taken.host, &taken.commands).await })
-        .await
+    finish_hook_claim(state, principal, req, vm, taken.host, &taken.commands).await.map(|r| HookStep::Done(Box::new(r)))
+}
+
+/// Longest pause between two looks of a duplicate waiting for a hook claim's lease.
+const HOOK_WAIT_MAX_PAUSE: Duration = Duration::from_millis(200);
+
+/// A duplicate of a hook claim in flight on `vm`: it waits — at most the claim hook deadline,
+/// the longest that claim's hooks may run — for that claim's lease and replays it. 409 ABORTED
+/// (with Retry-After) if that claim ended without a lease (its hook failed, its VM was
+/// deleted) or is still running when the wait is over.
+async fn wait_for_hook_claim(
+    state: &AppState,
+    principal: &Principal,
+    req: &ClaimRequest,
+    vm: &VmRow,
+) -> Result<ClaimResponse, ApiError> {
+    let rid = req.request_id.as_ref().ok_or_else(|| ApiError::internal("a duplicate needs a request_id"))?;
+    let until = Instant::now() + state.config.hooks.claim_hook_deadline;
+    let mut pause = Duration::from_millis(10);
+    loop {
+        tokio::time::sleep(pause.min(until.saturating_duration_since(Instant::now()))).await;
+        pause = (pause * 2).min(HOOK_WAIT_MAX_PAUSE);
+        let found = {
+            let conn = state.conn().await?;
+            store::claim_get_by_request_id(&conn, &principal.name, rid.as_str()).await?
+        };
+        if let Some(view) = found.existing {
+            if view.lease.expires_at <= now_for(state, found.db_now) {
+                return Err(aborted(
+                    state,
+                    req,
+                    format!("lease {} for request_id {:?} has expired, retry", view.lease.lease_id, rid.as_str()),
+                ));
+            }
+            return replay(state, req, rid, view);
+        }
+        if found.in_flight.is_none() {
+            return Err(aborted(
+                state,
+                req,
+                format!(
+                    "the concurrent claim for request_id {:?} ended without a lease (its pre-lease hook failed or vm {} was deleted), retry",
+                    rid.as_str(),
+                    vm.id
+                ),
+            ));
+        }
+        if Instant::now() >= until {
+            return Err(aborted(
+                state,
+                req,
+                format!(
+                    "a concurrent claim for request_id {:?} is still running the pre-lease hook on vm {}, retry after the Retry-After delay",
+                    rid.as_str(),
+                    vm.id
+                ),
+            ));
+        }
+    }
 }
 
 async fn finish_hook_claim(
@@ -141,20 +341,39 @@ async fn finish_hook_claim(
     host: Option<HostRow>,
     commands: &[String],
 ) -> Result<ClaimResponse, ApiError> {
-    let started = std::time::Instant::now();
-    let timeout = state.config.hooks.command_timeout;
+    let started = Instant::now();
+    let hook_deadline = state.config.hooks.claim_hook_deadline;
+    let deadline = started + hook_deadline;
     for cmd in commands {
-        let outcome = match (&host, &vm.uid) {
-            (Some(h), Some(uid)) => state.flintlock.exec(&h.endpoint(), uid, cmd, timeout).await,
-            _ => Err(crate::flintlock::FlintlockError::Config {
-                host: vm.flintlock_host.clone(),
-                message: "the VM has no flintlock uid or its host is not registered".into(),
-            }),
+        // Each command gets its own limit, but never more than what is left of the claim's
+        // deadline: the whole hook must end well inside the function's timeout.
+        let left = deadline.saturating_duration_since(Instant::now());
+        let past_deadline = || {
+            format!(
+                "the pre-lease hook did not finish within the claim's deadline of {} s (POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS); `{cmd}` was cut short",
+                hook_deadline.as_secs()
+            )
         };
-        let failure = match outcome {
-            Ok(o) if o.exit_code == 0 => None,
-            Ok(o) => Some(format!("`{cmd}` exited with {}{}", o.exit_code, stderr_tail(&o.stderr))),
-            Err(e) => Some(format!("`{cmd}` could not run: {e}")),
+        let failure = if left.is_zero() {
+            Some(past_deadline())
+        } else {
+            let limit = state.config.hooks.command_timeout.min(left);
+            let run = async {
+                match (&host, &vm.uid) {
+                    (Some(h), Some(uid)) => state.flintlock.exec(&h.endpoint(), uid, cmd, limit).await,
+                    _ => Err(crate::flintlock::FlintlockError::Config {
+                        host: vm.flintlock_host.clone(),
+                        message: "the VM has no flintlock uid or its host is not registered".into(),
+                    }),
+                }
+            };
+            // Dropping the exec at the deadline cancels its stream, which stops the command.
+            match tokio::time::timeout(left, run).await {
+                Err(_) => Some(past_deadline()),
+                Ok(Ok(o)) if o.exit_code == 0 => None,
+                Ok(Ok(o)) => Some(format!("`{cmd}` exited with {}{}", o.exit_code, stderr_tail(&o.stderr))),
+                Ok(Err(e)) => Some(format!("`{cmd}` could not run: {e}")),
+            }
         };
         if let Some(reason) = failure {
             return Err(pre_lease_hook_failed(state, req, &vm, host.as_ref(), reason).await);
@@ -162,20 +381,33 @@ async fn finish_hook_claim(
     }
     let lease_id = LeaseId::generate();
     let rid = req.request_id.as_ref().map(RequestId::as_str);
-    let outcome = {
+    let written = async {
         let conn = state.conn().await?;
-        store::lease_insert_after_hook(&conn, &vm.id, lease_id.as_str(), rid, &principal.name).await?
+        store::lease_insert_after_hook(&conn, &vm.id, lease_id.as_str(), rid, &principal.name)
+            .await
+            .map_err(ApiError::from)
+    }
+    .await;
+    let outcome = match written {
+        Ok(o) => o,
+        Err(e) => {
+            // The database failed between the two transactions. The hook ran to the end, so
+            // the VM goes back to AVAILABLE rather than sit in PRE_LEASE_HOOK_RUNNING,
+            // counted as claiming, until the abandon sweep. Should the lease have committed
+            // after all (a statement timeout), the phase guard makes this a no-op and the
+            // client's retry replays that lease.
+            tracing::warn!(vm = %vm.id, error = %e, "writing the lease after a pre-lease hook failed; giving the VM back");
+            let _ = give_back(state, &vm).await;
+            return Err(e);
+        }
     };
     match outcome {
         HookLease::VmTaken => Err(vm_taken(state, req, &vm)),
         HookLease::DuplicateRequestId => {
-            // The loser gives its VM back (the hook ran once on it; accepted) and answers
-            // with the winner's lease.
-            let given_back = {
-                let conn = state.conn().await?;
-                store::vm_transition(&conn, &vm.id, Phase::PreLeaseHookRunning, Phase::Available, None, None).await?
-            };
-            if !given_back {
+            // A claim of this request_id on a pool without hooks won meanwhile. The loser
+            // gives its VM back (the hook ran once on it; accepted) and answers with the
+            // winner's lease.
+            if !give_back(state, &vm).await? {
                 return Err(vm_taken(state, req, &vm));
             }
             replay_winner(state, principal, req).await
@@ -191,6 +423,51 @@ async fn finish_hook_claim(
             let vm = view.vm.as_ref().ok_or_else(|| ApiError::internal("claimed lease without its VM"))?;
             Ok(ClaimResponse::new(&view, vm, false))
         }
+    }
+}
+
+/// A VM whose hook ran but whose claim will not get the lease: PRE_LEASE_HOOK_RUNNING →
+/// AVAILABLE (`false` if it had left that phase: taken by a delete, or leased after all).
+async fn give_back(state: &AppState, vm: &VmRow) -> Result<bool, ApiError> {
+    retrying("give the VM back", &vm.id, || async {
+        let conn = state.conn().await?;
+        Ok(store::vm_transition(&conn, &vm.id, Phase::PreLeaseHookRunning, Phase::Available, None, None).await?)
+    })
+    .await
+}
+
+/// Attempts of [`retrying`], and the pause before the second (doubled before the third).
+const SETTLE_ATTEMPTS: u32 = 3;
+const SETTLE_FIRST_PAUSE: Duration = Duration::from_millis(100);
+/// No new attempt after this long: the function's own timeout is not far.
+const SETTLE_BUDGET: Duration = Duration::from_secs(3);
+
+/// Runs `op` — a step that takes a VM out of PRE_LEASE_HOOK_RUNNING after its claim could not
+/// finish — up to [`SETTLE_ATTEMPTS`] times while the database fails. Each such step is
+/// guarded by the VM's phase, so running it twice is harmless. What still fails is left to
+/// the abandon sweep (`POOLMGR_CLAIM_ABANDON_SECONDS`).
+async fn retrying<T, F, Fut>(what: &str, vm_id: &str, mut op: F) -> Result<T, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ApiError>>,
+{
+    let started = Instant::now();
+    let mut pause = SETTLE_FIRST_PAUSE;
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) if attempt < SETTLE_ATTEMPTS && started.elapsed() < SETTLE_BUDGET => {
+                tracing::warn!(vm = %vm_id, error = %e, attempt, "could not {what}; retrying");
+            }
+            Err(e) => {
+                tracing::error!(vm = %vm_id, error = %e, "could not {what}; the VM is left to the abandon sweep");
+                return Err(e);
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause *= 2;
+        attempt += 1;
     }
 }
 
@@ -210,7 +487,8 @@ fn vm_taken(state: &AppState, req: &ClaimRequest, vm: &VmRow) -> ApiError {
 
 /// Applies the pool's hook-failure policy to a VM whose pre-lease hook failed. If the VM was
 /// taken meanwhile (a forced pool delete made it DELETING), that is not a hook failure: the
-/// claim is ABORTED and the VM left to its deleter.
+/// claim is ABORTED and the VM left to its deleter. A database that fails here is retried
+/// ([`retrying`]) rather than leave the VM in PRE_LEASE_HOOK_RUNNING.
 async fn pre_lease_hook_failed(
     state: &AppState,
     req: &ClaimRequest,
@@ -218,40 +496,36 @@ async fn pre_lease_hook_failed(
     host: Option<&HostRow>,
     reason: String,
 ) -> ApiError {
-    let policy = {
-        let conn = match state.conn().await {
-            Ok(c) => c,
-            Err(e) => return e,
+    let payload =
+        |policy: HookFailurePolicy| serde_json::json!({"hook": "pre_lease", "reason": reason, "policy": policy});
+    let applied = retrying("apply the hook-failure policy", &vm.id, || async {
+        let conn = state.conn().await?;
+        let policy = match store::pool_get(&conn, &req.pool).await? {
+            Some((p, _)) => p.hook_failure_policy,
+            None => return Ok(None),
         };
-        match store::pool_get(&conn, &req.pool).await {
-            Ok(Some((p, _))) => p.hook_failure_policy,
-            Ok(None) => return vm_taken(state, req, vm),
-            Err(e) => return e.into(),
-        }
-    };
-    let to = match policy {
-        HookFailurePolicy::DeleteAndReplace => Phase::Deleting,
-        HookFailurePolicy::Quarantine => Phase::Quarantined,
-    };
-    let payload = serde_json::json!({"hook": "pre_lease", "reason": reason, "policy": policy});
-    let moved = match state.conn().await {
-        Ok(conn) => store::vm_transition(
+        let to = match policy {
+            HookFailurePolicy::DeleteAndReplace => Phase::Deleting,
+            HookFailurePolicy::Quarantine => Phase::Quarantined,
+        };
+        let event = payload(policy);
+        let moved = store::vm_transition(
             &conn,
             &vm.id,
             Phase::PreLeaseHookRunning,
             to,
             None,
-            Some((crate::domain::EventType::VmHookFailed, &payload)),
+            Some((crate::domain::EventType::VmHookFailed, &event)),
         )
-        .await
-        .map_err(ApiError::from),
-        Err(e) => Err(e),
-    };
-    match moved {
-        Ok(true) => {}
-        Ok(false) => return vm_taken(state, req, vm),
+        .await?;
+        Ok(moved.then_some((policy, to)))
+    })
+    .await;
+    let (policy, to) = match applied {
+        Ok(Some(applied)) => applied,
+        Ok(None) => return vm_taken(state, req, vm),
         Err(e) => return e,
-    }
+    };
     state.metrics.hook_failed(&req.pool.namespace, &req.pool.name, "pre_lease");
     state.metrics.claim_failure(&req.pool, "hook_failed");
     tracing::warn!(vm = %vm.id, %reason, %policy, "pre-lease hook failed");

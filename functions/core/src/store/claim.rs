@@ -4,9 +4,12 @@
 //! `leases` and `events` at once and share the pick (`pick_available_vm!`), so they live
 //! together rather than in those tables' files.
 //!
-//! Never waits on a row another claimer holds (SKIP LOCKED), and never leaves a VM LEASED
-//! without its lease: the lease INSERT comes first and the VM UPDATE reads its RETURNING.
+//! A claim never waits on a row another claimer holds (SKIP LOCKED) and never leaves a VM
+//! LEASED without its lease: the lease INSERT comes first and the VM UPDATE reads its
+//! RETURNING. The one statement here that waits is [`vm_wait_for_claimers`], which only a
+//! claim with a request_id runs, and only after it found no VM.
 
+use chrono::{DateTime, Utc};
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Statement};
 
@@ -16,8 +19,15 @@ use crate::domain::PoolRef;
 
 pub enum ClaimOutcome {
     PoolNotFound,
-    /// The request_id already has a live lease (maybe on another pool): nothing was claimed.
-    Existing(Box<LeaseView>),
+    /// The request_id already has a lease (maybe on another pool, maybe expired but not yet
+    /// swept): nothing was claimed. `db_now` is the database's clock when the statement ran,
+    /// for the caller's "is it still live" check.
+    Existing {
+        view: Box<LeaseView>,
+        db_now: DateTime<Utc>,
+    },
+    /// Every AVAILABLE VM was gone or locked by a claim in flight (maybe one with this
+    /// request_id: see [`vm_wait_for_claimers`]).
     NoVmAvailable,
     /// A concurrent claim with the same (principal, request_id) committed its lease first.
     /// Nothing was changed: the VM this claim picked is still AVAILABLE.
@@ -109,7 +119,8 @@ pub const LEASE_CLAIM_SQL: &str = concat!(
      SELECT EXISTS (SELECT 1 FROM pool) AS pool_found, picked.id AS picked,
             coalesce((SELECT has_hooks FROM pool), false) AS has_hooks,
             to_jsonb(ins) AS lease, to_jsonb(upd) AS vm, to_jsonb(h) AS host,
-            to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm, to_jsonb(ev_h) AS existing_host
+            to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm, to_jsonb(ev_h) AS existing_host,
+            now() AS db_now
      FROM (SELECT 1) AS one
      LEFT JOIN picked ON true
      LEFT JOIN ins ON true
@@ -163,9 +174,8 @@ pub async fn lease_claim(
     if !row.try_get::<_, bool>("pool_found")? {
         return Ok(ClaimOutcome::PoolNotFound);
     }
-    if let Some(lease) = json_col::<LeaseRow>(&row, "existing_lease")? {
-        let view = LeaseView { lease, vm: json_col(&row, "existing_vm")?, host: json_col(&row, "existing_host")? };
-        return Ok(ClaimOutcome::Existing(Box::new(view)));
+    if let Some(view) = existing_view(&row)? {
+        return Ok(ClaimOutcome::Existing { view: Box::new(view), db_now: row.try_get("db_now")? });
     }
     if row.try_get::<_, bool>("has_hooks")? {
         return Ok(ClaimOutcome::NeedsPreLeaseHook);
@@ -179,47 +189,160 @@ pub async fn lease_claim(
     Ok(ClaimOutcome::Claimed(Box::new(lease_view(&row)?)))
 }
 
-/// First transaction of a two-phase claim: one AVAILABLE VM → PRE_LEASE_HOOK_RUNNING (no
-/// lease yet). Same pick as [`lease_claim`].
+/// The lease (with its VM and host) in the columns `existing_lease`, `existing_vm` and
+/// `existing_host` of a claim statement's row, if there is one.
+fn existing_view(row: &tokio_postgres::Row) -> Result<Option<LeaseView>> {
+    Ok(match json_col::<LeaseRow>(row, "existing_lease")? {
+        Some(lease) => {
+            Some(LeaseView { lease, vm: json_col(row, "existing_vm")?, host: json_col(row, "existing_host")? })
+        }
+        None => None,
+    })
+}
+
+/// What the first transaction of a two-phase claim found or took.
 pub struct HookClaim {
     pub pool_found: bool,
+    /// The request_id's lease, if it has one (maybe on another pool, maybe expired): nothing
+    /// was taken.
+    pub existing: Option<LeaseView>,
+    /// The VM a claim with the same (principal, request_id) is running its pre-lease hook on
+    /// (its first transaction committed, its lease does not exist yet): nothing was taken.
+    pub in_flight: Option<VmRow>,
+    /// The VM taken (now PRE_LEASE_HOOK_RUNNING), when none of the above.
     pub vm: Option<VmRow>,
     pub host: Option<HostRow>,
     pub commands: Vec<String>,
+    /// The database's clock when the statement ran.
+    pub db_now: DateTime<Utc>,
 }
 
-pub async fn vm_claim_for_hook(c: &impl Executor, pool: &PoolRef) -> Result<HookClaim> {
+/// First transaction of a two-phase claim: one AVAILABLE VM → PRE_LEASE_HOOK_RUNNING, the
+/// claim's (principal, request_id) written on it (no lease yet). Same pick as
+/// [`lease_claim`]; nothing is taken when the request_id already has a lease or a hook claim
+/// in flight.
+///
+/// The unique index `vms_hook_claim_request_id` (V6) guards the key while the hook runs: a
+/// concurrent first transaction with the same key that committed after this statement's
+/// snapshot makes this UPDATE wait for it and then fail with
+/// [`super::StoreError::UniqueViolation`] (nothing changed; look again).
+pub async fn vm_claim_for_hook(
+    c: &impl Executor,
+    pool: &PoolRef,
+    principal: &str,
+    request_id: Option<&str>,
+) -> Result<HookClaim> {
     let row = c
         .timed_query_one(
             concat!(
                 "WITH pool AS (
                  SELECT pre_lease_commands FROM pools WHERE namespace = $1 AND name = $2
+             ), existing AS (
+                 SELECT * FROM leases WHERE $4::text IS NOT NULL AND principal = $3 AND request_id = $4
+             ), in_flight AS (
+                 -- Served by vms_hook_claim_request_id: at most one row.
+                 SELECT * FROM vms
+                 WHERE $4::text IS NOT NULL AND claim_principal = $3 AND claim_request_id = $4
+                   AND phase = 'PRE_LEASE_HOOK_RUNNING'
              ), go AS (
                  SELECT 1 FROM pool
+                 WHERE NOT EXISTS (SELECT 1 FROM existing) AND NOT EXISTS (SELECT 1 FROM in_flight)
              ), ",
                 pick_available_vm!(),
                 "
              ), upd AS (
-                 UPDATE vms v SET phase = 'PRE_LEASE_HOOK_RUNNING', hook_started_at = now(), updated_at = now()
+                 UPDATE vms v SET phase = 'PRE_LEASE_HOOK_RUNNING', hook_started_at = now(), updated_at = now(),
+                                  claim_principal = $3, claim_request_id = $4
                  FROM picked, pool WHERE v.id = picked.id
                  RETURNING v.*
              )
              SELECT EXISTS (SELECT 1 FROM pool) AS pool_found,
                     coalesce((SELECT pre_lease_commands FROM pool), '{}') AS commands,
-                    to_jsonb(upd) AS vm, to_jsonb(h) AS host
+                    to_jsonb(upd) AS vm, to_jsonb(h) AS host,
+                    to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm, to_jsonb(ev_h) AS existing_host,
+                    to_jsonb(f) AS in_flight, now() AS db_now
              FROM (SELECT 1) AS one
              LEFT JOIN upd ON true
-             LEFT JOIN hosts h ON h.name = upd.flintlock_host"
+             LEFT JOIN hosts h ON h.name = upd.flintlock_host
+             LEFT JOIN existing e ON true
+             LEFT JOIN vms ev_vm ON ev_vm.id = e.vm_id
+             LEFT JOIN hosts ev_h ON ev_h.name = ev_vm.flintlock_host
+             LEFT JOIN in_flight f ON true"
             ),
-            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)],
+            &[
+                (&pool.namespace, Type::TEXT),
+                (&pool.name, Type::TEXT),
+                (&principal, Type::TEXT),
+                (&request_id, Type::TEXT),
+            ],
         )
         .await?;
     Ok(HookClaim {
         pool_found: row.try_get("pool_found")?,
+        existing: existing_view(&row)?,
+        in_flight: json_col(&row, "in_flight")?,
         vm: json_col(&row, "vm")?,
         host: json_col(&row, "host")?,
         commands: row.try_get("commands")?,
+        db_now: row.try_get("db_now")?,
     })
+}
+
+/// Where a hook claim of (principal, request_id) stands, for a duplicate waiting on it.
+pub struct HookClaimState {
+    /// Its lease, once transaction 2 committed.
+    pub existing: Option<LeaseView>,
+    /// Its VM while the hook still runs.
+    pub in_flight: Option<VmRow>,
+    pub db_now: DateTime<Utc>,
+}
+
+/// The lease of (principal, request_id), and the VM a claim with that key is running its
+/// pre-lease hook on: one read, so a duplicate sees the hook claim either still running or
+/// with its lease (transaction 2 changes both at once).
+pub async fn claim_get_by_request_id(c: &impl Executor, principal: &str, request_id: &str) -> Result<HookClaimState> {
+    let row = c
+        .timed_query_one(
+            "SELECT to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm, to_jsonb(ev_h) AS existing_host,
+                    to_jsonb(f) AS in_flight, now() AS db_now
+             FROM (SELECT 1) AS one
+             LEFT JOIN leases e ON e.principal = $1 AND e.request_id = $2
+             LEFT JOIN vms ev_vm ON ev_vm.id = e.vm_id
+             LEFT JOIN hosts ev_h ON ev_h.name = ev_vm.flintlock_host
+             LEFT JOIN vms f ON f.claim_principal = $1 AND f.claim_request_id = $2
+                            AND f.phase = 'PRE_LEASE_HOOK_RUNNING'",
+            &[(&principal, Type::TEXT), (&request_id, Type::TEXT)],
+        )
+        .await?;
+    Ok(HookClaimState {
+        existing: existing_view(&row)?,
+        in_flight: json_col(&row, "in_flight")?,
+        db_now: row.try_get("db_now")?,
+    })
+}
+
+/// Waits until no transaction holds a row lock on an AVAILABLE VM of the pool, without
+/// claiming anything. A claim with a request_id that found no VM runs it before it looks
+/// again: the VMs it skipped were locked by claims in flight, and one of them may be a claim
+/// of the same request_id whose lease its snapshot could not see yet. Once their
+/// transactions ended, that lease (or that hook claim's VM) is committed, and the next look
+/// finds it.
+///
+/// FOR SHARE conflicts with a claim's FOR NO KEY UPDATE, so it queues behind each holder;
+/// a row that stopped being AVAILABLE meanwhile is rechecked and dropped. Its own share locks
+/// last only until this statement ends (a claimer meeting one skips that VM, as it skips any
+/// VM being claimed), and share locks do not conflict with each other.
+pub async fn vm_wait_for_claimers(c: &impl Executor, pool: &PoolRef) -> Result<()> {
+    c.timed_query_one(
+        "SELECT count(*) FROM (
+             SELECT id FROM vms
+             WHERE pool_namespace = $1 AND pool_name = $2 AND phase = 'AVAILABLE'
+             FOR SHARE
+         ) waited",
+        &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)],
+    )
+    .await?;
+    Ok(())
 }
 
 pub enum HookLease {

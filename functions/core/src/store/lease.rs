@@ -174,6 +174,36 @@ pub async fn lease_expire_for_pool(
     rows.iter().map(|r| json_req(r, "lease")).collect()
 }
 
+/// Expires one lease, if it is past `expires_at`, exactly as [`lease_expire_for_pool`] does
+/// for a pool (lease removed, VM → DELETING, VM_DELETED_DUE_TO_EXPIRY; same lock order: the
+/// lease row, then the VM row): for a claim whose request_id's lease expired before the sweep
+/// came. `None` when it is no longer there (the sweep was first) or not expired.
+pub async fn lease_expire_one(
+    c: &impl Executor,
+    lease_id: &str,
+    now: Option<DateTime<Utc>>,
+) -> Result<Option<LeaseRow>> {
+    let row = c
+        .timed_query_opt(
+            "WITH exp AS (
+                 -- $2: the clock's now (NULL: the database's).
+                 DELETE FROM leases WHERE lease_id = $1 AND expires_at <= coalesce($2, now())
+                 RETURNING *
+             ), v AS (
+                 UPDATE vms SET phase = 'DELETING', updated_at = now(), attempts = 0, next_attempt_at = NULL
+                 FROM exp WHERE vms.id = exp.vm_id
+                 RETURNING vms.id
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
+                 SELECT 'VM_DELETED_DUE_TO_EXPIRY', exp.pool_namespace, exp.pool_name, exp.vm_id, exp.lease_id FROM exp
+             )
+             SELECT to_jsonb(exp) AS lease FROM exp",
+            &[(&lease_id, Type::TEXT), (&now, Type::TIMESTAMPTZ)],
+        )
+        .await?;
+    row.as_ref().map(|r| json_req(r, "lease")).transpose()
+}
+
 /// Writes VM_EXPIRING_SOON once per expiry deadline for leases expiring within `window`.
 pub async fn lease_warn_expiring_for_pool(
     c: &impl Executor,

@@ -41,7 +41,8 @@
 //! - `event.rs`: `events`. [`EventRow`]; insert and list.
 //! - `claim.rs`: the claim statements, which write `leases`, `vms` and `events` at once:
 //!   [`LEASE_CLAIM_SQL`] and [`lease_claim`], and the two-phase claim of pools with pre-lease
-//!   hooks ([`vm_claim_for_hook`], [`lease_insert_after_hook`]).
+//!   hooks ([`vm_claim_for_hook`], [`lease_insert_after_hook`]); what a duplicate of a claim
+//!   in flight reads and waits on ([`claim_get_by_request_id`], [`vm_wait_for_claimers`]).
 //! - `rows.rs`: [`LeaseRow`], kept below `vm.rs` and `lease.rs` because each of those returns
 //!   the other's row (no import circle).
 //! - this file: [`StoreError`] and [`interpret`], [`Executor`], [`Limits`] and [`Timed`], the
@@ -77,6 +78,11 @@ pub enum StoreError {
     Unavailable(String),
     #[error("database error: {0}")]
     Db(String),
+    /// A unique index refused a row (`23505`): another transaction committed the same key
+    /// first. Which key, and what that means, is the caller's to say (a claim's first
+    /// transaction: a duplicate of its request_id is already running its hook).
+    #[error("unique violation: {0}")]
+    UniqueViolation(String),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -99,6 +105,7 @@ pub fn interpret(e: tokio_postgres::Error) -> StoreError {
         {
             StoreError::Unavailable(e.to_string())
         }
+        Some(c) if *c == SqlState::UNIQUE_VIOLATION => StoreError::UniqueViolation(e.to_string()),
         Some(_) => StoreError::Db(e.to_string()),
     }
 }
