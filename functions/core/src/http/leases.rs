@@ -87,7 +87,7 @@ struct LeaseListQuery {
     /// Default 100.
     #[param(minimum = 1, maximum = 1000)]
     page_size: Option<i64>,
-    /// A `next_page_token`, passed back unchanged.
+    /// A `next_page_token`, passed back unchanged (anything else is INVALID_ARGUMENT).
     page_token: Option<String>,
 }
 

@@ -37,6 +37,24 @@ pub async fn heartbeat(state: &AppState, id: &LeaseId) -> Result<LeaseRecord, Ap
     }
 }
 
+/// The lease id a `page_token` says the previous page ended at. A page token is a
+/// `next_page_token` passed back: the base64url (unpadded) of a lease id. Anything else is
+/// INVALID_ARGUMENT before it reaches SQL: bytes PostgreSQL refuses in text (`AA` is one NUL
+/// byte), bytes that are not UTF-8, or a value no lease id can have.
+fn page_after(page_token: Option<&str>) -> Result<Option<LeaseId>, ApiError> {
+    let Some(token) = page_token.filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    // The longest lease id (64 bytes) encodes to 86 characters: no need to decode more.
+    (token.len() <= 86)
+        .then(|| URL_SAFE_NO_PAD.decode(token).ok())
+        .flatten()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .and_then(|id| LeaseId::parse(&id).ok())
+        .map(Some)
+        .ok_or_else(|| ApiError::InvalidArgument("page_token is malformed: pass back next_page_token unchanged".into()))
+}
+
 pub struct Page {
     pub leases: Vec<LeaseRecord>,
     pub next_page_token: String,
@@ -54,16 +72,11 @@ pub async fn list(
     if !(1..=MAX_PAGE_SIZE).contains(&size) {
         return Err(ApiError::InvalidArgument(format!("page_size must be between 1 and {MAX_PAGE_SIZE}")));
     }
-    let after = match page_token.filter(|t| !t.is_empty()) {
-        None => String::new(),
-        Some(t) => URL_SAFE_NO_PAD.decode(t).ok().and_then(|b| String::from_utf8(b).ok()).ok_or_else(|| {
-            ApiError::InvalidArgument("page_token is malformed: pass back next_page_token unchanged".into())
-        })?,
-    };
+    let after = page_after(page_token)?;
     let only = (!principal.is_admin()).then_some(principal.name.as_str());
     let conn = state.conn().await?;
     // One extra row tells whether another page exists.
-    let mut views = store::lease_list(&conn, pool, only, &after, size + 1).await?;
+    let mut views = store::lease_list(&conn, pool, only, after.as_ref().map_or("", LeaseId::as_str), size + 1).await?;
     let more = views.len() as i64 > size;
     views.truncate(size as usize);
     let next_page_token = match (more, views.last()) {
