@@ -35,6 +35,13 @@ impl Principal {
     pub fn is_admin(&self) -> bool {
         self.role == Role::Admin
     }
+
+    /// Whose leases this caller reaches: `None` for an admin (every lease), else only the
+    /// leases its own principal claimed. A lease id is not a capability on its own (it appears
+    /// in request and access logs): lease routes filter by this in the same statement.
+    pub fn lease_owner(&self) -> Option<&str> {
+        (!self.is_admin()).then_some(self.name.as_str())
+    }
 }
 
 #[derive(Clone)]
