@@ -493,7 +493,7 @@ async fn every_route_but_healthz_needs_a_valid_bearer_token() {
     let headers: [Option<String>; 8] = [
         None,
         Some(format!("Basic {ADMIN}")),
-        Some("Basic YWRtaW46YWRtaW4tdG9rZW4=".into()),
+        Some("Basic YWRtaW46YWRtaW4tdG9rZW4tMDEyMzQ1Njc4OQ==".into()),
         Some("Bearer wrong-token".into()),
         Some("Bearer".into()),
         Some("Bearer ".into()),
