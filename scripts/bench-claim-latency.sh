@@ -21,7 +21,7 @@ BIN=$STACK_BIN
 stack_pg_fresh "$DIR"
 DB_URL=$(pg_create_db poolmgr_bench)
 PORT=$(free_port)
-TOKEN=bench-$RANDOM$RANDOM
+TOKEN=bench-$(random_token)
 : >"$ROOT/.dev/bench-poolmgr-local.log"
 DATABASE_URL=$DB_URL POOLMGR_ADMIN_TOKENS=bench:$TOKEN RUST_LOG=warn \
     stack_app_start "127.0.0.1:$PORT" "$ROOT/.dev/bench-poolmgr-local.log"

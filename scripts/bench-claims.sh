@@ -89,7 +89,7 @@ log "starting flintlock-sim on 127.0.0.1:$SIM_PORT (releases delete through it)"
 RUST_LOG=warn stack_sim_start "$WORK/flintlock-sim.log" --listen "127.0.0.1:$SIM_PORT" --delete-delay-ms 0
 
 PORT=$(free_port)
-TOKEN=bench-$RANDOM$RANDOM
+TOKEN=bench-$(random_token)
 POOL_SIZE=${POOLMGR_DB_POOL_SIZE:-16}
 URL=http://127.0.0.1:$PORT
 # (Re)starts poolmgr-local, its reconcile passes doing nothing (deadline 0: the seeded pool is

@@ -64,8 +64,8 @@ export DATABASE_URL=$DB_URL
 SIM_PORT=$(free_port)
 APP_PORT=$(free_port)
 ENDPOINT=http://127.0.0.1:$APP_PORT
-ADMIN=chaos-admin-$RANDOM$RANDOM
-CLIENT=chaos-client-$RANDOM$RANDOM
+ADMIN=chaos-admin-$(random_token)
+CLIENT=chaos-client-$(random_token)
 PSQL=("$PG_BINDIR/psql" -X -q -t -A -v ON_ERROR_STOP=1 -d "$DB_URL")
 
 start_sim() {

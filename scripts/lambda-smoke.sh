@@ -96,8 +96,8 @@ stack_sim_start "$SIM_LOG" --listen 127.0.0.1:0 --boot-delay-ms 200 --delete-del
 
 # --- cargo lambda watch -----------------------------------------------------------------
 PORT=${LAMBDA_SMOKE_PORT:-$(free_port)}
-ADMIN_TOKEN=smoke-admin-$RANDOM$RANDOM
-CLIENT_TOKEN=smoke-client-$RANDOM$RANDOM
+ADMIN_TOKEN=smoke-admin-$(random_token)
+CLIENT_TOKEN=smoke-client-$(random_token)
 export POOLMGR_ADMIN_TOKENS="admin:$ADMIN_TOKEN" POOLMGR_CLIENT_TOKENS="ci:$CLIENT_TOKEN"
 export RUST_LOG=${RUST_LOG:-info}
 # The reconcile pass must finish well inside the emulator's invoke timeout.

@@ -39,9 +39,10 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-pub const ADMIN: &str = "admin-token";
-pub const CLIENT_A: &str = "client-a-token";
-pub const CLIENT_B: &str = "client-b-token";
+// At least 16 characters each: shorter tokens are refused at start.
+pub const ADMIN: &str = "admin-token-0123456789";
+pub const CLIENT_A: &str = "client-a-token-0123456789";
+pub const CLIENT_B: &str = "client-b-token-0123456789";
 pub const SIM_HOST: &str = "sim";
 
 pub fn admin_url() -> String {

@@ -127,12 +127,24 @@ fn parse_num<T: std::str::FromStr>(
     }
 }
 
-fn parse_tokens(raw: Option<String>, role: Role) -> Vec<TokenEntry> {
-    raw.unwrap_or_default()
+/// The entries of a comma-separated token list (`var`), each with where it was configured
+/// (`POOLMGR_CLIENT_TOKENS entry 2`, counting non-empty entries from 1) for the errors,
+/// which never echo a token.
+fn parse_tokens(
+    lookup: &impl Fn(&str) -> Option<String>,
+    var: &str,
+    role: Role,
+) -> Result<Vec<(String, TokenEntry)>, ConfigError> {
+    lookup(var)
+        .unwrap_or_default()
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|entry| TokenEntry::parse(entry, role))
+        .enumerate()
+        .map(|(i, entry)| {
+            let at = format!("{var} entry {}", i + 1);
+            TokenEntry::parse(entry, role).map(|t| (at.clone(), t)).map_err(|e| ConfigError(format!("{at} {e}")))
+        })
         .collect()
 }
 
@@ -189,14 +201,25 @@ impl Config {
                 return Err(ConfigError(format!("POOLMGR_AUTH={other:?}: use \"enabled\" or \"disabled\"")));
             }
         };
-        let mut tokens = parse_tokens(lookup("POOLMGR_ADMIN_TOKENS"), Role::Admin);
-        tokens.extend(parse_tokens(lookup("POOLMGR_CLIENT_TOKENS"), Role::Client));
+        let on_lambda = lookup("AWS_LAMBDA_FUNCTION_NAME").is_some_and(|s| !s.trim().is_empty());
+        if disabled && on_lambda {
+            // Served as admin without a token is for a developer's machine, never a deployed API.
+            return Err(ConfigError(
+                "POOLMGR_AUTH=disabled is refused on AWS Lambda (AWS_LAMBDA_FUNCTION_NAME is set): it would serve \
+                 everyone as admin without a token. Remove POOLMGR_AUTH and configure tokens: POOLMGR_ADMIN_TOKENS \
+                 and/or POOLMGR_CLIENT_TOKENS, or POOLMGR_TOKENS_SECRET_ARN"
+                    .into(),
+            ));
+        }
+        let mut tokens = parse_tokens(&lookup, "POOLMGR_ADMIN_TOKENS", Role::Admin)?;
+        tokens.extend(parse_tokens(&lookup, "POOLMGR_CLIENT_TOKENS", Role::Client)?);
+        crate::auth::check_distinct(&tokens).map_err(ConfigError)?;
+        let tokens: Vec<TokenEntry> = tokens.into_iter().map(|(_, t)| t).collect();
         if !disabled && tokens.is_empty() {
             return Err(ConfigError(
                 "no API tokens: set POOLMGR_ADMIN_TOKENS and/or POOLMGR_CLIENT_TOKENS (comma-separated, each `token` or `name:token`), or POOLMGR_AUTH=disabled for local development".into(),
             ));
         }
-        let on_lambda = lookup("AWS_LAMBDA_FUNCTION_NAME").is_some_and(|s| !s.trim().is_empty());
         // A Lambda execution environment serves one request at a time: one connection each.
         let db_pool_size = parse_num(&lookup, "POOLMGR_DB_POOL_SIZE", if on_lambda { 1usize } else { 16 })?;
         if db_pool_size == 0 {
@@ -276,7 +299,11 @@ mod tests {
         assert!(err.to_string().contains("POOLMGR_ADMIN_TOKENS"));
         let c = cfg(&[("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "disabled")]).unwrap();
         assert!(c.auth.disabled);
-        let c = cfg(&[("DATABASE_URL", "postgres://x"), ("POOLMGR_CLIENT_TOKENS", "a, ci:b ,")]).unwrap();
+        let c = cfg(&[
+            ("DATABASE_URL", "postgres://x"),
+            ("POOLMGR_CLIENT_TOKENS", " 0123456789abcdef, ci:fedcba9876543210 ,"),
+        ])
+        .unwrap();
         assert_eq!(c.auth.tokens.len(), 2);
         assert!(cfg(&[("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "off")]).is_err());
         assert!(cfg(&[("POOLMGR_AUTH", "disabled")]).is_err());
@@ -310,7 +337,7 @@ mod tests {
 
     #[test]
     fn lambda_defaults_to_one_connection_and_emf_metrics() {
-        let base = [("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "disabled")];
+        let base = [("DATABASE_URL", "postgres://x"), ("POOLMGR_ADMIN_TOKENS", "0123456789abcdef")];
         let local = cfg(&base).unwrap();
         assert_eq!(local.db_pool_size, 16);
         assert!(!local.on_lambda && !local.metrics_emf);
@@ -335,5 +362,116 @@ mod tests {
         assert!(!tuned.metrics_emf);
         assert_eq!(tuned.db_statement_timeout, None);
         assert!(cfg(&[base[0], base[1], ("POOLMGR_METRICS_FORMAT", "statsd")]).is_err());
+    }
+
+    /// 16 characters, the shortest token accepted; `T2`, `T3` others of that length.
+    const T1: &str = "0123456789abcdef";
+    const T2: &str = "fedcba9876543210";
+    const T3: &str = "aaaabbbbccccdddd";
+
+    fn with_tokens(admin: &str, client: &str) -> Result<Config, ConfigError> {
+        cfg(&[("DATABASE_URL", "postgres://x"), ("POOLMGR_ADMIN_TOKENS", admin), ("POOLMGR_CLIENT_TOKENS", client)])
+    }
+
+    /// The error of a refused configuration, checked not to echo any token.
+    #[track_caller]
+    fn refused(admin: &str, client: &str) -> String {
+        let err = with_tokens(admin, client).expect_err("refused").to_string();
+        for t in [T1, T2, T3, "0123456789abcde"] {
+            assert!(!err.contains(t), "the error echoes a token: {err}");
+        }
+        err
+    }
+
+    /// Issue 14 item 11: two entries with one principal name would share its `request_id`s
+    /// and its leases; one token configured twice would be one principal under two names (or
+    /// roles). Both are refused at start, naming the entries, never the tokens.
+    #[test]
+    fn duplicate_principal_names_and_tokens_are_refused_at_start() {
+        let err = refused(&format!("ops:{T1}"), &format!("ops:{T2}"));
+        assert!(err.contains("\"ops\"") && err.contains("POOLMGR_ADMIN_TOKENS entry 1"), "{err}");
+        assert!(err.contains("POOLMGR_CLIENT_TOKENS entry 1") && err.contains("own name"), "{err}");
+        let err = refused("", &format!("ci:{T1}, ci:{T2}"));
+        assert!(err.contains("\"ci\"") && err.contains("entry 2"), "{err}");
+        // One unnamed token twice: the same derived name.
+        let err = refused(&format!("{T1},{T2}"), &format!("{T3},{T1}"));
+        assert!(err.contains("POOLMGR_CLIENT_TOKENS entry 2"), "{err}");
+        // One token under two names, or in both roles.
+        let err = refused(&format!("ops:{T1}"), &format!("ci:{T1}"));
+        assert!(err.contains("same token") && err.contains("POOLMGR_CLIENT_TOKENS entry 1"), "{err}");
+        refused("", &format!("a:{T1},b:{T1}"));
+        // Distinct names and tokens start.
+        let c = with_tokens(&format!("ops:{T1}"), &format!("ci:{T2},{T3}")).unwrap();
+        assert_eq!(c.auth.tokens.len(), 3);
+    }
+
+    /// Issue 14 item 11: a token shorter than 16 characters is refused at start, named or not,
+    /// with how to make a good one; 16 is accepted.
+    #[test]
+    fn tokens_shorter_than_16_characters_are_refused_at_start() {
+        for (admin, client) in [("0123456789abcde", ""), ("", "ci:0123456789abcde"), ("", "x"), (T1, "ci:s3cret")] {
+            let err = refused(admin, client);
+            assert!(err.contains("at least 16 characters") && err.contains("openssl rand -hex 32"), "{err}");
+            assert!(err.contains("entry 1"), "names the entry: {err}");
+        }
+        assert!(with_tokens(T1, &format!("ci:{T2}")).is_ok());
+    }
+
+    /// Issue 14 item 11: `POOLMGR_AUTH=disabled` serves everyone as admin; on Lambda (where
+    /// `AWS_LAMBDA_FUNCTION_NAME` is set) that would open a deployed API, so it is refused.
+    #[test]
+    fn auth_disabled_is_refused_on_lambda() {
+        for extra in [vec![], vec![("POOLMGR_ADMIN_TOKENS", T1)]] {
+            let mut env = vec![
+                ("DATABASE_URL", "postgres://x"),
+                ("POOLMGR_AUTH", "disabled"),
+                ("AWS_LAMBDA_FUNCTION_NAME", "claims"),
+            ];
+            env.extend(extra);
+            let err = cfg(&env).unwrap_err().to_string();
+            assert!(err.contains("POOLMGR_AUTH=disabled") && err.contains("Lambda"), "{err}");
+            assert!(err.contains("POOLMGR_ADMIN_TOKENS"), "says what to set instead: {err}");
+        }
+        // Locally it is still allowed, and on Lambda with tokens auth is on.
+        assert!(cfg(&[("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "disabled")]).unwrap().auth.disabled);
+        let on = cfg(&[
+            ("DATABASE_URL", "postgres://x"),
+            ("POOLMGR_ADMIN_TOKENS", T1),
+            ("AWS_LAMBDA_FUNCTION_NAME", "claims"),
+        ])
+        .unwrap();
+        assert!(on.on_lambda && !on.auth.disabled);
+    }
+
+    /// Issue 14 item 11: an entry is `token` or `name:token`; one whose split is not obvious
+    /// (an empty side, a second `:`, a name that is not a plain identifier, a token with
+    /// whitespace or characters no `Authorization` header can carry) is refused, saying how
+    /// to write it.
+    #[test]
+    fn ambiguous_name_token_entries_are_refused_at_start() {
+        let cases = [
+            format!(":{T1}"),
+            "ci:".to_owned(),
+            format!("ci:{T1}:x"),
+            format!("a:b:{T1}"),
+            format!("{T1}:{T2}:"),
+            format!("c i:{T1}"),
+            format!("ci/x:{T1}"),
+            format!("-ci:{T1}"),
+            format!("{}:{T1}", "n".repeat(65)),
+            format!("ci:{T1} {T2}"),
+            format!("ci:{T1}\t{T2}"),
+            format!("ci:{T1}\u{e9}"),
+            format!("{T1}\u{7f}"),
+        ];
+        for entry in &cases {
+            let err = refused("", entry);
+            assert!(err.contains("POOLMGR_CLIENT_TOKENS entry 1"), "{entry:?}: {err}");
+            assert!(err.contains("`name:token`"), "{entry:?}: says how to write it: {err}");
+        }
+        // Plain names and tokens of any visible ASCII but `:` and `,` are fine.
+        let c =
+            with_tokens(&format!("ops.team_1:{T1}"), &format!("CI-2:{T2}!#$%&'()*+-./;<=>?@[]^_`{{|}}~,{T3}")).unwrap();
+        assert_eq!(c.auth.tokens.len(), 3);
     }
 }

@@ -132,7 +132,8 @@ impl RequestId {
     }
 }
 
-/// A lease id: 128 random bits from the OS generator, so it can serve as a capability.
+/// A lease id: 128 random bits from the OS generator, so it cannot be guessed. Not a
+/// capability on its own (it appears in logs): lease routes also check who claimed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseId(String);
 

@@ -269,10 +269,13 @@ async fn reconcile_bench(pools: usize, vms: i32, max_passes: usize) -> anyhow::R
     Ok(())
 }
 
+/// The in-process server's one token (at least 16 characters, or the configuration is refused).
+const HOOK_BENCH_TOKEN: &str = "bench-token-0123456789";
+
 async fn hook_claims(clients: usize, per_client: usize, hook_ms: u64) -> anyhow::Result<()> {
     let total = clients * per_client;
     let cfg = Config::from_lookup(|k| match k {
-        "POOLMGR_ADMIN_TOKENS" => Some("bench:bench-token".into()),
+        "POOLMGR_ADMIN_TOKENS" => Some(format!("bench:{HOOK_BENCH_TOKEN}")),
         "POOLMGR_DB_POOL_SIZE" => Some("32".into()),
         "POOLMGR_RECONCILE_MAX_CREATES" => Some("1000".into()),
         k => std::env::var(k).ok(),
@@ -324,7 +327,7 @@ async fn hook_claims(clients: usize, per_client: usize, hook_ms: u64) -> anyhow:
             for _ in 0..per_client {
                 let body = json!({"pool": {"namespace": "default", "name": "hook"}, "request_id": ulid::Ulid::new().to_string()});
                 let t = Instant::now();
-                let resp = client.post(&url).bearer_auth("bench-token").json(&body).send().await?;
+                let resp = client.post(&url).bearer_auth(HOOK_BENCH_TOKEN).json(&body).send().await?;
                 let status = resp.status();
                 let _ = resp.bytes().await?;
                 if !status.is_success() {

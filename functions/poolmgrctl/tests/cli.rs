@@ -16,8 +16,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-const ADMIN: &str = "admin-token";
-const CLIENT: &str = "client-a-token";
+// At least 16 characters each: shorter tokens are refused at start.
+const ADMIN: &str = "admin-token-0123456789";
+const CLIENT: &str = "client-a-token-0123456789";
 const CTL: &str = env!("CARGO_BIN_EXE_poolmgrctl");
 
 // ---------------------------------------------------------------------------------------

@@ -532,7 +532,7 @@ async fn every_route_but_healthz_needs_a_valid_bearer_token() {
     let headers: [Option<String>; 8] = [
         None,
         Some(format!("Basic {ADMIN}")),
-        Some("Basic YWRtaW46YWRtaW4tdG9rZW4=".into()),
+        Some("Basic YWRtaW46YWRtaW4tdG9rZW4tMDEyMzQ1Njc4OQ==".into()),
         Some("Bearer wrong-token".into()),
         Some("Bearer".into()),
         Some("Bearer ".into()),
@@ -650,4 +650,72 @@ async fn vm_phase_filter_is_validated_against_the_contract_phases() {
     for p in Phase::ALL {
         assert!(msg.contains(p.as_str()), "the message lists the phases: {msg}");
     }
+}
+
+/// Issue 14 item 12: a malformed `page_token` (`AA` decodes to a NUL byte the database
+/// refuses, others are not base64url at all, not UTF-8, or not a position a page could have
+/// ended at) answers 400 INVALID_ARGUMENT in the contract's shape, never 500, on every route
+/// the OpenAPI document gives a `page_token`, for every role, and changes nothing.
+#[tokio::test]
+async fn malformed_page_tokens_are_invalid_argument_on_every_route_that_takes_one() {
+    let f = fixture().await;
+    let app = &f.app;
+    let doc = app.request(Method::GET, "/openapi.json", None, None, &[]).await.assert_ok(200).clone();
+    let mut routes: Vec<String> = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let params = op["parameters"].as_array().map(Vec::as_slice).unwrap_or_default();
+            if params.iter().any(|p| p["name"] == "page_token") {
+                assert_eq!(method, "get", "{path}: a page_token on a {method}");
+                assert!(!path.contains('{'), "{path}: give this test a value for the path's parameters");
+                routes.push(path.clone());
+            }
+        }
+    }
+    assert!(routes.contains(&"/v1/leases".to_owned()), "GET /v1/leases takes a page_token: {routes:?}");
+
+    // base64url without padding, as next_page_token is, of what the comment says.
+    let tokens: Vec<String> = vec![
+        "AA".into(),          // one NUL byte
+        "AAAA".into(),        // three NUL bytes
+        "YQBi".into(),        // "a\0b": a NUL inside
+        "__4".into(),         // ff fe: not UTF-8
+        "bGVhc2UgaWQ".into(), // "lease id": a space, which no lease id has
+        "JzsgLS0".into(),     // "'; --": punctuation
+        "w6k".into(),         // "é": not ASCII
+        // 65 × "a": longer than any lease id.
+        "YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE".into(),
+        "A".into(),            // an impossible base64 length
+        "AA==".into(),         // padding, which next_page_token never has
+        "%2B%2F%2B%2F".into(), // "+/+/": the standard alphabet, not base64url
+        "%00".into(),          // a NUL in the query itself
+        "%C3%A9".into(),       // "é" in the query itself
+        "!!!not-a-token!!!".into(),
+        "A".repeat(10_000), // long garbage
+    ];
+    let before = snapshot(app).await;
+    for route in &routes {
+        for token in [ADMIN, CLIENT_A] {
+            for t in &tokens {
+                for query in
+                    [format!("page_token={t}"), format!("namespace=default&pool=ci&page_size=1&page_token={t}")]
+                {
+                    let path = format!("{route}?{query}");
+                    let r = app.get(token, &path).await;
+                    assert_invalid(&r, &path);
+                    let msg = r.body["error"]["message"].as_str().unwrap();
+                    // A NUL in the query is refused with every other parameter, before paging.
+                    if t != "%00" {
+                        assert!(
+                            msg.contains("page_token") && msg.contains("next_page_token"),
+                            "says what to do: {msg}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(snapshot(app).await, before);
+    // A real token still works: the fixture's one lease on a one-lease page, then the end.
+    assert_eq!(app.list_leases(CLIENT_A, "page_token=").await.0.len(), 1);
 }

@@ -76,7 +76,8 @@ async fn get_lease_returns_the_lease_record_of_the_claim() {
     assert_eq!(l, claim.lease, "the stored lease is what the claim returned");
     assert_eq!(l.claimed_at, l.last_heartbeat_at);
     assert_eq!((l.expires_at - l.claimed_at).num_seconds(), 120);
-    // Any token may read a lease by id (the id is the capability), admin included.
+    // An admin token reads every lease (another client's answers 404: see
+    // `lease_routes_answer_another_principals_lease_exactly_as_an_unknown_one`).
     assert_eq!(app.get_lease(ADMIN, &lease_id).await, l);
 }
 
@@ -119,6 +120,95 @@ async fn lease_routes_need_a_valid_token() {
         app.request(method, &path, Some("wrong"), None, &[]).await.assert_error(401, "UNAUTHENTICATED");
     }
     assert_eq!(lease_rows(&app, &lease_id).await, 1, "nothing happened to the lease");
+}
+
+// ---------------------------------------------------------------------------------------
+// Owners: a lease id is not a capability
+// ---------------------------------------------------------------------------------------
+
+/// What a lease route answers for `lease_id`, with that id replaced by `ID` in the body: an
+/// answer about one lease compared with the answer about another.
+async fn answer_about(
+    app: &TestApp,
+    method: axum::http::Method,
+    path: &str,
+    token: &str,
+    lease_id: &str,
+) -> (u16, String) {
+    let r = app.request(method, &path.replace("ID", lease_id), Some(token), None, &[]).await;
+    (r.status.as_u16(), r.body.to_string().replace(lease_id, "ID"))
+}
+
+/// Issue 14 item 3: GET, heartbeat and release of another principal's lease answer 404
+/// exactly as an unknown id does (status and body, so a client cannot even tell the lease
+/// exists), for a lease of another client and for one an admin claimed, and touch nothing:
+/// the lease keeps its deadline, the VM stays LEASED in the database and in flintlock, no
+/// event or metric moves. Lease ids appear in request and access logs: they must not be a
+/// capability on their own.
+#[tokio::test]
+async fn lease_routes_answer_another_principals_lease_exactly_as_an_unknown_one() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.seed_available("ci", 2).await;
+    let of_a = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    let of_admin = app.claimed(ADMIN, "ci", Some("r-1")).await;
+    let unknown = "0b7c3c4e-8a3f-4a55-9d36-5f2f6c1e9a10";
+    let events = app.scalar_i64("SELECT count(*) FROM events").await;
+
+    for (owner, not_owner) in [(&of_a, CLIENT_B), (&of_admin, CLIENT_A), (&of_admin, CLIENT_B)] {
+        let id = owner.lease.lease_id.as_str();
+        let expires = expires_at_in_db(&app, id).await;
+        for (method, path) in [
+            (axum::http::Method::GET, "/v1/leases/ID"),
+            (axum::http::Method::POST, "/v1/leases/ID/heartbeat"),
+            (axum::http::Method::DELETE, "/v1/leases/ID"),
+        ] {
+            let theirs = answer_about(&app, method.clone(), path, not_owner, id).await;
+            let nobodys = answer_about(&app, method.clone(), path, not_owner, unknown).await;
+            assert_eq!(theirs.0, 404, "{method} {path} of another principal's lease: {}", theirs.1);
+            assert_eq!(theirs, nobodys, "{method} {path}: another principal's lease answers as an unknown one");
+        }
+        assert_eq!(expires_at_in_db(&app, id).await, expires, "the heartbeat did not extend it");
+        assert_eq!(app.phase_of(&owner.vm.id).await.as_deref(), Some("LEASED"), "the release did not start");
+        assert_alive_in_sim(&app, &owner.vm.uid);
+    }
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 2);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM events").await, events, "no event");
+    assert_eq!(app.metric(RELEASES_API), 0.0);
+
+    // The owner still reaches its lease, through every route.
+    assert_eq!(app.get_lease(CLIENT_A, &of_a.lease.lease_id).await.lease_id, of_a.lease.lease_id);
+    app.heartbeated(CLIENT_A, &of_a.lease.lease_id).await;
+    app.release(CLIENT_A, &of_a.lease.lease_id).await.assert_ok(204);
+    assert_eq!(app.phase_of(&of_a.vm.id).await, None);
+    assert_deleted_in_sim(&app, &of_a.vm.uid);
+}
+
+/// Issue 14 item 3: an admin token reaches every lease: GET, heartbeat and release of a
+/// client's lease work as for the client itself.
+#[tokio::test]
+async fn an_admin_token_reaches_every_principals_lease() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.seed_available("ci", 2).await;
+    let of_a = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    let of_b = app.claimed(CLIENT_B, "ci", Some("r-1")).await;
+
+    for claim in [&of_a, &of_b] {
+        let id = &claim.lease.lease_id;
+        assert_eq!(app.get_lease(ADMIN, id).await, claim.lease);
+        let extended = app.heartbeated(ADMIN, id).await;
+        assert_eq!(&extended.lease_id, id);
+        assert!(extended.last_heartbeat_at >= claim.lease.last_heartbeat_at);
+        assert_eq!(expires_at_in_db(&app, id).await, extended.expires_at);
+        app.release(ADMIN, id).await.assert_ok(204);
+        assert_eq!(lease_rows(&app, id).await, 0);
+        assert_eq!(app.phase_of(&claim.vm.id).await, None);
+        assert_deleted_in_sim(&app, &claim.vm.uid);
+    }
+    assert_eq!(app.metric(RELEASES_API), 2.0);
+    // The owner sees what an unknown id gets now.
+    app.get(CLIENT_A, &format!("/v1/leases/{}", of_a.lease.lease_id)).await.assert_error(404, "NOT_FOUND");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -25,11 +25,14 @@ use crate::service::lease;
 #[into_params(parameter_in = Path)]
 #[allow(dead_code)]
 struct LeasePath {
-    /// A lease id (`lease_id` of a LeaseRecord); a malformed one is NOT_FOUND like any unknown id.
+    /// A lease id (`lease_id` of a LeaseRecord); a malformed one is NOT_FOUND like any unknown
+    /// id, and so is another principal's unless the token is an admin's.
     lease_id: String,
 }
 
-/// A lease, by id.
+/// A lease, by id. Lease routes are owner-scoped: a client token reaches only the leases its
+/// own principal claimed (another principal's lease is NOT_FOUND, exactly as an unknown id),
+/// an admin token reaches every lease.
 #[utoipa::path(
     get, path = "/v1/leases/{lease_id}", tag = "leases", operation_id = "get_lease",
     security(("bearer" = [])), params(LeasePath),
@@ -37,13 +40,14 @@ struct LeasePath {
 )]
 async fn get_lease(
     State(state): State<AppState>,
-    Caller(_): Caller,
+    Caller(p): Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(lease::get(&state, &lease_id(&id)?).await?).into_response())
+    Ok(Json(lease::get(&state, &p, &lease_id(&id)?).await?).into_response())
 }
 
 /// Extends a lease: `expires_at` = now + the pool's current `heartbeat_expiry_seconds`.
+/// Owner-scoped like every lease route.
 #[utoipa::path(
     post, path = "/v1/leases/{lease_id}/heartbeat", tag = "leases", operation_id = "heartbeat_lease",
     security(("bearer" = [])), params(LeasePath),
@@ -51,15 +55,16 @@ async fn get_lease(
 )]
 async fn heartbeat(
     State(state): State<AppState>,
-    Caller(_): Caller,
+    Caller(p): Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    let lease = lease::heartbeat(&state, &lease_id(&id)?).await?;
+    let lease = lease::heartbeat(&state, &p, &lease_id(&id)?).await?;
     Ok(Json(api::HeartbeatResponse { lease }).into_response())
 }
 
 /// ReleaseVM: the VM is deleted in flintlock, then the VM and the lease go. If flintlock fails
 /// the answer is 503, the VM stays DELETING and the reconciler finishes the delete.
+/// Owner-scoped like every lease route.
 #[utoipa::path(
     delete, path = "/v1/leases/{lease_id}", tag = "leases", operation_id = "release_lease",
     security(("bearer" = [])), params(LeasePath),
@@ -67,10 +72,10 @@ async fn heartbeat(
 )]
 async fn release(
     State(state): State<AppState>,
-    Caller(_): Caller,
+    Caller(p): Caller,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    lease::release(&state, &lease_id(&id)?).await?;
+    lease::release(&state, &p, &lease_id(&id)?).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -87,7 +92,7 @@ struct LeaseListQuery {
     /// Default 100.
     #[param(minimum = 1, maximum = 1000)]
     page_size: Option<i64>,
-    /// A `next_page_token`, passed back unchanged.
+    /// A `next_page_token`, passed back unchanged (anything else is INVALID_ARGUMENT).
     page_token: Option<String>,
 }
 

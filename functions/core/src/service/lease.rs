@@ -1,5 +1,9 @@
 //! Leases: get, heartbeat, list, release. The VM delete a release ends with is
 //! [`crate::teardown`], shared with pool deletion and the reconciler.
+//!
+//! Owner-scoped: a client token reaches only the leases its own principal claimed, another
+//! principal's answering exactly as an unknown id ([`Principal::lease_owner`]); an admin
+//! token reaches every lease. Never check ownership apart from the statement that acts.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -20,21 +24,40 @@ fn lease_not_found(id: &LeaseId) -> ApiError {
     ApiError::NotFound(format!("lease {} not found", id.as_str()))
 }
 
-pub async fn get(state: &AppState, id: &LeaseId) -> Result<LeaseRecord, ApiError> {
+pub async fn get(state: &AppState, principal: &Principal, id: &LeaseId) -> Result<LeaseRecord, ApiError> {
     let conn = state.conn().await?;
-    let view = store::lease_get(&conn, id.as_str()).await?.ok_or_else(|| lease_not_found(id))?;
+    let view =
+        store::lease_get(&conn, id.as_str(), principal.lease_owner()).await?.ok_or_else(|| lease_not_found(id))?;
     Ok(LeaseRecord::from_view(&view))
 }
 
-pub async fn heartbeat(state: &AppState, id: &LeaseId) -> Result<LeaseRecord, ApiError> {
+pub async fn heartbeat(state: &AppState, principal: &Principal, id: &LeaseId) -> Result<LeaseRecord, ApiError> {
     let conn = state.conn().await?;
-    match store::lease_heartbeat(&conn, id.as_str(), state.clock.now_param()).await? {
+    match store::lease_heartbeat(&conn, id.as_str(), principal.lease_owner(), state.clock.now_param()).await? {
         Some(view) => Ok(LeaseRecord::from_view(&view)),
         None => Err(ApiError::NotFound(format!(
             "lease {} not found (released, expired, or its pool was deleted): claim a new VM",
             id.as_str()
         ))),
     }
+}
+
+/// The lease id a `page_token` says the previous page ended at. A page token is a
+/// `next_page_token` passed back: the base64url (unpadded) of a lease id. Anything else is
+/// INVALID_ARGUMENT before it reaches SQL: bytes PostgreSQL refuses in text (`AA` is one NUL
+/// byte), bytes that are not UTF-8, or a value no lease id can have.
+fn page_after(page_token: Option<&str>) -> Result<Option<LeaseId>, ApiError> {
+    let Some(token) = page_token.filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    // The longest lease id (64 bytes) encodes to 86 characters: no need to decode more.
+    (token.len() <= 86)
+        .then(|| URL_SAFE_NO_PAD.decode(token).ok())
+        .flatten()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .and_then(|id| LeaseId::parse(&id).ok())
+        .map(Some)
+        .ok_or_else(|| ApiError::InvalidArgument("page_token is malformed: pass back next_page_token unchanged".into()))
 }
 
 pub struct Page {
@@ -54,16 +77,12 @@ pub async fn list(
     if !(1..=MAX_PAGE_SIZE).contains(&size) {
         return Err(ApiError::InvalidArgument(format!("page_size must be between 1 and {MAX_PAGE_SIZE}")));
     }
-    let after = match page_token.filter(|t| !t.is_empty()) {
-        None => String::new(),
-        Some(t) => URL_SAFE_NO_PAD.decode(t).ok().and_then(|b| String::from_utf8(b).ok()).ok_or_else(|| {
-            ApiError::InvalidArgument("page_token is malformed: pass back next_page_token unchanged".into())
-        })?,
-    };
-    let only = (!principal.is_admin()).then_some(principal.name.as_str());
+    let after = page_after(page_token)?;
     let conn = state.conn().await?;
     // One extra row tells whether another page exists.
-    let mut views = store::lease_list(&conn, pool, only, &after, size + 1).await?;
+    let mut views =
+        store::lease_list(&conn, pool, principal.lease_owner(), after.as_ref().map_or("", LeaseId::as_str), size + 1)
+            .await?;
     let more = views.len() as i64 > size;
     views.truncate(size as usize);
     let next_page_token = match (more, views.last()) {
@@ -87,12 +106,15 @@ fn cleanup_pending(e: TeardownError) -> ApiError {
 
 /// ReleaseVM: VM → DELETING, flintlock delete, then the VM and lease rows go together.
 /// Runs detached from the request so a client that disconnects cannot stop it halfway.
-pub async fn release(state: &AppState, id: &LeaseId) -> Result<(), ApiError> {
+pub async fn release(state: &AppState, principal: &Principal, id: &LeaseId) -> Result<(), ApiError> {
     let state = state.clone();
     let id = id.clone();
+    let owner = principal.lease_owner().map(str::to_owned);
     super::detached(async move {
         let conn = state.conn().await?;
-        let view = store::lease_begin_release(&conn, id.as_str()).await?.ok_or_else(|| lease_not_found(&id))?;
+        let view = store::lease_begin_release(&conn, id.as_str(), owner.as_deref())
+            .await?
+            .ok_or_else(|| lease_not_found(&id))?;
         drop(conn);
         let Some(vm) = view.vm else {
             // The VM row is gone (a concurrent deleter finished it); only the lease remains.

@@ -41,18 +41,21 @@ pub async fn lease_get_by_request_id(
     row.as_ref().map(lease_view).transpose()
 }
 
-pub async fn lease_get(c: &impl Executor, lease_id: &str) -> Result<Option<LeaseView>> {
-    let sql = format!("{LEASE_VIEW_SELECT} WHERE l.lease_id = $1");
-    let row = c.timed_query_opt(&sql, &[(&lease_id, Type::TEXT)]).await?;
+/// A lease by id; with `owner`, only if that principal claimed it (`None` otherwise, exactly
+/// as for an unknown id).
+pub async fn lease_get(c: &impl Executor, lease_id: &str, owner: Option<&str>) -> Result<Option<LeaseView>> {
+    let sql = format!("{LEASE_VIEW_SELECT} WHERE l.lease_id = $1 AND ($2::text IS NULL OR l.principal = $2)");
+    let row = c.timed_query_opt(&sql, &[(&lease_id, Type::TEXT), (&owner, Type::TEXT)]).await?;
     row.as_ref().map(lease_view).transpose()
 }
 
 /// Extends a lease by its pool's *current* expiry. `None` if the lease or its pool is gone,
-/// or the lease already expired (an expired lease is not revived: the reconciler is about to
-/// delete its VM).
+/// the lease already expired (an expired lease is not revived: the reconciler is about to
+/// delete its VM), or `owner` is given and did not claim it.
 pub async fn lease_heartbeat(
     c: &impl Executor,
     lease_id: &str,
+    owner: Option<&str>,
     now: Option<DateTime<Utc>>,
 ) -> Result<Option<LeaseView>> {
     let row = c
@@ -64,6 +67,8 @@ pub async fn lease_heartbeat(
                      last_heartbeat_at = coalesce($2, now())
                  FROM pools p
                  WHERE l.lease_id = $1 AND l.expires_at > coalesce($2, now())
+                   -- $3: the owner a client token is limited to (NULL: an admin, any lease).
+                   AND ($3::text IS NULL OR l.principal = $3)
                    AND p.namespace = l.pool_namespace AND p.name = l.pool_name
                  RETURNING l.*
              )
@@ -71,7 +76,7 @@ pub async fn lease_heartbeat(
              FROM l
              LEFT JOIN vms v ON v.id = l.vm_id
              LEFT JOIN hosts h ON h.name = v.flintlock_host",
-            &[(&lease_id, Type::TEXT), (&now, Type::TIMESTAMPTZ)],
+            &[(&lease_id, Type::TEXT), (&now, Type::TIMESTAMPTZ), (&owner, Type::TEXT)],
         )
         .await?;
     row.as_ref().map(lease_view).transpose()
@@ -112,12 +117,14 @@ pub async fn lease_list(
 }
 
 /// First step of a release: marks the lease's VM DELETING (terminal), keeping the lease row
-/// until flintlock confirms the delete. `None` for an unknown lease.
-pub async fn lease_begin_release(c: &impl Executor, lease_id: &str) -> Result<Option<LeaseView>> {
+/// until flintlock confirms the delete. `None` for an unknown lease, or one `owner` (when
+/// given) did not claim: then nothing is touched.
+pub async fn lease_begin_release(c: &impl Executor, lease_id: &str, owner: Option<&str>) -> Result<Option<LeaseView>> {
     let row = c
         .timed_query_opt(
             "WITH l AS (
-                 SELECT * FROM leases WHERE lease_id = $1
+                 -- $2: the owner a client token is limited to (NULL: an admin, any lease).
+                 SELECT * FROM leases WHERE lease_id = $1 AND ($2::text IS NULL OR principal = $2)
              ), v AS (
                  UPDATE vms v SET phase = 'DELETING', updated_at = now()
                  FROM l WHERE v.id = l.vm_id
@@ -127,7 +134,7 @@ pub async fn lease_begin_release(c: &impl Executor, lease_id: &str) -> Result<Op
              FROM l
              LEFT JOIN v ON true
              LEFT JOIN hosts h ON h.name = v.flintlock_host",
-            &[(&lease_id, Type::TEXT)],
+            &[(&lease_id, Type::TEXT), (&owner, Type::TEXT)],
         )
         .await?;
     row.as_ref().map(lease_view).transpose()
