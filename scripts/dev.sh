@@ -13,6 +13,11 @@
 #   POOLMGR_HTTP_ADDR listen address for poolmgr-local (default 127.0.0.1:8080,
 #                     or a free port if 8080 is busy)
 #   POOLMGR_RECONCILE_INTERVAL_SECONDS  reconcile interval (default 2)
+#   FLINTLOCK_SIM_ARGS  extra flintlock-sim arguments, split at whitespace (no quoting),
+#                     after the defaults so they win; e.g. to make every hook command
+#                     containing "setup" fail with exit code 3:
+#                     FLINTLOCK_SIM_ARGS='--exec-rule setup=3' scripts/dev.sh
+#                     (flintlock-sim --help lists the arguments)
 #   CARGO_TARGET_DIR  honoured when locating the built binaries
 #
 # Files under .dev/: tokens.env (generated once; delete to regenerate),
@@ -129,7 +134,13 @@ export DATABASE_URL
 : >"$SIM_LOG"
 at_exit rm -f "$STACK_FILE"
 at_exit rm -f "$SIM_PIDFILE"
-stack_sim_start "$SIM_LOG" --listen 127.0.0.1:0 --boot-delay-ms 500 --delete-delay-ms 200
+# Word-split on purpose (read -a: at whitespace only, no globbing); later flags win.
+read -r -a SIM_EXTRA_ARGS <<<"${FLINTLOCK_SIM_ARGS:-}"
+if [[ ${#SIM_EXTRA_ARGS[@]} -gt 0 ]]; then
+    log "flintlock-sim extra arguments (FLINTLOCK_SIM_ARGS): ${SIM_EXTRA_ARGS[*]}"
+fi
+stack_sim_start "$SIM_LOG" --listen 127.0.0.1:0 --boot-delay-ms 500 --delete-delay-ms 200 \
+    ${SIM_EXTRA_ARGS[@]+"${SIM_EXTRA_ARGS[@]}"}
 echo "$SIM_PID" >"$SIM_PIDFILE"
 
 # --- tokens -------------------------------------------------------------------
@@ -199,7 +210,7 @@ poolmgr local stack is up
   API:           $URL
   admin token:   $ADMIN_TOKEN
   client token:  $CLIENT_TOKEN
-  flintlock-sim: $SIM_ADDR (registered as host "local")
+  flintlock-sim: $SIM_ADDR (registered as host "local")${SIM_EXTRA_ARGS[*]:+, with ${SIM_EXTRA_ARGS[*]}}
   database:      $DATABASE_URL
   logs:          $APP_LOG, $SIM_LOG$pg_log_line
   settings:      $STACK_FILE (tokens persist in $TOKENS_FILE; delete it to regenerate)

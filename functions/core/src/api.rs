@@ -211,6 +211,9 @@ pub struct Host {
     #[schema(required)]
     pub cordoned_at: Option<DateTime<Utc>>,
     pub vm_count: i64,
+    /// Whether the host can run hooks: `auto` asks its ServerInfo, `enabled` / `disabled` is an
+    /// admin's declaration that overrides ServerInfo.
+    pub exec: crate::domain::HostExec,
     /// The version its last ServerInfo probe reported (probed when a pool with hooks names
     /// the host), null if never probed.
     #[schema(required)]
@@ -236,6 +239,7 @@ impl Host {
             cordoned_reason: h.cordoned_reason.clone(),
             cordoned_at: h.cordoned_at,
             vm_count,
+            exec: h.exec,
             flintlock_version: h.flintlock_version.clone(),
             exec_unavailable_reason: h.exec_unavailable_reason.clone(),
         }

@@ -222,6 +222,24 @@ string_enum!(
 );
 
 string_enum!(
+    /// What the exec gate believes about a host (the Host object's `exec`): `auto` asks the
+    /// host's ServerInfo; `enabled` / `disabled` is an admin's declaration that overrides it,
+    /// so a misread ServerInfo (its field numbers are unpublished) can never lock hooks out.
+    HostExec {
+        Auto => "auto",
+        Enabled => "enabled",
+        Disabled => "disabled",
+    }
+);
+
+impl HostExec {
+    /// The default of a HostSpec without `exec`.
+    pub fn auto() -> HostExec {
+        HostExec::Auto
+    }
+}
+
+string_enum!(
     EventType {
         VmProvisioned => "VM_PROVISIONED",
         VmAvailable => "VM_AVAILABLE",
@@ -233,6 +251,7 @@ string_enum!(
         VmHookFailed => "VM_HOOK_FAILED",
         VmDeletedOnPoolDelete => "VM_DELETED_ON_POOL_DELETE",
         VmDeletedOnScaleDown => "VM_DELETED_ON_SCALE_DOWN",
+        VmDiscarded => "VM_DISCARDED",
         VmAdopted => "VM_ADOPTED",
         VmOrphanDeleted => "VM_ORPHAN_DELETED",
         PoolReplenishing => "POOL_REPLENISHING",

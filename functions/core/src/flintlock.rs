@@ -105,6 +105,9 @@ pub struct ServerInfo {
     pub version: String,
     /// `exec.enabled`: flintlockd runs with `--enable-exec-api`.
     pub exec_enabled: bool,
+    /// The whole answer as decoded, for logs: should our guess of ServerInfo's unpublished
+    /// field numbers be wrong, this shows where the values landed.
+    pub response: String,
 }
 
 /// The oldest flintlock whose exec path battery trusts (the guest-agent socket path fix).
@@ -297,9 +300,11 @@ impl Flintlock {
         match self.client(host)?.server_info(()).await {
             Ok(resp) => {
                 let resp = resp.into_inner();
+                let response = format!("{resp:?}");
                 Ok(ServerInfo {
                     version: resp.version.map(|v| v.version).unwrap_or_default(),
                     exec_enabled: resp.exec.is_some_and(|e| e.enabled),
+                    response,
                 })
             }
             Err(s) if s.code() == tonic::Code::Unimplemented => Err(FlintlockError::Unsupported {
@@ -462,7 +467,7 @@ mod tests {
     use super::*;
 
     fn info(version: &str, exec_enabled: bool) -> ServerInfo {
-        ServerInfo { version: version.to_owned(), exec_enabled }
+        ServerInfo { version: version.to_owned(), exec_enabled, response: String::new() }
     }
 
     #[test]

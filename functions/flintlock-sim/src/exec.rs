@@ -50,6 +50,33 @@ impl Default for ExecRule {
     }
 }
 
+impl ExecRule {
+    /// The rule of `--exec-rule PATTERN=EXIT_CODE` ([`Sim::set_exec_exit_code`](crate::Sim::set_exec_exit_code)):
+    /// exit with `exit_code` at once; a non-zero one with a stderr line naming the rule.
+    pub fn exit_code_rule(pattern: &str, exit_code: i32) -> ExecRule {
+        let stderr = if exit_code == 0 {
+            String::new()
+        } else {
+            format!("flintlock-sim: exit {exit_code} by --exec-rule {pattern}={exit_code}\n")
+        };
+        ExecRule { exit_code, stderr, ..ExecRule::default() }
+    }
+}
+
+/// Parses the value of `--exec-rule`: `PATTERN=EXIT_CODE`, split at the last `=` (so a
+/// pattern may contain `=`), the exit code 0-255. An empty pattern matches every command.
+pub fn parse_exec_rule(spec: &str) -> Result<(String, i32), String> {
+    let (pattern, code) = spec
+        .rsplit_once('=')
+        .ok_or_else(|| format!("--exec-rule {spec:?}: expected PATTERN=EXIT_CODE (e.g. setup=3)"))?;
+    let code: i32 = code
+        .parse()
+        .ok()
+        .filter(|c| (0..=255).contains(c))
+        .ok_or_else(|| format!("--exec-rule {spec:?}: the exit code {code:?} must be a number from 0 to 255"))?;
+    Ok((pattern.to_owned(), code))
+}
+
 /// One ExecCommand start as recorded by [`Sim::exec_calls`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecCall {
@@ -256,6 +283,24 @@ mod tests {
         assert_eq!(parts.len(), 2);
         assert_eq!(parts[0].len(), MAX_CHUNK);
         assert_eq!(parts[1].len(), 10);
+    }
+
+    #[test]
+    fn exec_rule_flags_parse_at_the_last_equals_sign() {
+        assert_eq!(parse_exec_rule("setup=3"), Ok(("setup".to_owned(), 3)));
+        assert_eq!(parse_exec_rule("FOO=bar baz=255"), Ok(("FOO=bar baz".to_owned(), 255)));
+        assert_eq!(parse_exec_rule("=1"), Ok((String::new(), 1)), "an empty pattern matches every command");
+        assert_eq!(parse_exec_rule("ok=0"), Ok(("ok".to_owned(), 0)));
+        for bad in ["setup", "setup=", "setup=x", "setup=-1", "setup=256", "setup=3.0"] {
+            assert!(parse_exec_rule(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_exit_code_rule_names_itself_on_stderr_when_it_fails() {
+        let r = ExecRule::exit_code_rule("setup", 3);
+        assert_eq!((r.exit_code, r.stderr.as_str()), (3, "flintlock-sim: exit 3 by --exec-rule setup=3\n"));
+        assert_eq!(ExecRule::exit_code_rule("setup", 0), ExecRule::default());
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! version, or UNIMPLEMENTED like flintlock < v0.15.0) and the bidi-streaming
 //! `microvmexec.services.api.v1alpha1.MicroVMExec/ExecCommand`, whose outcomes
 //! are scripted with [`Sim::set_exec_rule`] (exit code, output, duration,
-//! agent error), plus a guest agent that is not up for a while after boot
+//! agent error) or, as the binary's `--exec-rule PATTERN=EXIT_CODE` does, with
+//! [`Sim::set_exec_exit_code`], plus a guest agent that is not up for a while after boot
 //! ([`Sim::set_guest_agent_delay`]) and a switch to disable exec altogether.
 //!
 //! Tests run it in-process with [`Sim::serve`] on `127.0.0.1:0` and steer it
@@ -66,7 +67,7 @@ use prost::Message;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use exec::{ExecCall, ExecRule};
+pub use exec::{ExecCall, ExecRule, parse_exec_rule};
 pub use service::SimService;
 
 /// The RPC method names as counted by [`Sim::calls`].
@@ -427,6 +428,14 @@ impl Sim {
             Some((_, r)) => *r = rule,
             None => rules.push((pattern.to_string(), rule)),
         }
+    }
+
+    /// What `flintlock-sim --exec-rule PATTERN=EXIT_CODE` sets: commands containing
+    /// `pattern` exit with `exit_code` at once. A non-zero exit also writes one line to
+    /// stderr naming the rule, so a hook failure caused by it says where it came from. Same
+    /// order and replacement rules as [`Sim::set_exec_rule`].
+    pub fn set_exec_exit_code(&self, pattern: &str, exit_code: i32) {
+        self.set_exec_rule(pattern, ExecRule::exit_code_rule(pattern, exit_code));
     }
 
     /// Removes every exec rule.

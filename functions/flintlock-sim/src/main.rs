@@ -15,8 +15,8 @@ const USAGE: &str = "\
 Usage: flintlock-sim [OPTIONS]
 
 A fake flintlockd serving microvm.services.api.v1alpha1.MicroVM (with ServerInfo) and
-microvmexec.services.api.v1alpha1.MicroVMExec over plaintext gRPC. Exec commands exit 0
-with no output unless scripted (library API only).
+microvmexec.services.api.v1alpha1.MicroVMExec over plaintext gRPC. Exec commands (hooks) exit
+0 with no output unless an --exec-rule matches them.
 
 Options:
   --listen ADDR              Address to listen on (default 127.0.0.1:9090; port 0 picks a free port)
@@ -26,6 +26,12 @@ Options:
   --exec-disabled            Run as without --enable-exec-api: ExecCommand answers UNIMPLEMENTED
   --version V                Version reported by ServerInfo (default v0.16.0; e.g. undefined)
   --guest-agent-delay-ms N   Exec fails (handshake read: EOF) for N ms after a VM is CREATED (default 0)
+  --exec-rule PATTERN=CODE   An exec command containing PATTERN (a substring of the command line)
+                             exits with CODE (0-255), with a line naming the rule on stderr when
+                             CODE is not 0. Repeatable; the first matching rule applies, so put
+                             the narrower pattern first; an empty PATTERN matches every command.
+                             Split at the last `=`. E.g. --exec-rule setup=3 makes every hook
+                             command containing `setup` fail with exit code 3
   --state-file PATH          Keep the VMs in PATH across restarts, like flintlockd keeps them in
                              containerd: loaded at start (PENDING VMs resume booting), rewritten
                              atomically on every change before the RPC answers. Default: memory only
@@ -41,6 +47,8 @@ struct Args {
     version: String,
     guest_agent_delay: Duration,
     state_file: Option<PathBuf>,
+    /// `--exec-rule` values in the order given: (pattern, exit code).
+    exec_rules: Vec<(String, i32)>,
 }
 
 enum Parsed {
@@ -55,6 +63,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut version = DEFAULT_VERSION.to_string();
     let mut guest_agent_delay = Duration::ZERO;
     let mut state_file = None;
+    let mut exec_rules = vec![];
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -83,6 +92,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
             "--delete-delay-ms" => config.delete_delay = parse_ms(&flag, &value()?)?,
             "--guest-agent-delay-ms" => guest_agent_delay = parse_ms(&flag, &value()?)?,
             "--version" => version = value()?,
+            "--exec-rule" => exec_rules.push(flintlock_sim::parse_exec_rule(&value()?)?),
             "--state-file" => {
                 let v = value()?;
                 if v.is_empty() {
@@ -97,7 +107,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    Ok(Parsed::Run(Args { listen, config, exec_enabled, version, guest_agent_delay, state_file }))
+    Ok(Parsed::Run(Args { listen, config, exec_enabled, version, guest_agent_delay, state_file, exec_rules }))
 }
 
 fn parse_ms(flag: &str, v: &str) -> Result<Duration, String> {
@@ -145,6 +155,9 @@ async fn main() -> ExitCode {
     sim.set_exec_enabled(args.exec_enabled);
     sim.set_server_info(&args.version);
     sim.set_guest_agent_delay(args.guest_agent_delay);
+    for (pattern, exit_code) in &args.exec_rules {
+        sim.set_exec_exit_code(pattern, *exit_code);
+    }
     let server = match sim.serve(args.listen).await {
         Ok(server) => server,
         Err(err) => {
@@ -166,6 +179,7 @@ async fn main() -> ExitCode {
         version = %args.version,
         guest_agent_delay_ms = args.guest_agent_delay.as_millis() as u64,
         state_file = args.state_file.as_ref().map(|p| p.display().to_string()),
+        exec_rules = ?args.exec_rules,
         "flintlock-sim started"
     );
 
@@ -206,6 +220,20 @@ mod tests {
         assert_eq!(a.version, "v0.16.0");
         assert_eq!(a.guest_agent_delay, Duration::ZERO);
         assert!(a.state_file.is_none());
+        assert!(a.exec_rules.is_empty());
+    }
+
+    /// Issue 14 item 13: `--exec-rule PATTERN=EXIT_CODE`, repeatable, in the order given.
+    #[test]
+    fn parses_exec_rules() {
+        let Ok(Parsed::Run(a)) = parse(&["--exec-rule", "setup=3", "--exec-rule=a=b=0", "--exec-rule", "=1"]) else {
+            panic!("parse failed");
+        };
+        assert_eq!(a.exec_rules, [("setup".to_owned(), 3), ("a=b".to_owned(), 0), (String::new(), 1)]);
+        assert!(parse(&["--exec-rule"]).is_err());
+        assert!(parse(&["--exec-rule", "setup"]).is_err());
+        assert!(parse(&["--exec-rule", "setup=300"]).is_err());
+        assert!(parse(&["--exec-rule", "setup=fail"]).is_err());
     }
 
     #[test]

@@ -370,6 +370,88 @@ async fn rules_script_output_and_exit_codes() {
     assert_eq!(exec(&mut env.exec, shell(&uid, "provision")).await.unwrap(), vec![Resp::ExitCode(0)]);
 }
 
+/// Issue 14 item 13: `Sim::set_exec_exit_code` is the in-process form of the binary's
+/// `--exec-rule PATTERN=EXIT_CODE`: matching commands exit with that code (a failing one says
+/// which rule failed it on stderr), the first matching rule wins, others exit 0.
+#[tokio::test]
+async fn exit_code_rules_fail_matching_commands_and_name_themselves() {
+    let mut env = start_default().await;
+    let uid = ready_vm(&mut env).await;
+    env.sim.set_exec_exit_code("setup --dry-run", 0);
+    env.sim.set_exec_exit_code("setup", 3);
+
+    let out = exec(&mut env.exec, shell(&uid, "/opt/setup --all")).await.unwrap();
+    assert_eq!(out, vec![Resp::Stderr(b"flintlock-sim: exit 3 by --exec-rule setup=3\n".to_vec()), Resp::ExitCode(3)]);
+    let out = exec(&mut env.exec, shell(&uid, "/opt/setup --dry-run")).await.unwrap();
+    assert_eq!(out, vec![Resp::ExitCode(0)], "the first matching rule applies");
+    let out = exec(&mut env.exec, shell(&uid, "echo ready")).await.unwrap();
+    assert_eq!(out, vec![Resp::ExitCode(0)], "no rule matches");
+}
+
+/// Kills the spawned simulator however the test ends.
+struct Spawned(std::process::Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Issue 14 item 13: the `flintlock-sim` binary takes `--exec-rule PATTERN=EXIT_CODE`
+/// (repeatable) and applies it to every VM's exec commands, as the local stack uses it
+/// (`FLINTLOCK_SIM_ARGS` of scripts/dev.sh); a malformed rule stops it with a usage error.
+#[tokio::test]
+async fn the_binary_applies_exec_rules_from_its_command_line() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    let bin = env!("CARGO_BIN_EXE_flintlock-sim");
+    let mut child = Command::new(bin)
+        .args(["--listen", "127.0.0.1:0", "--boot-delay-ms", "20"])
+        .args(["--exec-rule", "systemctl is-system-running=1", "--exec-rule=reset-state=42"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn flintlock-sim");
+    let stdout = child.stdout.take().unwrap();
+    let child = Spawned(child);
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line).expect("read the listening line");
+    assert!(line.starts_with("flintlock-sim listening on "), "unexpected first line: {line:?}");
+    let addr = line.trim().rsplit(' ').next().unwrap().to_owned();
+
+    let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.expect("connect");
+    let (mut vms, mut exec_client) = (MicroVmClient::new(channel.clone()), MicroVmExecClient::new(channel));
+    let created = vms
+        .create_micro_vm(CreateMicroVmRequest { microvm: Some(spec("agent", true)), metadata: Default::default() })
+        .await
+        .expect("create")
+        .into_inner();
+    let uid = created.microvm.unwrap().spec.unwrap().uid.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let vm = vms.get_micro_vm(GetMicroVmRequest { uid: uid.clone() }).await.unwrap().into_inner();
+        if vm.microvm.unwrap().status.unwrap().state == MicroVmState::Created as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{uid} never CREATED");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let out = exec(&mut exec_client, shell(&uid, "systemctl is-system-running --wait")).await.unwrap();
+    assert_eq!(exit_code(&out), 1);
+    assert!(joined(&out, false).contains("--exec-rule systemctl is-system-running=1"), "{out:?}");
+    assert_eq!(exit_code(&exec(&mut exec_client, shell(&uid, "rm -rf /tmp/job; reset-state")).await.unwrap()), 42);
+    assert_eq!(exec(&mut exec_client, shell(&uid, "echo ready")).await.unwrap(), vec![Resp::ExitCode(0)]);
+    drop(child);
+
+    let bad = Command::new(bin).args(["--exec-rule", "setup=fail"]).output().expect("run flintlock-sim");
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--exec-rule \"setup=fail\""), "{bad:?}");
+}
+
 #[tokio::test]
 async fn error_rule_sends_error_then_126() {
     let mut env = start_default().await;

@@ -275,6 +275,7 @@ fn blank_host(name: &str) -> HostRow {
         cordoned: false,
         cordoned_reason: None,
         cordoned_at: None,
+        exec: poolmgr_core::domain::HostExec::Auto,
         flintlock_version: None,
         exec_unavailable_reason: None,
         checked_at: None,

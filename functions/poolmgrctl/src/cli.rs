@@ -172,6 +172,10 @@ pub enum VmCmd {
     },
     /// Show one VM.
     Get { id: String },
+    /// Discard a VM (typically QUARANTINED, once you looked at it): it is deleted in flintlock
+    /// and its row removed, and the pool may replace it. A LEASED VM is refused: release its
+    /// lease instead.
+    Delete { id: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -220,6 +224,31 @@ pub struct HostArgs {
     /// flintlockd basic-auth token.
     #[arg(long, value_name = "TOKEN")]
     pub basic_auth_token: Option<String>,
+    /// Whether the host can run hooks: `auto` asks its ServerInfo (the server's default when
+    /// absent; `host update` without it sets auto again), `enabled`/`disabled` declares it.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub exec: Option<ExecMode>,
+}
+
+/// A host's exec declaration (the Host object's `exec`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExecMode {
+    /// Ask the host's ServerInfo when a pool with hooks names it.
+    Auto,
+    /// The host can run hooks, whatever its ServerInfo says.
+    Enabled,
+    /// The host cannot run hooks.
+    Disabled,
+}
+
+impl ExecMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecMode::Auto => "auto",
+            ExecMode::Enabled => "enabled",
+            ExecMode::Disabled => "disabled",
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -76,6 +76,9 @@ fn host_body(a: &HostArgs) -> Result<Value, CliError> {
     if let Some(t) = &a.basic_auth_token {
         body["basic_auth_token"] = json!(t);
     }
+    if let Some(e) = a.exec {
+        body["exec"] = json!(e.as_str());
+    }
     Ok(body)
 }
 
@@ -86,7 +89,7 @@ fn show_one(ctx: &Ctx, r: &Reply) -> Result<(), CliError> {
 fn show(ctx: &Ctx, raw: &[u8], hosts: &[Value]) -> Result<(), CliError> {
     match ctx.format {
         Format::Table => {
-            let mut t = Table::new(&["NAME", "ADDRESS", "TLS", "CORDONED", "VMS", "REASON"]);
+            let mut t = Table::new(&["NAME", "ADDRESS", "TLS", "EXEC", "CORDONED", "VMS", "REASON"]);
             for h in hosts {
                 let tls = &h["tls"];
                 let mode = if tls["insecure"] == json!(true) {
@@ -100,6 +103,7 @@ fn show(ctx: &Ctx, raw: &[u8], hosts: &[Value]) -> Result<(), CliError> {
                     cell(&h["name"]),
                     cell(&h["address"]),
                     mode.into(),
+                    cell(&h["exec"]),
                     cell(&h["cordoned"]),
                     cell(&h["vm_count"]),
                     cell(&h["cordoned_reason"]),

@@ -1,5 +1,6 @@
 //! `poolmgrctl vm …`
 
+use reqwest::Method;
 use serde_json::Value;
 
 use crate::cli::{Format, VmCmd};
@@ -29,6 +30,13 @@ pub async fn run(ctx: &Ctx, cmd: VmCmd) -> Result<(), CliError> {
         VmCmd::Get { id } => {
             let r = ctx.client.send(Req::get(&["v1", "vms", &id])).await?;
             show(ctx, &r.raw, std::slice::from_ref(&r.json))
+        }
+        VmCmd::Delete { id } => {
+            ctx.client.send(Req::new(Method::DELETE, &["v1", "vms", &id])).await?;
+            if ctx.format == Format::Table {
+                emit(&format!("vm {id} deleted\n"))?;
+            }
+            Ok(())
         }
     }
 }

@@ -417,8 +417,8 @@ async fn hosts() {
     let s = Stack::start().await;
     let o = s.add_sim_host().await;
     let t = o.table();
-    assert_eq!(t[0], ["NAME", "ADDRESS", "TLS", "CORDONED", "VMS", "REASON"]);
-    assert_eq!(t[1], ["sim", &s.sim_server.addr.to_string(), "insecure", "false", "0", "<none>"]);
+    assert_eq!(t[0], ["NAME", "ADDRESS", "TLS", "EXEC", "CORDONED", "VMS", "REASON"]);
+    assert_eq!(t[1], ["sim", &s.sim_server.addr.to_string(), "insecure", "auto", "false", "0", "<none>"]);
     let addr = s.sim_server.addr.to_string();
     s.ctl(&["host", "add", "sim", "--address", &addr, "--insecure"]).await.fails(4, "already_exists");
     s.ctl(&["host", "add", "bad", "--address", "no-port", "--insecure"]).await.fails(2, "invalid_argument");
@@ -472,12 +472,27 @@ async fn hosts() {
     assert_eq!(o.json()["tls"]["ca_pem"], Value::Null);
     s.ctl(&["host", "update", "ghost", "--address", "h:1", "--insecure"]).await.fails(3, "not_found");
 
+    // Issue 14 item 17: --exec declares the host's exec support; without it, auto.
+    let args = ["host", "update", "spare", "--address", "127.0.0.1:10", "--insecure", "--exec"];
+    let o = s.ctl(&[&["-o", "json"][..], &args[..], &["enabled"][..]].concat()).await;
+    assert_eq!(o.json()["exec"], json!("enabled"));
+    assert_eq!(s.get("/v1/hosts/spare").await["exec"], json!("enabled"));
+    assert_eq!(s.ctl(&["host", "get", "spare"]).await.ok().table()[1][3], "enabled");
+    assert_eq!(s.ctl(&[&args[..], &["sometimes"][..]].concat()).await.code, 2);
+    let o = s.ctl(&["-o", "json", "host", "update", "spare", "--address", "127.0.0.1:10", "--insecure"]).await;
+    assert_eq!(o.json()["exec"], json!("auto"));
+    let o = s
+        .ctl(&["-o", "json", "host", "add", "nox", "--address", "127.0.0.1:11", "--insecure", "--exec", "disabled"])
+        .await;
+    assert_eq!(o.json()["exec"], json!("disabled"));
+    s.ctl(&["host", "remove", "nox"]).await.ok();
+
     // Cordon and uncordon.
     let o = s.ctl(&["-o", "json", "host", "cordon", "sim", "--reason", "kernel upgrade"]).await;
     assert_eq!(o.json()["cordoned"], json!(true));
     assert_eq!(o.json()["cordoned_reason"], json!("kernel upgrade"));
     let t = s.ctl(&["host", "get", "sim"]).await.ok().table();
-    assert_eq!(t[1][3..], ["true", "0", "kernel upgrade"]);
+    assert_eq!(t[1][4..], ["true", "0", "kernel upgrade"]);
     let o = s.ctl(&["-o", "json", "host", "uncordon", "sim"]).await;
     assert_eq!(o.json()["cordoned"], json!(false));
     s.ctl(&["host", "cordon", "ghost"]).await.fails(3, "not_found");
@@ -708,6 +723,18 @@ async fn leases_vms_and_events() {
     let fresh = s.ctl(&["-o", "json", "lease", "claim", "--pool", "ci", "--request-id", "r-1"]).await.json();
     assert_eq!(fresh["replayed"], json!(false));
     assert_ne!(fresh["lease"]["lease_id"], json!(lease_id));
+
+    // Issue 14 item 5: `vm delete` discards a VM; a leased one is refused.
+    let leased = fresh["vm"]["id"].as_str().unwrap();
+    s.ctl(&["vm", "delete", leased]).await.fails(4, "failed_precondition");
+    assert_eq!(s.get(&format!("/v1/vms/{leased}")).await["phase"], json!("LEASED"));
+    let available = s.get("/v1/vms?phase=AVAILABLE").await;
+    let spare = available["vms"][0]["id"].as_str().unwrap().to_owned();
+    let o = s.ctl(&["vm", "delete", &spare]).await.ok();
+    assert_eq!(o.stdout, format!("vm {spare} deleted\n"));
+    s.ctl(&["vm", "get", &spare]).await.fails(3, "not_found");
+    s.ctl(&["vm", "delete", &spare]).await.fails(3, "not_found");
+    s.ctl_as(CLIENT, &["vm", "delete", leased]).await.fails(1, "permission_denied");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ use std::time::Duration;
 use flintlock_proto::types::micro_vm_status::MicroVmState;
 use flintlock_sim::ExecRule;
 use poolmgr_core::api::ClaimResponse;
+use poolmgr_core::domain::HostExec;
 use poolmgr_tests::*;
 use serde_json::json;
 use tokio::sync::Barrier;
@@ -481,6 +482,11 @@ async fn create_hook_failure_with_failing_delete(policy: &str, end_phase: &str) 
     app.sim.clear_exec_rules();
     if end_phase == "DELETING" {
         app.settle(60, "deleted once flintlock recovers", || async { app.phase_of(&id).await.is_none() }).await;
+    } else {
+        // It fills this pool of one (issue 14 item 5): no replacement until it is discarded.
+        assert_eq!(app.pass().await.created, 0);
+        app.delete(ADMIN, &format!("/v1/vms/{id}")).await.assert_ok(204);
+        assert!(app.sim.vm(&uid).is_none_or(|m| m.status.is_some_and(|s| s.state == MicroVmState::Deleting as i32)));
     }
     app.settle(80, "a healthy replacement", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
 }
@@ -523,4 +529,100 @@ async fn hosts_that_cannot_exec_refuse_pools_with_hooks() {
     let host = app.get_host(SIM_HOST).await;
     assert_eq!(host.exec_unavailable_reason, None);
     assert_eq!(host.flintlock_version.as_deref(), Some("v0.15.2-3-gabc1234"));
+}
+
+/// Log lines written while the returned guard lives, on this thread (the tests run on a
+/// current-thread runtime, so the request and its spawned tasks log here).
+fn capture_logs() -> (std::sync::Arc<std::sync::Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
+    #[derive(Clone)]
+    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = Sink(buf.clone());
+    let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || sink.clone()).finish();
+    (buf, tracing::subscriber::set_default(subscriber))
+}
+
+/// The sim registered again with `exec` set to `mode` (`None`: left out of the PUT).
+async fn declare_exec(app: &TestApp, mode: Option<&str>) -> poolmgr_core::api::Host {
+    let mut body = json!({"address": app.sim_server.addr.to_string(), "tls": {"insecure": true}});
+    if let Some(m) = mode {
+        body["exec"] = json!(m);
+    }
+    app.updated_host(SIM_HOST, body).await
+}
+
+/// Issue 14 item 17: an admin's declaration of a host's exec support overrides ServerInfo in
+/// the exec gate. A ServerInfo that reads as an empty version (as a wrong guess of its
+/// unpublished field numbers would) refuses hooks under `auto` and logs what ServerInfo
+/// answered; declared `enabled`, the same host takes the pool without being asked and runs
+/// its hooks; declared `disabled`, a host whose ServerInfo says yes refuses them; a PUT
+/// without `exec` is `auto` again.
+#[tokio::test]
+async fn a_declared_exec_mode_overrides_server_info_in_the_exec_gate() {
+    let app = TestApp::spawn().await;
+    assert_eq!(app.get_host(SIM_HOST).await.exec, HostExec::Auto);
+    app.sim.set_server_info("");
+    let (logs, guard) = capture_logs();
+    let r = app.post(ADMIN, "/v1/pools", hook_spec("ci", 1, &["setup"], &[], "QUARANTINE")).await;
+    drop(guard);
+    r.assert_error(400, "FAILED_PRECONDITION");
+    let msg = r.body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("not semver") && msg.contains(r#""exec": "enabled""#), "{msg}");
+    let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    let line = logs.lines().find(|l| l.contains("exec gate")).unwrap_or_else(|| panic!("no exec gate log: {logs}"));
+    assert!(line.contains("server_info=") && line.contains(r#"version: """#), "ServerInfo's answer is logged: {line}");
+    assert!(line.contains(&app.sim_server.addr.to_string()), "the whole answer, exec address included: {line}");
+
+    // Declared enabled: no ServerInfo call, the pool is accepted and its create hook runs.
+    assert_eq!(declare_exec(&app, Some("enabled")).await.exec, HostExec::Enabled);
+    let asked = app.sim.calls(flintlock_sim::METHOD_SERVER_INFO);
+    app.post(ADMIN, "/v1/pools", hook_spec("ci", 1, &["setup"], &[], "QUARANTINE")).await.assert_ok(201);
+    assert_eq!(app.sim.calls(flintlock_sim::METHOD_SERVER_INFO), asked, "a declaration is taken as it is");
+    app.settle(60, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
+    assert!(app.sim.exec_calls().iter().any(|c| c.cmd == "setup"), "the hook ran on the declared host");
+
+    // Declared disabled: refused though ServerInfo says yes; pools without hooks are fine.
+    app.sim.set_server_info("v0.16.0");
+    assert_eq!(declare_exec(&app, Some("disabled")).await.exec, HostExec::Disabled);
+    let r = app.post(ADMIN, "/v1/pools", hook_spec("web", 0, &[], &["reset"], "QUARANTINE")).await;
+    r.assert_error(400, "FAILED_PRECONDITION");
+    assert!(r.body["error"]["message"].as_str().unwrap().contains("declared disabled"), "{}", r.body);
+    app.create_pool("plain", 0).await;
+
+    // Back to auto (a PUT without exec): ServerInfo decides again, and now says yes.
+    assert_eq!(declare_exec(&app, None).await.exec, HostExec::Auto);
+    app.post(ADMIN, "/v1/pools", hook_spec("web", 0, &[], &["reset"], "QUARANTINE")).await.assert_ok(201);
+    assert_eq!(app.get_host(SIM_HOST).await.flintlock_version.as_deref(), Some("v0.16.0"));
+}
+
+/// Issue 14 item 5: discarding a VM while a claim runs its pre-lease hook on it: the discard
+/// wins (the VM is not LEASED yet), and the claim answers 409 ABORTED instead of handing out
+/// a deleted VM. The hook is made slow so the DELETE lands while it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn discarding_a_vm_during_its_pre_lease_hook_aborts_that_claim() {
+    let app = Arc::new(TestApp::spawn().await);
+    let vms = hook_pool(&app, "QUARANTINE", 1).await;
+    app.sim.set_exec_rule("reset-state", slow(1500));
+    let claim = {
+        let app = app.clone();
+        tokio::spawn(async move { app.claim(CLIENT_A, "ci", Some("r-1")).await })
+    };
+    wait_for("the hook to start", async || app.sim.exec_running() == 1).await;
+    assert_eq!(app.phase_of(&vms[0].id).await.as_deref(), Some("PRE_LEASE_HOOK_RUNNING"));
+    app.delete(ADMIN, &format!("/v1/vms/{}", vms[0].id)).await.assert_ok(204);
+    let r = claim.await.unwrap();
+    r.assert_error(409, "ABORTED");
+    assert_eq!(app.phase_of(&vms[0].id).await, None);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+    assert_eq!(app.count_events("VM_CLAIMED").await, 0);
+    assert_eq!(app.count_events("VM_HOOK_FAILED").await, 0, "a discard is not a hook failure");
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::http::Method;
 use poolmgr_core::api::{self, HostTlsView};
-use poolmgr_core::domain::Phase;
+use poolmgr_core::domain::{HostExec, Phase};
 use poolmgr_tests::*;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
@@ -88,11 +88,41 @@ async fn create_returns_201_with_the_full_host_shape() {
             "cordoned_reason": null,
             "cordoned_at": null,
             "vm_count": 0,
+            "exec": "auto",
             "flintlock_version": null,
             "exec_unavailable_reason": null
         })
     );
     assert_eq!(app.get_host("host-a").await, r.json::<api::Host>());
+}
+
+/// Issue 14 item 17: `exec` (`auto` by default, `enabled`, `disabled`) is written with the
+/// host, stored on its row, returned in every view, and set back to `auto` by a PUT without
+/// it (a PUT replaces the spec); an unknown value is refused and changes nothing.
+#[tokio::test]
+async fn a_hosts_exec_declaration_is_stored_returned_and_replaced_by_put() {
+    let app = TestApp::spawn().await;
+    let mut body = plain_host("host-a", "10.0.0.5:9090");
+    body["exec"] = json!("enabled");
+    let h = app.created_host(body.clone()).await;
+    assert_eq!(h.exec, HostExec::Enabled);
+    assert_eq!(host_row(&app, "host-a").await.unwrap()["exec"], json!("enabled"));
+    assert_eq!(app.get_host("host-a").await.exec, HostExec::Enabled);
+    assert!(app.list_hosts().await.iter().any(|h| h.name == "host-a" && h.exec == HostExec::Enabled));
+
+    body["exec"] = json!("disabled");
+    assert_eq!(app.updated_host("host-a", body.clone()).await.exec, HostExec::Disabled);
+    assert_eq!(app.updated_host("host-a", plain_host("host-a", "10.0.0.5:9090")).await.exec, HostExec::Auto);
+
+    let before = (host_row(&app, "host-a").await, counts(&app).await);
+    for bad in [json!("on"), json!("ENABLED"), json!(true), json!(null), json!({"mode": "auto"})] {
+        body["exec"] = bad.clone();
+        app.put(ADMIN, "/v1/hosts/host-a", body.clone()).await.assert_error(400, "INVALID_ARGUMENT");
+        let mut new = body.clone();
+        new["name"] = json!("host-b");
+        app.post(ADMIN, "/v1/hosts", new).await.assert_error(400, "INVALID_ARGUMENT");
+    }
+    assert_eq!((host_row(&app, "host-a").await, counts(&app).await), before);
 }
 
 #[tokio::test]
@@ -556,6 +586,7 @@ async fn client_tokens_are_refused_on_every_host_and_vm_route() {
         (Method::POST, "/v1/hosts/sim/uncordon".into(), None),
         (Method::GET, "/v1/vms".into(), None),
         (Method::GET, format!("/v1/vms/{}", vm.id), None),
+        (Method::DELETE, format!("/v1/vms/{}", vm.id), None),
     ];
     for token in [CLIENT_A, CLIENT_B] {
         for (method, path, body) in &routes {
@@ -672,4 +703,161 @@ async fn vm_get_returns_the_record_or_not_found() {
     assert_eq!(rec.pool, pool("ci"));
     assert_eq!(app.list_vms("").await[0], rec, "GET one and the list give the same record");
     app.get(ADMIN, "/v1/vms/ci-nope").await.assert_error(404, "NOT_FOUND");
+}
+
+// ---------------------------------------------------------------------------------------
+// Discarding a VM (DELETE /v1/vms/{id})
+// ---------------------------------------------------------------------------------------
+
+/// The VM_DISCARDED events: (vm id, payload).
+async fn discarded_events(app: &TestApp) -> Vec<(String, Value)> {
+    app.conn()
+        .await
+        .query("SELECT vm_id, payload FROM events WHERE type = 'VM_DISCARDED' ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// Whether the simulator still has `uid` as a live (not DELETING) microVM.
+fn sim_has_live(app: &TestApp, uid: &str) -> bool {
+    use flintlock_proto::types::micro_vm_status::MicroVmState;
+    app.sim.vm(uid).is_some_and(|m| m.status.is_some_and(|s| s.state != MicroVmState::Deleting as i32))
+}
+
+/// Issue 14 item 5: an operator discards a VM (a QUARANTINED one, or any other not leased):
+/// 204, the microVM is deleted in flintlock, the row is gone, VM_DISCARDED names the phase it
+/// left and who discarded it; a second DELETE and an unknown id are 404.
+#[tokio::test]
+async fn deleting_a_vm_deletes_its_microvm_and_removes_its_row() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 0).await;
+    let quarantined = app.seed_vm("ci", Phase::Quarantined).await;
+    let available = app.seed_vm("ci", Phase::Available).await;
+    for vm in [&quarantined, &available] {
+        let r = app.delete(ADMIN, &format!("/v1/vms/{}", vm.id)).await;
+        assert_eq!(r.assert_ok(204), &Value::Null);
+        assert_eq!(app.phase_of(&vm.id).await, None, "row removed");
+        assert!(!sim_has_live(&app, vm.uid.as_deref().unwrap()), "microVM deleted in flintlock");
+        app.get(ADMIN, &format!("/v1/vms/{}", vm.id)).await.assert_error(404, "NOT_FOUND");
+        app.delete(ADMIN, &format!("/v1/vms/{}", vm.id)).await.assert_error(404, "NOT_FOUND");
+    }
+    let events = discarded_events(&app).await;
+    assert_eq!(
+        events,
+        [
+            (quarantined.id.clone(), json!({"phase": "QUARANTINED", "by": "admin"})),
+            (available.id.clone(), json!({"phase": "AVAILABLE", "by": "admin"})),
+        ]
+    );
+    let before = counts(&app).await;
+    app.delete(ADMIN, "/v1/vms/ci-nope").await.assert_error(404, "NOT_FOUND");
+    assert_eq!(counts(&app).await, before);
+    assert_eq!(app.get_pool("ci").await.status, Default::default());
+}
+
+/// Issue 14 item 5: a LEASED VM is refused with FAILED_PRECONDITION (release its lease
+/// instead) and nothing changes: the lease, the VM and its microVM stay.
+#[tokio::test]
+async fn deleting_a_leased_vm_is_failed_precondition_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 0).await;
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    let claim = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    assert_eq!(claim.vm.id, vm.id);
+    let before = counts(&app).await;
+    let r = app.delete(ADMIN, &format!("/v1/vms/{}", vm.id)).await;
+    r.assert_error(400, "FAILED_PRECONDITION");
+    assert!(r.body["error"]["message"].as_str().unwrap().contains("release its lease"), "{}", r.body);
+    assert_eq!(counts(&app).await, before);
+    assert_eq!(app.phase_of(&vm.id).await.as_deref(), Some("LEASED"));
+    assert!(sim_has_live(&app, vm.uid.as_deref().unwrap()));
+    assert_eq!(app.get_lease(CLIENT_A, &claim.lease.lease_id).await, claim.lease);
+    app.heartbeated(CLIENT_A, &claim.lease.lease_id).await;
+}
+
+/// Issue 14 item 5: when flintlock cannot delete the microVM the discard answers 503 and the
+/// VM stays DELETING (so nothing claims it and the reconciler finishes it); a retry of the
+/// same DELETE finishes it once flintlock recovers.
+#[tokio::test]
+async fn a_vm_delete_that_flintlock_refuses_is_503_and_stays_deleting_until_a_retry() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 0).await;
+    let vm = app.seed_vm("ci", Phase::Quarantined).await;
+    app.sim.fail_deletes(u32::MAX);
+    let r = app.delete(ADMIN, &format!("/v1/vms/{}", vm.id)).await;
+    r.assert_error(503, "UNAVAILABLE");
+    assert!(r.headers.get("retry-after").is_some(), "{:?}", r.headers);
+    assert_eq!(app.phase_of(&vm.id).await.as_deref(), Some("DELETING"));
+    assert!(sim_has_live(&app, vm.uid.as_deref().unwrap()));
+    app.sim.reset_faults();
+    app.delete(ADMIN, &format!("/v1/vms/{}", vm.id)).await.assert_ok(204);
+    assert_eq!(app.phase_of(&vm.id).await, None);
+    assert!(!sim_has_live(&app, vm.uid.as_deref().unwrap()));
+    assert_eq!(discarded_events(&app).await.len(), 1, "marked once");
+}
+
+/// Issue 14 item 5: discards racing claims on the same VMs. Released at once, every VM ends
+/// either leased (its claim won: the discard is FAILED_PRECONDITION) or deleted (the discard
+/// won: that claim found no VM) — never both, never a lease on a deleted VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn vm_deletes_racing_claims_never_delete_a_leased_vm() {
+    const N: usize = 8;
+    let app = Arc::new(TestApp::spawn().await);
+    app.create_pool("ci", 0).await;
+    let vms = app.seed_available("ci", N).await;
+    let barrier = Arc::new(Barrier::new(2 * N));
+    let mut tasks = vec![];
+    for vm in &vms {
+        let (app, barrier, id) = (app.clone(), barrier.clone(), vm.id.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            (true, app.delete(ADMIN, &format!("/v1/vms/{id}")).await)
+        }));
+    }
+    for _ in 0..N {
+        let (app, barrier) = (app.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            (false, app.claim(CLIENT_A, "ci", None).await)
+        }));
+    }
+    let (mut deleted, mut refused, mut claimed, mut exhausted) = (0, 0, vec![], 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            (true, r) if r.status.as_u16() == 204 => deleted += 1,
+            (true, r) => {
+                r.assert_error(400, "FAILED_PRECONDITION");
+                refused += 1;
+            }
+            (false, r) if r.status.as_u16() == 200 => claimed.push(r.json::<api::ClaimResponse>().vm.id),
+            (false, r) => {
+                r.assert_error(429, "RESOURCE_EXHAUSTED");
+                exhausted += 1;
+            }
+        }
+    }
+    assert_eq!(deleted + refused, N);
+    assert_eq!(claimed.len() + exhausted, N);
+    assert_eq!(claimed.len(), refused, "a discard is refused exactly for the VMs claims won");
+    for vm in &vms {
+        let phase = app.phase_of(&vm.id).await;
+        if claimed.contains(&vm.id) {
+            assert_eq!(phase.as_deref(), Some("LEASED"), "{}", vm.id);
+            assert!(sim_has_live(&app, vm.uid.as_deref().unwrap()), "a leased VM's microVM is kept");
+        } else {
+            assert_eq!(phase, None, "{}", vm.id);
+            assert!(!sim_has_live(&app, vm.uid.as_deref().unwrap()));
+        }
+    }
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, claimed.len() as i64);
+    assert_eq!(
+        app.scalar_i64("SELECT count(*) FROM leases l WHERE NOT EXISTS (SELECT 1 FROM vms v WHERE v.id = l.vm_id)")
+            .await,
+        0,
+        "no lease on a deleted VM"
+    );
+    assert_eq!(discarded_events(&app).await.len(), deleted);
 }

@@ -30,6 +30,8 @@ const CONTRACT_ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/pools/{namespace}/{name}"),
     ("GET", "/v1/vms"),
     ("GET", "/v1/vms/{id}"),
+    // Issue 14 item 5: an operator discards a VM.
+    ("DELETE", "/v1/vms/{id}"),
     ("POST", "/v1/hosts"),
     ("GET", "/v1/hosts"),
     ("GET", "/v1/hosts/{name}"),
@@ -386,7 +388,7 @@ async fn real_answers_of_every_resource_validate_against_the_document() {
     doc.check(Method::POST, "/v1/leases/{lease_id}/heartbeat", &r);
 
     // VMs: every phase the factories make.
-    app.seed_vm("ci", Phase::Quarantined).await;
+    let quarantined = app.seed_vm("ci", Phase::Quarantined).await;
     let r = app.get(ADMIN, "/v1/vms").await;
     assert!(r.body["vms"].as_array().unwrap().len() >= 3, "{}", r.body);
     doc.check(Method::GET, "/v1/vms", r.assert_ok_response(200));
@@ -413,6 +415,14 @@ async fn real_answers_of_every_resource_validate_against_the_document() {
     doc.check(Method::GET, "/v1/events", &r);
 
     // Deletes.
+    let r = app.delete(ADMIN, &format!("/v1/vms/{vm_id}")).await;
+    r.assert_error(400, "FAILED_PRECONDITION");
+    doc.check(Method::DELETE, "/v1/vms/{id}", &r);
+    let r = app.delete(ADMIN, &format!("/v1/vms/{}", quarantined.id)).await;
+    doc.check(Method::DELETE, "/v1/vms/{id}", r.assert_ok_response(204));
+    let r = app.delete(ADMIN, &format!("/v1/vms/{}", quarantined.id)).await;
+    r.assert_error(404, "NOT_FOUND");
+    doc.check(Method::DELETE, "/v1/vms/{id}", &r);
     let r = app.delete(ADMIN, "/v1/pools/default/ci").await;
     r.assert_error(400, "FAILED_PRECONDITION");
     doc.check(Method::DELETE, "/v1/pools/{namespace}/{name}", &r);

@@ -1,5 +1,5 @@
 //! The hosts function's routes: flintlock hosts (register, list, get, update, remove,
-//! cordon, uncordon) and the VMs on them (list, get).
+//! cordon, uncordon) and the VMs on them (list, get, discard).
 //!
 //! Handlers parse and authorise (every route is admin-only), call `service::host` or
 //! `service::vm` and map the answer. They must never touch the store.
@@ -210,6 +210,24 @@ async fn get_vm(
     Ok(Json(vm::get(&state, &id).await?).into_response())
 }
 
+/// Discards a VM (typically QUARANTINED, once an operator looked at it): DELETING, deleted
+/// in flintlock, row removed. A LEASED VM is refused with FAILED_PRECONDITION (release its
+/// lease instead); a VM already DELETING is finished. 503 if flintlock cannot delete it yet
+/// (it stays DELETING and the reconciler finishes it).
+#[utoipa::path(
+    delete, path = "/v1/vms/{id}", tag = "hosts", operation_id = "delete_vm",
+    security(("bearer" = [])), params(VmPath),
+    responses((status = 204, description = "Deleted"), Common, AdminOnly, NotFound)
+)]
+async fn delete_vm(
+    State(state): State<AppState>,
+    Admin(principal): Admin,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    vm::discard(&state, &id, &principal.name).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_host, list_hosts))
@@ -217,5 +235,5 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(cordon_host))
         .routes(routes!(uncordon_host))
         .routes(routes!(list_vms))
-        .routes(routes!(get_vm))
+        .routes(routes!(get_vm, delete_vm))
 }

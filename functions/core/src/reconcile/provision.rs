@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::conn::StepConn;
 use super::hooks::fail_vm;
-use super::strategy::desired_new;
+use super::strategy::{quarantine_full, strategy_wants};
 use super::{Pass, PassReport, ReconcileError};
 use crate::domain::VmCounts;
 use crate::domain::{EventType, Phase};
@@ -41,8 +41,33 @@ fn nics_json(vm: &flintlock_proto::types::MicroVm) -> serde_json::Value {
     serde_json::Value::Object(out)
 }
 
+/// Why a pool's quarantined VMs stop its replenishment (`POOL_SIZE_BELOW_TARGET`'s reason).
+const BELOW_TARGET_QUARANTINE_FULL: &str = "quarantined VMs fill the pool (quarantined >= size): \
+     replenishment stopped until they are discarded (DELETE /v1/vms/{id}, poolmgrctl vm delete) or the size is raised";
+/// Why a pool gets no new VM while every host it names is cordoned, unregistered or failing.
+const BELOW_TARGET_NO_HOST: &str = "no eligible flintlock host";
+
+/// Records why the pool is held below its target (`None`: nothing holds it back); the store
+/// writes POOL_SIZE_BELOW_TARGET only when the reason changes, not on every pass.
+async fn below_target(
+    db: &mut StepConn<'_>,
+    pool: &PoolRow,
+    reason: Option<&str>,
+    counts: VmCounts,
+) -> Result<(), ReconcileError> {
+    if pool.below_target_reason.as_deref() == reason {
+        return Ok(()); // As recorded (read with the pool's lease): spare the round trip.
+    }
+    let payload = json!({"size": pool.size, "available": counts.available, "quarantined": counts.quarantined});
+    if store::pool_set_below_target(db.client().await?, &pool.pool_ref(), reason, &payload).await? {
+        tracing::warn!(pool = %pool.pool_ref(), reason, "pool held below its target size");
+    }
+    Ok(())
+}
+
 /// Tops the pool up: as many new VMs as its strategy asks for (`counts` taken after this
-/// pass's other steps), at most `max_creates_per_pool`, each placed, then created.
+/// pass's other steps), at most `max_creates_per_pool`, each placed, then created. Nothing
+/// while its quarantined VMs fill it (the bound of [`quarantine_full`]).
 pub(super) async fn replenish(
     pass: &Pass<'_>,
     db: &mut StepConn<'_>,
@@ -52,7 +77,11 @@ pub(super) async fn replenish(
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {
     let pref = pool.pool_ref();
-    let mut want = desired_new(pool.strategy, pool.size, pool.min_size, counts);
+    let mut want = strategy_wants(pool.strategy, pool.size, pool.min_size, counts);
+    if want > 0 && quarantine_full(pool.size, counts) {
+        tracing::debug!(pool = %pref, quarantined = counts.quarantined, "replenishment held back by quarantined VMs");
+        return below_target(db, pool, Some(BELOW_TARGET_QUARANTINE_FULL), counts).await;
+    }
     if pool.microvm_template.has_static_network() {
         // A static MAC or address may exist once: only when the pool has no VM row at all.
         want = if counts.rows == 0 { want.min(1) } else { 0 };
@@ -72,26 +101,18 @@ pub(super) async fn replenish(
     for _ in 0..want {
         if pass.past_deadline() {
             report.deadline_reached = true;
-            break;
+            return Ok(()); // The next pass goes on; what held the pool back is unknown yet.
         }
         let id = new_vm_id(&pool.name);
         let placed = store::vm_place_and_insert(db.client().await?, &pref, &id, &pass.sick_list()).await?;
         let Some(vm) = placed else {
             tracing::info!(pool = %pref, "no eligible flintlock host: every host is cordoned, unregistered or failing");
-            store::event_insert(
-                db.client().await?,
-                EventType::PoolSizeBelowTarget,
-                &pref,
-                None,
-                None,
-                &json!({"reason": "no eligible flintlock host", "size": pool.size}),
-            )
-            .await?;
-            break;
+            return below_target(db, pool, Some(BELOW_TARGET_NO_HOST), counts).await;
         };
         create_vm(pass, db, pool, &vm, hosts.get(&vm.flintlock_host), report).await?;
     }
-    Ok(())
+    // Placed what it wanted (or wanted nothing): nothing holds the pool back now.
+    below_target(db, pool, None, counts).await
 }
 
 fn flintlock_failed(pass: &Pass<'_>, report: &mut PassReport, vm: &VmRow, what: &str, e: &FlintlockError) {

@@ -8,10 +8,26 @@
 
 use crate::domain::{Strategy, VmCounts};
 
-/// How many VMs a pool needs now. DELETING, FAILED and QUARANTINED VMs never count, so a
-/// replacement starts before an old VM's delete finishes. A fresh pool is topped up to
-/// `size` by every strategy (MIN_SIZE_THRESHOLD: because 0 available is below min_size).
+/// How many VMs a pool needs now: what its strategy wants ([`strategy_wants`]), or none
+/// while its quarantined VMs fill it ([`quarantine_full`]).
 pub fn desired_new(strategy: Strategy, size: i32, min_size: Option<i32>, c: VmCounts) -> i64 {
+    if quarantine_full(size, c) { 0 } else { strategy_wants(strategy, size, min_size, c) }
+}
+
+/// Whether a pool's QUARANTINED VMs number at least its size: it is then not replenished at
+/// all until an operator discards some (`DELETE /v1/vms/{id}`) or raises the size. Without
+/// this bound a pool whose hook always fails under QUARANTINE got a replacement for every
+/// failure, every pass, until its hosts ran out of memory (issue 14 item 5). Quarantined VMs
+/// are kept for inspection, so the bound lets a pool hold at most about twice its size.
+pub fn quarantine_full(size: i32, c: VmCounts) -> bool {
+    size > 0 && c.quarantined >= i64::from(size)
+}
+
+/// How many VMs a pool's strategy wants now, whatever holds it back. DELETING, FAILED and
+/// QUARANTINED VMs never count, so a replacement starts before an old VM's delete finishes.
+/// A fresh pool is topped up to `size` by every strategy (MIN_SIZE_THRESHOLD: because 0
+/// available is below min_size).
+pub fn strategy_wants(strategy: Strategy, size: i32, min_size: Option<i32>, c: VmCounts) -> i64 {
     let size = i64::from(size);
     match strategy {
         // Leased VMs are extra: the pool keeps `size` ready or coming.
@@ -67,6 +83,21 @@ mod tests {
         assert_eq!(desired_new(Strategy::MinSizeThreshold, 5, Some(2), c(2, 0, 0, 0)), 0);
         assert_eq!(desired_new(Strategy::MinSizeThreshold, 5, Some(2), c(1, 0, 3, 0)), 1);
         assert_eq!(desired_new(Strategy::MinSizeThreshold, 5, Some(2), c(1, 0, 1, 1)), 2);
+    }
+
+    /// Issue 14 item 5: quarantined VMs filling the pool stop replenishment; fewer do not.
+    #[test]
+    fn quarantined_vms_filling_the_pool_stop_replenishment() {
+        let q = |quarantined, available| VmCounts { quarantined, available, ..VmCounts::default() };
+        for strategy in Strategy::ALL {
+            assert_eq!(desired_new(*strategy, 3, Some(1), q(3, 0)), 0, "{strategy}");
+            assert_eq!(desired_new(*strategy, 3, Some(1), q(7, 0)), 0, "{strategy}");
+            assert_eq!(strategy_wants(*strategy, 3, Some(1), q(3, 0)), 3, "{strategy}: still wanted");
+            assert_eq!(desired_new(*strategy, 3, Some(1), q(2, 0)), 3, "{strategy}: below the bound");
+        }
+        assert!(quarantine_full(2, q(2, 0)));
+        assert!(!quarantine_full(2, q(1, 5)));
+        assert!(!quarantine_full(0, q(0, 0)), "an empty pool is not held back");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use utoipa::ToSchema;
 
 use crate::api::Host;
 use crate::app::AppState;
-use crate::domain::{Name, validate_name};
+use crate::domain::{HostExec, Name, validate_name};
 use crate::error::ApiError;
 use crate::store::{self, HostDelete, HostWrite};
 
@@ -43,6 +43,12 @@ pub struct HostSpec {
     #[serde(default)]
     #[schema(min_length = 1, max_length = 1024)]
     pub basic_auth_token: Option<String>,
+    /// Whether this host can run hooks (create and pre-lease commands): `auto` asks its
+    /// ServerInfo when a pool with hooks names it; `enabled` / `disabled` declares it,
+    /// overriding ServerInfo. A PUT without it sets `auto` again.
+    #[serde(default = "HostExec::auto")]
+    #[schema(default = "auto")]
+    pub exec: HostExec,
 }
 
 const MAX_PEM_BYTES: usize = 16 * 1024;
@@ -102,6 +108,7 @@ fn write<'a>(name: &'a str, spec: &'a HostSpec, tls: &'a HostTls) -> HostWrite<'
         cert_pem: tls.cert_pem.as_deref(),
         key_pem: tls.key_pem.as_deref(),
         basic_auth_token: spec.basic_auth_token.as_deref(),
+        exec: spec.exec,
     }
 }
 
@@ -113,7 +120,7 @@ pub async fn create(state: &AppState, spec: HostSpec) -> Result<Host, ApiError> 
     let (row, n) = store::host_insert(&conn, &write(&name, &spec, &tls)).await?.ok_or_else(|| {
         ApiError::AlreadyExists(format!("host {name} already exists: use PUT /v1/hosts/{name} to change it"))
     })?;
-    tracing::info!(host = %name, address = %row.address, "host registered");
+    tracing::info!(host = %name, address = %row.address, exec = %row.exec, "host registered");
     Ok(Host::new(&row, n))
 }
 
@@ -129,6 +136,7 @@ pub async fn update(state: &AppState, name: &str, spec: HostSpec) -> Result<Host
     let tls = spec.validate()?;
     let conn = state.conn().await?;
     let (row, n) = store::host_update(&conn, &write(name, &spec, &tls)).await?.ok_or_else(|| not_found(name))?;
+    tracing::info!(host = %name, address = %row.address, exec = %row.exec, "host updated");
     Ok(Host::new(&row, n))
 }
 

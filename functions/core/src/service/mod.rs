@@ -4,7 +4,7 @@
 //!
 //! - `claim`: ClaimVM; `lease`: get, list, heartbeat, release.
 //! - `pool`, `host`: create, read, update, delete; host cordons.
-//! - `vm`, `event`: reads (VMs, the event feed and its long-poll).
+//! - `vm`: reads, and an operator's discard of one VM; `event`: the feed and its long-poll.
 //! - `ops`: the health round trip and the `/metrics` text.
 
 pub mod claim;

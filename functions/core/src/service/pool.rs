@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use crate::api::Pool;
 use crate::app::AppState;
-use crate::domain::{PoolRef, PoolSpec};
+use crate::domain::{HostExec, PoolRef, PoolSpec};
 use crate::error::ApiError;
 use crate::store::{self, PoolDelete, PoolStatus};
 
@@ -32,12 +32,17 @@ fn validated(spec: &PoolSpec) -> Result<(), ApiError> {
 }
 
 /// Hooks run through flintlock's guest agent: a pool with commands may only name hosts
-/// whose ServerInfo says exec works (flintlock ≥ v0.15.2 with the exec API enabled). Each
-/// probe's answer is stored on the host, so its status says why.
+/// that can exec. A host's `exec` decides: `enabled` / `disabled` is an admin's declaration,
+/// taken as it is (no probe); `auto` asks its ServerInfo (flintlock ≥ v0.15.2 with the exec
+/// API enabled), and each probe's answer is stored on the host, so its status says why. A
+/// refusal logs what ServerInfo answered, field by field, in case our reading of it is wrong.
 async fn check_hosts_can_exec(state: &AppState, spec: &PoolSpec) -> Result<(), ApiError> {
     if spec.create_commands.is_empty() && spec.pre_lease_commands.is_empty() {
         return Ok(());
     }
+    let override_hint = |name: &str| {
+        format!("if its flintlockd can run exec after all, declare it: PUT /v1/hosts/{name} with \"exec\": \"enabled\"")
+    };
     let mut refused = vec![];
     for name in &spec.flintlock_hosts {
         let host = {
@@ -46,12 +51,40 @@ async fn check_hosts_can_exec(state: &AppState, spec: &PoolSpec) -> Result<(), A
         };
         // Unregistered hosts are refused by check_hosts with their own message.
         let Some((host, _)) = host else { continue };
+        match host.exec {
+            HostExec::Enabled => continue,
+            HostExec::Disabled => {
+                tracing::info!(host = %name, pool = %spec.pool_ref(), "exec gate: host declared exec disabled");
+                refused.push(format!("{name}: exec is declared disabled on this host (its \"exec\": \"disabled\")"));
+                continue;
+            }
+            HostExec::Auto => {}
+        }
         let (version, why) = match state.flintlock.server_info(&host.endpoint()).await {
-            Ok(info) => (Some(info.version.clone()), crate::flintlock::exec_supported(&info).err()),
-            Err(e @ crate::flintlock::FlintlockError::Unsupported { .. }) => (None, Some(e.to_string())),
+            Ok(info) => {
+                let why = crate::flintlock::exec_supported(&info).err();
+                if let Some(why) = &why {
+                    tracing::warn!(
+                        host = %name,
+                        pool = %spec.pool_ref(),
+                        reason = %why,
+                        server_info = %info.response,
+                        "exec gate: ServerInfo says this host cannot run hooks"
+                    );
+                }
+                (Some(info.version.clone()), why)
+            }
+            Err(e @ crate::flintlock::FlintlockError::Unsupported { .. }) => {
+                tracing::warn!(host = %name, pool = %spec.pool_ref(), error = %e, "exec gate: the host has no ServerInfo");
+                (None, Some(e.to_string()))
+            }
             Err(e) => {
+                tracing::warn!(host = %name, pool = %spec.pool_ref(), error = %e, "exec gate: ServerInfo failed");
                 return Err(ApiError::unavailable(
-                    format!("cannot ask flintlock host {name} whether it can run hooks; retry when it is reachable"),
+                    format!(
+                        "cannot ask flintlock host {name} whether it can run hooks; retry when it is reachable ({})",
+                        override_hint(name)
+                    ),
                     e,
                 ));
             }
@@ -61,7 +94,7 @@ async fn check_hosts_can_exec(state: &AppState, spec: &PoolSpec) -> Result<(), A
             store::host_record_probe(&conn, name, version.as_deref(), why.as_deref()).await?;
         }
         if let Some(why) = why {
-            refused.push(format!("{name}: {why}"));
+            refused.push(format!("{name}: {why} ({})", override_hint(name)));
         }
     }
     if refused.is_empty() {

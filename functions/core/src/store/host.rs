@@ -10,6 +10,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::{Executor, Result, Timed, json_req};
+use crate::domain::HostExec;
 
 /// A `hosts` row, secrets included; the API view drops them.
 #[derive(Debug, Clone, Deserialize)]
@@ -24,6 +25,8 @@ pub struct HostRow {
     pub cordoned: bool,
     pub cordoned_reason: Option<String>,
     pub cordoned_at: Option<DateTime<Utc>>,
+    /// What the exec gate believes: ServerInfo (`auto`) or an admin's declaration.
+    pub exec: HostExec,
     pub flintlock_version: Option<String>,
     pub exec_unavailable_reason: Option<String>,
     pub checked_at: Option<DateTime<Utc>>,
@@ -70,6 +73,7 @@ pub struct HostWrite<'a> {
     pub cert_pem: Option<&'a str>,
     pub key_pem: Option<&'a str>,
     pub basic_auth_token: Option<&'a str>,
+    pub exec: HostExec,
 }
 
 const HOST_VM_COUNT: &str = "(SELECT count(*) FROM vms v WHERE v.flintlock_host = h.name) AS vm_count";
@@ -82,8 +86,8 @@ fn host_with_count(row: &Row) -> Result<(HostRow, i64)> {
 pub async fn host_insert(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
     let row = c
         .timed_query_opt(
-            "INSERT INTO hosts AS h (name, address, tls_insecure, ca_pem, cert_pem, key_pem, basic_auth_token)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
+            "INSERT INTO hosts AS h (name, address, tls_insecure, ca_pem, cert_pem, key_pem, basic_auth_token, exec)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
              ON CONFLICT (name) DO NOTHING
              RETURNING to_jsonb(h) AS host, 0::bigint AS vm_count",
             &[
@@ -94,17 +98,19 @@ pub async fn host_insert(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<
                 (&h.cert_pem, Type::TEXT),
                 (&h.key_pem, Type::TEXT),
                 (&h.basic_auth_token, Type::TEXT),
+                (&h.exec.as_str(), Type::TEXT),
             ],
         )
         .await?;
     row.as_ref().map(host_with_count).transpose()
 }
 
-/// Replaces address, TLS and token; keeps the cordon state. `None` if unknown.
+/// Replaces address, TLS, token and exec declaration; keeps the cordon state and what the
+/// last ServerInfo probe said. `None` if unknown.
 pub async fn host_update(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
     let sql = format!(
         "UPDATE hosts AS h SET address = $2, tls_insecure = $3, ca_pem = $4, cert_pem = $5,
-             key_pem = $6, basic_auth_token = $7, updated_at = now()
+             key_pem = $6, basic_auth_token = $7, exec = $8, updated_at = now()
          WHERE name = $1
          RETURNING to_jsonb(h) AS host, {HOST_VM_COUNT}"
     );
@@ -119,6 +125,7 @@ pub async fn host_update(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<
                 (&h.cert_pem, Type::TEXT),
                 (&h.key_pem, Type::TEXT),
                 (&h.basic_auth_token, Type::TEXT),
+                (&h.exec.as_str(), Type::TEXT),
             ],
         )
         .await?;

@@ -30,12 +30,13 @@
 //! (`pool_delete_and_mark_vms` in `pool.rs`, `lease_expire_for_pool` in `lease.rs`).
 //!
 //! - `pool.rs`: `pools`. [`PoolRow`], [`PoolStatus`]; create, update, get, list, delete; the
-//!   reconcile lease a pass takes on a pool.
+//!   reconcile lease a pass takes on a pool, and why the pass holds it below its target.
 //! - `host.rs`: `hosts`. [`HostRow`]; register, update, cordon, remove; the orphan-scan lease
 //!   and the ServerInfo probe result.
 //! - `vm.rs`: `vms`. [`VmRow`]; the one SQL definition of a pool's VM counts
 //!   by phase (the pool status, the gauges and `poolmgr-check` read it); get, list, insert,
-//!   placement, phase transitions, backoff, hook progress, surplus and teardown.
+//!   placement, phase transitions, backoff, hook progress, surplus, an operator's discard and
+//!   teardown.
 //! - `lease.rs`: `leases`. [`LeaseView`] (a lease with its VM and host); get, heartbeat, list,
 //!   release, expiry and its warning.
 //! - `event.rs`: `events`. [`EventRow`]; insert and list.

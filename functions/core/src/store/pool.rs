@@ -31,6 +31,10 @@ pub struct PoolRow {
     pub hook_failure_policy: HookFailurePolicy,
     pub heartbeat_interval_seconds: i32,
     pub heartbeat_expiry_seconds: i32,
+    /// Why the reconciler holds the pool below its target, as last reported in
+    /// POOL_SIZE_BELOW_TARGET; `None` while nothing does ([`pool_set_below_target`]).
+    #[serde(default)]
+    pub below_target_reason: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -254,6 +258,36 @@ pub async fn pool_take_reconcile_lease(
         )
         .await?;
     row.as_ref().map(|r| json_req(r, "pool")).transpose()
+}
+
+/// Records why the reconciler holds a pool below its target (`None`: nothing does any
+/// more). POOL_SIZE_BELOW_TARGET (`payload` plus the `reason`) is written in the same
+/// statement only when the reason changes to a new one, so a pool held back for hours writes
+/// one event, not one per pass. Returns whether it wrote one.
+pub async fn pool_set_below_target(
+    c: &impl Executor,
+    pool: &PoolRef,
+    reason: Option<&str>,
+    payload: &serde_json::Value,
+) -> Result<bool> {
+    let row = c
+        .timed_query_one(
+            "WITH p AS (
+                 -- No change, no row: the guard is what makes it once per state change.
+                 UPDATE pools SET below_target_reason = $3
+                 WHERE namespace = $1 AND name = $2 AND below_target_reason IS DISTINCT FROM $3
+                 RETURNING namespace, name
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, payload)
+                 SELECT 'POOL_SIZE_BELOW_TARGET', p.namespace, p.name, $4 || jsonb_build_object('reason', $3)
+                 FROM p WHERE $3 IS NOT NULL
+                 RETURNING id
+             )
+             SELECT count(*) FROM ev",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&reason, Type::TEXT), (payload, Type::JSONB)],
+        )
+        .await?;
+    Ok(row.try_get::<_, i64>(0)? == 1)
 }
 
 /// Gives a pool's reconcile lease back (only if this owner still holds it).

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use tokio_postgres::types::Type;
 
-use super::{Executor, LeaseRow, Result, Timed, json_col, json_req};
+use super::{Executor, HostRow, LeaseRow, Result, Timed, json_col, json_req};
 use crate::domain::{EventType, Phase, PoolRef, VmCounts};
 
 /// A `vms` row.
@@ -151,6 +151,55 @@ pub async fn vm_finish_delete(c: &impl Executor, vm_id: &str) -> Result<VmFinish
         None => VmFinish::Gone,
         Some(vm) => VmFinish::Removed { vm: Box::new(vm), lease: json_col::<LeaseRow>(&row, "lease")?.map(Box::new) },
     })
+}
+
+/// What [`vm_begin_discard`] found.
+pub enum VmDiscard {
+    NotFound,
+    /// LEASED: refused, its lease is released instead. Nothing changed.
+    Leased,
+    /// DELETING now, `from` the phase it left (DELETING itself when an earlier delete, a
+    /// release or the reconciler got there first), with its host for the flintlock delete.
+    Deleting {
+        vm: Box<VmRow>,
+        host: Option<Box<HostRow>>,
+        from: Phase,
+    },
+}
+
+/// The first half of an operator's `DELETE /v1/vms/{id}`: any VM but a LEASED one →
+/// DELETING, with VM_DISCARDED (`by`: the principal) in the same statement. The row lock
+/// waits for a claim holding the VM, so a VM a concurrent claim leases is seen LEASED and
+/// refused; one taken mid pre-lease hook goes DELETING and that claim answers ABORTED.
+pub async fn vm_begin_discard(c: &impl Executor, vm_id: &str, by: &str) -> Result<VmDiscard> {
+    let row = c
+        .timed_query_opt(
+            "WITH cur AS (
+                 SELECT v.* FROM vms v WHERE v.id = $1 FOR NO KEY UPDATE
+             ), moved AS (
+                 UPDATE vms v SET phase = 'DELETING', attempts = 0, next_attempt_at = NULL, updated_at = now()
+                 FROM cur WHERE v.id = cur.id AND cur.phase NOT IN ('LEASED', 'DELETING')
+                 RETURNING v.*
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, payload)
+                 SELECT 'VM_DISCARDED', m.pool_namespace, m.pool_name, m.id,
+                        jsonb_build_object('phase', cur.phase, 'by', $2::text)
+                 FROM moved m, cur
+             )
+             -- The CTEs share one snapshot: `cur` still shows the phase it had before.
+             SELECT to_jsonb(cur.phase) AS was, coalesce((SELECT to_jsonb(m) FROM moved m), to_jsonb(cur)) AS vm,
+                    to_jsonb(h) AS host
+             FROM cur LEFT JOIN hosts h ON h.name = cur.flintlock_host",
+            &[(&vm_id, Type::TEXT), (&by, Type::TEXT)],
+        )
+        .await?;
+    let Some(row) = row else { return Ok(VmDiscard::NotFound) };
+    let from: Phase = json_req(&row, "was")?;
+    if from == Phase::Leased {
+        return Ok(VmDiscard::Leased);
+    }
+    let host = json_col::<HostRow>(&row, "host")?.map(Box::new);
+    Ok(VmDiscard::Deleting { vm: Box::new(json_req(&row, "vm")?), host, from })
 }
 
 /// Every VM row of a pool with whether it has a committed lease.
