@@ -70,7 +70,7 @@ PSQL=("$PG_BINDIR/psql" -X -q -t -A -v ON_ERROR_STOP=1 -d "$DB_URL")
 
 start_sim() {
     stack_sim_start --out "$LOGS/flintlock-sim.out" "$LOGS/flintlock-sim.log" --listen "127.0.0.1:$SIM_PORT" \
-        --boot-delay-ms 400 --delete-delay-ms 50 --state-file "$DIR/sim.state"
+        --boot-delay-ms "${1:-400}" --delete-delay-ms 50 --state-file "$DIR/sim.state"
 }
 
 # A pass killed mid-pool leaves that pool's reconcile lease until it expires (deadline + hook
@@ -206,17 +206,18 @@ record "2 app-sigkill" "$s2" "kills=$KILLS claims=$(kv claims_ok "$LOAD") conn_e
 
 # ---- 3: SIGKILL of flintlock-sim while pools provision ---------------------------------------
 log "scenario 3: flintlock-sim killed with SIGKILL while $PROV_POOLS pools of $PROV_SIZE provision"
+# Force the moment: with a 6 s boot every VM stays PROVISIONING >= 6 s, so on any machine the
+# kill lands with creates in flight (the sim keeps its VMs across the restart: --state-file).
+stack_stop "$SIM_PID"
+start_sim 6000
 for i in $(seq 0 $((PROV_POOLS - 1))); do create_pool "prov-$i" "$PROV_SIZE"; done
 s3=0
 t0=$SECONDS
-AT_KILL=""
-while ((SECONDS - t0 < 30)); do
-    AT_KILL=$(sql "SELECT count(*) FILTER (WHERE phase = 'AVAILABLE') || ' ' || count(*) FILTER (WHERE phase = 'PROVISIONING') FROM vms WHERE pool_name LIKE 'prov-%'")
-    read -r avail prov <<<"$AT_KILL"
-    # Kill while creates are in flight (PROVISIONING rows), ideally with some VMs done too.
-    if [[ $prov -ge 1 && ($avail -ge 1 || $((SECONDS - t0)) -ge 2) ]]; then break; fi
-    sleep 0.05
-done
+prov_counts() { sql "SELECT count(*) FILTER (WHERE phase = 'AVAILABLE') || ' ' || count(*) FILTER (WHERE phase = 'PROVISIONING') FROM vms WHERE pool_name LIKE 'prov-%'"; }
+# Wait for the first PROVISIONING rows, then kill a second into the creates (still in flight).
+while ((SECONDS - t0 < 30)) && [[ $(prov_counts) == *" 0" ]]; do sleep 0.05; done
+sleep 1
+AT_KILL=$(prov_counts)
 read -r avail prov <<<"$AT_KILL"
 stack_stop "$SIM_PID" KILL
 sleep 3
