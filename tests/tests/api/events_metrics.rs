@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use poolmgr_core::api::{ClaimResponse, EventList};
-use poolmgr_core::domain::{Phase, PoolRef};
+use poolmgr_core::domain::{EventType, Phase, PoolRef};
 use poolmgr_core::store::{self, VmInsert};
 use poolmgr_tests::*;
 use serde_json::json;
@@ -240,6 +240,37 @@ async fn events_need_an_admin_token() {
     app.get(CLIENT_B, "/v1/events?wait_seconds=5").await.assert_error(403, "PERMISSION_DENIED");
     app.request(axum::http::Method::GET, "/v1/events", None, None, &[]).await.assert_error(401, "UNAUTHENTICATED");
     app.get("wrong", "/v1/events").await.assert_error(401, "UNAUTHENTICATED");
+}
+
+// ---------------------------------------------------------------------------------------
+// What an event stores (issue 14 items 6 and 8)
+// ---------------------------------------------------------------------------------------
+
+/// Issue 14 item 6: what one event stores is bounded: every string of a payload is cut to
+/// 4 KiB, with control characters (a NUL, which PostgreSQL refuses in jsonb, among them)
+/// escaped, so the write never fails on it.
+#[tokio::test]
+async fn an_event_payload_is_stored_printable_and_capped() {
+    let app = TestApp::spawn().await;
+    let huge = format!("start\0\x1b[1m{}", "y".repeat(64 * 1024));
+    let id = store::event_insert(
+        &**app.conn().await,
+        EventType::VmHookFailed,
+        &pool("ci"),
+        None,
+        None,
+        &json!({"reason": huge, "nested": ["tab\tnew\nline\u{7f}"], "n": 3}),
+    )
+    .await
+    .expect("an event with a NUL in its payload is written");
+    let page = app.events("").await;
+    assert_eq!(ids(&page), [id]);
+    let payload = &page.events[0].payload;
+    let reason = payload["reason"].as_str().unwrap();
+    assert!(reason.starts_with("start\\x00\\x1b[1myyy"), "{reason:.40}");
+    assert!(reason.ends_with('…') && reason.len() <= store::EVENT_STRING_CAP + 3, "{}", reason.len());
+    assert_eq!(payload["nested"], json!(["tab\tnew\nline\\x7f"]));
+    assert_eq!(payload["n"], json!(3));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -151,12 +151,8 @@ async fn finish_hook_claim(
                 message: "the VM has no flintlock uid or its host is not registered".into(),
             }),
         };
-        let failure = match outcome {
-            Ok(o) if o.exit_code == 0 => None,
-            Ok(o) => Some(format!("`{cmd}` exited with {}{}", o.exit_code, stderr_tail(&o.stderr))),
-            Err(e) => Some(format!("`{cmd}` could not run: {e}")),
-        };
-        if let Some(reason) = failure {
+        // Sanitised and capped: the reason is stored in VM_HOOK_FAILED and sent in the answer.
+        if let Some(reason) = crate::flintlock::hook_failure(cmd, &outcome) {
             return Err(pre_lease_hook_failed(state, req, &vm, host.as_ref(), reason).await);
         }
     }
@@ -192,15 +188,6 @@ async fn finish_hook_claim(
             Ok(ClaimResponse::new(&view, vm, false))
         }
     }
-}
-
-fn stderr_tail(stderr: &str) -> String {
-    let t = stderr.trim();
-    if t.is_empty() {
-        return String::new();
-    }
-    let start = t.char_indices().rev().nth(199).map_or(0, |(i, _)| i);
-    format!(": {}", &t[start..])
 }
 
 fn vm_taken(state: &AppState, req: &ClaimRequest, vm: &VmRow) -> ApiError {

@@ -6,10 +6,15 @@
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
+use serde_json::Value;
 use tokio_postgres::types::Type;
 
 use super::{Executor, Result, Timed, json_req};
-use crate::domain::{EventType, PoolRef};
+use crate::domain::{EventType, Keep, PoolRef, printable};
+
+/// The most one string of an event's payload keeps, in bytes (hook failure reasons are cut
+/// shorter by [`crate::flintlock::hook_failure`]; this bounds every other string).
+pub const EVENT_STRING_CAP: usize = 4096;
 
 /// An `events` row.
 #[derive(Debug, Clone, Deserialize)]
@@ -25,6 +30,21 @@ pub struct EventRow {
     pub created_at: DateTime<Utc>,
 }
 
+/// What an event stores of `payload`: every string (keys too) through
+/// [`printable`], at most [`EVENT_STRING_CAP`] bytes with control characters escaped. The one
+/// place the payloads built in Rust pass before they are written ([`event_insert`],
+/// `vm_transition`): a NUL (`\u0000`) anywhere makes PostgreSQL refuse the jsonb, and with it
+/// the statement that made the change the event reports.
+pub(crate) fn stored_payload(payload: &Value) -> Value {
+    let text = |s: &str| printable(s, EVENT_STRING_CAP, Keep::Head);
+    match payload {
+        Value::String(s) => Value::String(text(s)),
+        Value::Array(a) => Value::Array(a.iter().map(stored_payload).collect()),
+        Value::Object(o) => Value::Object(o.iter().map(|(k, v)| (text(k), stored_payload(v))).collect()),
+        other => other.clone(),
+    }
+}
+
 pub async fn event_insert(
     c: &impl Executor,
     kind: EventType,
@@ -34,6 +54,7 @@ pub async fn event_insert(
     payload: &serde_json::Value,
 ) -> Result<i64> {
     let kind = kind.as_str();
+    let payload = stored_payload(payload);
     let row = c
         .timed_query_one(
             "INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id, payload)
@@ -44,7 +65,7 @@ pub async fn event_insert(
                 (&pool.name, Type::TEXT),
                 (&vm_id, Type::TEXT),
                 (&lease_id, Type::TEXT),
-                (payload, Type::JSONB),
+                (&payload, Type::JSONB),
             ],
         )
         .await?;
