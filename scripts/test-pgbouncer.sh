@@ -13,8 +13,9 @@
 #   POOLMGR_TEST_POOLER_URL_TEMPLATE   = PgBouncer (what the app under test connects to)
 # and stops both on exit.
 #
-# The subset: claims (replays, races), leases, reconcile, hooks (two-phase claims), and the
-# database runtime (stale connections, statement timeout with its cancel through PgBouncer).
+# The subset: claims (replays, races), leases, reconcile, hooks (two-phase claims), the events
+# feed (its horizon: no session state), and the database runtime (stale connections,
+# statement timeout with its cancel through PgBouncer).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,7 +23,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/scripts/lib/stack.sh"
 
 # POOLMGR_PGBOUNCER_TESTS (space-separated test area names) overrides the subset.
-read -r -a TEST_FILES <<<"${POOLMGR_PGBOUNCER_TESTS:-claims leases reconcile hooks db_resilience statement_timeout}"
+read -r -a TEST_FILES <<<"${POOLMGR_PGBOUNCER_TESTS:-claims leases reconcile hooks events_metrics db_resilience statement_timeout}"
 
 # An area is a module of the `api` test binary (tests/tests/api/NAME.rs) or a test binary of
 # its own (tests/tests/NAME.rs). The api binary runs with --skip for every module not named,

@@ -113,6 +113,10 @@ pub struct ReconcileConfig {
     pub orphan_scan_interval: Duration,
     /// `poolmgr-local`'s ticker interval (`POOLMGR_RECONCILE_INTERVAL_SECONDS`, 2).
     pub interval: Duration,
+    /// Events older than this are deleted by the reconcile pass, in batches
+    /// (`POOLMGR_EVENTS_RETENTION`: `7d` by default; a number with a unit `s`, `m`, `h` or
+    /// `d`, a bare number is seconds; `off` keeps events forever, `None`).
+    pub events_retention: Option<Duration>,
 }
 
 fn parse_num<T: std::str::FromStr>(
@@ -124,6 +128,42 @@ fn parse_num<T: std::str::FromStr>(
         None => Ok(default),
         Some(v) if v.trim().is_empty() => Ok(default),
         Some(v) => v.trim().parse().map_err(|_| ConfigError(format!("{key}={v:?} is not a valid number"))),
+    }
+}
+
+/// A duration with a unit (`90s`, `15m`, `36h`, `7d`; a bare number is seconds), or `off`
+/// (`None`). Zero is refused: it would mean "delete at once", never what anyone wants.
+fn parse_retention(
+    lookup: &impl Fn(&str) -> Option<String>,
+    key: &str,
+    default: Duration,
+) -> Result<Option<Duration>, ConfigError> {
+    let raw = match lookup(key) {
+        None => return Ok(Some(default)),
+        Some(v) if v.trim().is_empty() => return Ok(Some(default)),
+        Some(v) => v,
+    };
+    let v = raw.trim();
+    if v.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let bad =
+        || ConfigError(format!("{key}={raw:?}: use a positive number with a unit s, m, h or d (e.g. 7d), or off"));
+    let (number, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => v.split_at(i),
+        None => (v, "s"),
+    };
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "s" => Some(n),
+        "m" => n.checked_mul(60),
+        "h" => n.checked_mul(3600),
+        "d" => n.checked_mul(86_400),
+        _ => None,
+    };
+    match secs {
+        Some(s) if s > 0 => Ok(Some(Duration::from_secs(s))),
+        _ => Err(bad()),
     }
 }
 
@@ -278,6 +318,11 @@ impl Config {
                 max_creates_per_pool: parse_num(&lookup, "POOLMGR_RECONCILE_MAX_CREATES", 50usize)?,
                 orphan_scan_interval: Duration::from_secs(parse_num(&lookup, "POOLMGR_ORPHAN_SCAN_SECONDS", 10u64)?),
                 interval: Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_INTERVAL_SECONDS", 2u64)?.max(1)),
+                events_retention: parse_retention(
+                    &lookup,
+                    "POOLMGR_EVENTS_RETENTION",
+                    Duration::from_secs(7 * 86_400),
+                )?,
             },
         })
     }
@@ -473,5 +518,24 @@ mod tests {
         let c =
             with_tokens(&format!("ops.team_1:{T1}"), &format!("CI-2:{T2}!#$%&'()*+-./;<=>?@[]^_`{{|}}~,{T3}")).unwrap();
         assert_eq!(c.auth.tokens.len(), 3);
+    }
+
+    #[test]
+    fn events_retention_defaults_to_seven_days_and_takes_a_unit_or_off() {
+        let base = [("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "disabled")];
+        let retention =
+            |v: &str| cfg(&[base[0], base[1], ("POOLMGR_EVENTS_RETENTION", v)]).map(|c| c.reconcile.events_retention);
+        assert_eq!(cfg(&base).unwrap().reconcile.events_retention, Some(Duration::from_secs(7 * 86_400)));
+        assert_eq!(retention("").unwrap(), Some(Duration::from_secs(7 * 86_400)));
+        assert_eq!(retention("30d").unwrap(), Some(Duration::from_secs(30 * 86_400)));
+        assert_eq!(retention(" 36h ").unwrap(), Some(Duration::from_secs(36 * 3600)));
+        assert_eq!(retention("15m").unwrap(), Some(Duration::from_secs(900)));
+        assert_eq!(retention("90s").unwrap(), Some(Duration::from_secs(90)));
+        assert_eq!(retention("3600").unwrap(), Some(Duration::from_secs(3600)));
+        assert_eq!(retention("off").unwrap(), None);
+        for bad in ["0", "0d", "7 d", "7w", "d", "-1d", "1.5d", "99999999999999999999d"] {
+            let e = retention(bad).unwrap_err().to_string();
+            assert!(e.contains("POOLMGR_EVENTS_RETENTION"), "{bad:?}: {e}");
+        }
     }
 }

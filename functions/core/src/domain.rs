@@ -439,6 +439,63 @@ impl PoolSpec {
     }
 }
 
+/// Text from outside poolmgr (a hook command's output, a flintlock host's error message) made
+/// safe to store and show: every control character except newline and tab is written as
+/// `\xNN`, and the text is cut to at most `max` bytes (plus a `…` marking the cut) on a
+/// character boundary, never inside an escape. PostgreSQL refuses `\u0000` in jsonb (and NUL
+/// in text); a terminal or a log line must not receive raw escape sequences.
+///
+/// `keep` says which end survives a cut: [`Keep::Head`] for a command, [`Keep::Tail`] for
+/// output, whose last lines usually say what went wrong.
+pub fn printable(s: &str, max: usize, keep: Keep) -> String {
+    fn piece(c: char) -> std::borrow::Cow<'static, str> {
+        if c.is_control() && c != '\n' && c != '\t' {
+            format!("\\x{:02x}", u32::from(c)).into()
+        } else {
+            String::from(c).into()
+        }
+    }
+    let mut len = 0;
+    let mut cut = false;
+    let mut pieces = Vec::new();
+    let chars: Box<dyn Iterator<Item = char>> = match keep {
+        Keep::Head => Box::new(s.chars()),
+        Keep::Tail => Box::new(s.chars().rev()),
+    };
+    for c in chars {
+        let p = piece(c);
+        if len + p.len() > max {
+            cut = true;
+            break;
+        }
+        len += p.len();
+        pieces.push(p);
+    }
+    let mut out = String::with_capacity(len + 3);
+    match keep {
+        Keep::Head => {
+            pieces.iter().for_each(|p| out.push_str(p));
+            if cut {
+                out.push('…');
+            }
+        }
+        Keep::Tail => {
+            if cut {
+                out.push('…');
+            }
+            pieces.iter().rev().for_each(|p| out.push_str(p));
+        }
+    }
+    out
+}
+
+/// Which end of a text [`printable`] keeps when it must cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    Head,
+    Tail,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,5 +545,19 @@ mod tests {
             assert_eq!(Phase::parse(p.as_str()), Some(*p));
         }
         assert_eq!(Phase::parse("nope"), None);
+    }
+
+    #[test]
+    fn printable_escapes_control_characters_and_cuts_on_a_boundary() {
+        assert_eq!(printable("ok\n\tdone", 100, Keep::Head), "ok\n\tdone");
+        assert_eq!(printable("a\0b\x1b[31mc\r\u{85}", 100, Keep::Head), "a\\x00b\\x1b[31mc\\x0d\\x85");
+        assert_eq!(printable("abcdef", 3, Keep::Head), "abc…");
+        assert_eq!(printable("abcdef", 3, Keep::Tail), "…def");
+        // Never half a character or half an escape.
+        assert_eq!(printable("ééé", 5, Keep::Head), "éé…");
+        assert_eq!(printable("a\0", 3, Keep::Head), "a…");
+        assert_eq!(printable("\0z", 3, Keep::Tail), "…z");
+        let long = "x".repeat(10_000);
+        assert_eq!(printable(&long, 2048, Keep::Tail).len(), 2048 + '…'.len_utf8());
     }
 }

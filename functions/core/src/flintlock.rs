@@ -160,6 +160,39 @@ pub struct ExecOutcome {
     pub stderr: String,
 }
 
+/// How much of a failed hook command's output [`hook_failure`] keeps: its end, where the
+/// error usually is. A few KiB: the reason is stored in a `VM_HOOK_FAILED` event on every
+/// failure and sent in a claim's error answer.
+pub const HOOK_OUTPUT_TAIL: usize = 2048;
+
+/// How much of the command itself [`hook_failure`] quotes (commands may be 4 KiB).
+pub const HOOK_COMMAND_HEAD: usize = 256;
+
+/// Why a hook command failed, `None` if it exited 0: the one description both hook paths use
+/// (a pool's create hooks in the reconcile pass, its pre-lease hooks in a claim), stored in
+/// `VM_HOOK_FAILED` and, for a claim, sent in its 500 answer.
+///
+/// Everything in it came from outside poolmgr (the command from the pool spec, the output from
+/// the guest, the error from the host), so all of it goes through [`crate::domain::printable`]:
+/// control characters escaped (a NUL made PostgreSQL refuse the event, which failed the pool's
+/// reconcile step and reran the command every pass, or answered a claim 500 and stranded its
+/// VM), the output cut to its last [`HOOK_OUTPUT_TAIL`] bytes (stderr, or stdout when stderr
+/// is empty) and the command to [`HOOK_COMMAND_HEAD`].
+pub fn hook_failure(command: &str, outcome: &Result<ExecOutcome, FlintlockError>) -> Option<String> {
+    use crate::domain::{Keep, printable};
+    let cmd = printable(command, HOOK_COMMAND_HEAD, Keep::Head);
+    match outcome {
+        Ok(o) if o.exit_code == 0 => None,
+        Ok(o) => {
+            let output = [o.stderr.trim(), o.stdout.trim()].into_iter().find(|t| !t.is_empty());
+            let output =
+                output.map(|t| format!(": {}", printable(t, HOOK_OUTPUT_TAIL, Keep::Tail))).unwrap_or_default();
+            Some(format!("`{cmd}` exited with {}{output}", o.exit_code))
+        }
+        Err(e) => Some(format!("`{cmd}` could not run: {}", printable(&e.to_string(), HOOK_OUTPUT_TAIL, Keep::Head))),
+    }
+}
+
 /// How much of each of stdout and stderr [`Flintlock::exec`] keeps.
 pub const EXEC_OUTPUT_CAP: usize = 64 * 1024;
 
@@ -468,6 +501,35 @@ mod tests {
 
     fn info(version: &str, exec_enabled: bool) -> ServerInfo {
         ServerInfo { version: version.to_owned(), exec_enabled, response: String::new() }
+    }
+
+    /// Issue 14 item 8: the one description of a failed hook command escapes control
+    /// characters everywhere and keeps only the end of the output.
+    #[test]
+    fn hook_failure_is_printable_and_keeps_the_end_of_the_output() {
+        let out = |exit_code, stdout: &str, stderr: &str| {
+            Ok(ExecOutcome { exit_code, stdout: stdout.to_owned(), stderr: stderr.to_owned() })
+        };
+        assert_eq!(hook_failure("true", &out(0, "", "noise")), None);
+        assert_eq!(hook_failure("x", &out(2, "", "")).as_deref(), Some("`x` exited with 2"));
+        assert_eq!(
+            hook_failure("x", &out(2, "only\0stdout\n", " \n")).as_deref(),
+            Some("`x` exited with 2: only\\x00stdout")
+        );
+        assert_eq!(
+            hook_failure("a\rb", &out(1, "ignored", "bad\0\x1b[31m\n")).as_deref(),
+            Some("`a\\x0db` exited with 1: bad\\x00\\x1b[31m")
+        );
+        let flood = format!("{}THE END", "\0".repeat(64 * 1024));
+        let long = hook_failure(&"c".repeat(4096), &out(1, "", &flood)).unwrap();
+        assert!(long.len() <= HOOK_COMMAND_HEAD + HOOK_OUTPUT_TAIL + 64, "{}", long.len());
+        assert!(long.ends_with("\\x00THE END") && long.contains("…"), "{long}");
+        assert!(!long.chars().any(|c| c.is_control()));
+        let err = FlintlockError::Exec { host: "h".into(), message: "no\0agent".into() };
+        assert_eq!(
+            hook_failure("x", &Err(err)).as_deref(),
+            Some("`x` could not run: exec on flintlock host h failed: no\\x00agent")
+        );
     }
 
     #[test]

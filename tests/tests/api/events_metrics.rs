@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use poolmgr_core::api::{ClaimResponse, EventList};
-use poolmgr_core::domain::{Phase, PoolRef};
+use poolmgr_core::domain::{EventType, Phase, PoolRef};
 use poolmgr_core::store::{self, VmInsert};
 use poolmgr_tests::*;
 use serde_json::json;
@@ -240,6 +240,259 @@ async fn events_need_an_admin_token() {
     app.get(CLIENT_B, "/v1/events?wait_seconds=5").await.assert_error(403, "PERMISSION_DENIED");
     app.request(axum::http::Method::GET, "/v1/events", None, None, &[]).await.assert_error(401, "UNAUTHENTICATED");
     app.get("wrong", "/v1/events").await.assert_error(401, "UNAUTHENTICATED");
+}
+
+// ---------------------------------------------------------------------------------------
+// The feed under concurrent writers, retention, what an event stores (issue 14 items 6, 8)
+// ---------------------------------------------------------------------------------------
+
+/// Writes one POOL_REPLENISHING event of pool default/ci through `c` (a connection, or an
+/// open transaction of the test's), tagged `writer`: its id.
+async fn write_event(c: &impl store::Executor, writer: i64) -> i64 {
+    store::event_insert(c, EventType::PoolReplenishing, &pool("ci"), None, None, &json!({"writer": writer}))
+        .await
+        .expect("insert event")
+}
+
+/// A consumer reading from `cursor` while `held` (an open transaction of the test's) holds
+/// event `first` and `second` is committed: the feed must not answer while `held` is open (it
+/// could only answer `second`, moving the cursor past `first` for good), and answers both, in
+/// id order, once `held` commits.
+async fn assert_the_feed_waits_for(
+    app: &Arc<TestApp>,
+    cursor: i64,
+    held: tokio_postgres::Transaction<'_>,
+    first: i64,
+    second: i64,
+) {
+    assert!(second > first, "ids come from one sequence: {first} then {second}");
+    let mut poll = {
+        let app = app.clone();
+        tokio::spawn(async move { app.events(&format!("after={cursor}&wait_seconds=10")).await })
+    };
+    // The out-of-order moment is forced: `first` stays uncommitted for as long as this wait,
+    // during which the feed must not answer.
+    let early = tokio::time::timeout(Duration::from_millis(800), &mut poll).await;
+    assert!(early.is_err(), "the feed answered while id {first} was uncommitted: {early:?}");
+    held.commit().await.unwrap();
+    let page = poll.await.unwrap();
+    assert_eq!(ids(&page), [first, second]);
+    assert_eq!(page.next_after, second);
+    assert_eq!(page.events[0].payload, json!({"writer": 1}));
+    assert_eq!(ids(&app.events(&format!("after={cursor}")).await), [first, second]);
+    assert_eq!(app.events(&format!("after={second}")).await, empty(second));
+}
+
+/// Issue 14 item 6: an event id that commits after a larger one is not skipped. Writer 1
+/// holds the smaller id in a transaction the test keeps open while writer 2 commits the
+/// larger one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_id_that_commits_after_a_larger_one_is_not_skipped() {
+    let app = Arc::new(TestApp::spawn().await);
+    let cursor = app.events("").await.next_after;
+    let mut writer1 = app.db.client().await;
+    let tx = writer1.transaction().await.unwrap();
+    let first = write_event(&tx, 1).await;
+    let second = write_event(&**app.conn().await, 2).await;
+    assert_the_feed_waits_for(&app, cursor, tx, first, second).await;
+}
+
+/// Issue 14 item 6: the same when the writer holding the smaller id is the *newer*
+/// transaction: writer 2 took its transaction id first, then writer 1 its transaction id and
+/// event id, then writer 2 its event id, and writer 2 commits. The newest finished
+/// transaction is then older than writer 1, so a bound taken from a snapshot's `xmax` would
+/// not cover writer 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_id_held_by_a_newer_transaction_is_not_skipped() {
+    let app = Arc::new(TestApp::spawn().await);
+    let cursor = app.events("").await.next_after;
+    let (mut writer1, mut writer2) = (app.db.client().await, app.db.client().await);
+    let tx2 = writer2.transaction().await.unwrap();
+    tx2.query_one("SELECT pg_current_xact_id()", &[]).await.unwrap();
+    let tx1 = writer1.transaction().await.unwrap();
+    let first = write_event(&tx1, 1).await;
+    let second = write_event(&tx2, 2).await;
+    tx2.commit().await.unwrap();
+    assert_the_feed_waits_for(&app, cursor, tx1, first, second).await;
+}
+
+/// Issue 14 item 6: a writer that rolls back leaves a gap for good: the feed waits for it to
+/// end, then steps over its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_id_rolled_back_leaves_a_gap_the_feed_steps_over() {
+    let app = Arc::new(TestApp::spawn().await);
+    let cursor = app.events("").await.next_after;
+    let mut writer1 = app.db.client().await;
+    let tx = writer1.transaction().await.unwrap();
+    let lost = write_event(&tx, 1).await;
+    let kept = write_event(&**app.conn().await, 2).await;
+    let mut poll = {
+        let app = app.clone();
+        tokio::spawn(async move { app.events(&format!("after={cursor}&wait_seconds=10")).await })
+    };
+    let early = tokio::time::timeout(Duration::from_millis(300), &mut poll).await;
+    assert!(early.is_err(), "the feed answered while id {lost} was uncommitted: {early:?}");
+    tx.rollback().await.unwrap();
+    let page = poll.await.unwrap();
+    assert_eq!(ids(&page), [kept]);
+    assert_eq!(page.next_after, kept);
+}
+
+/// Issue 14 item 6: a consumer following the feed (small pages, back to back) while 96 claims
+/// commit from 16 clients released at once sees every event exactly once, in id order: the
+/// reproduction of the issue, where one `VM_CLAIMED` was missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn a_consumer_following_the_feed_during_concurrent_claims_sees_every_event_once_in_order() {
+    const CLAIMS: usize = 96;
+    const CLIENTS: usize = 16;
+    let app = Arc::new(TestApp::spawn().await);
+    app.create_pool("ci", CLAIMS as i32).await;
+    for _ in 0..CLAIMS {
+        seed_row(&app, "default", "ci", Phase::Available).await;
+    }
+    // Widens the window between a claim taking its event id and committing (0-40 ms, in
+    // this test's database only), so concurrent claims commit their ids out of order often.
+    app.conn()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION test_commit_jitter() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN PERFORM pg_sleep(random() * 0.04); RETURN NULL; END $$;
+             CREATE TRIGGER test_commit_jitter AFTER INSERT ON events
+                 FOR EACH ROW EXECUTE FUNCTION test_commit_jitter();",
+        )
+        .await
+        .unwrap();
+    let start = app.events("").await.next_after;
+    let claims_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let consumer = {
+        let (app, claims_done) = (app.clone(), claims_done.clone());
+        tokio::spawn(async move {
+            let (mut cursor, mut seen) = (start, Vec::new());
+            loop {
+                // Read the flag before the page: an empty page after the claims ended is the end.
+                let done = claims_done.load(std::sync::atomic::Ordering::SeqCst);
+                // No long-poll: read as often as possible while the claims commit.
+                let page = app.events(&format!("after={cursor}&limit=3")).await;
+                if page.events.is_empty() && done {
+                    return seen;
+                }
+                seen.extend(page.events.iter().map(|e| (e.id, e.kind.clone(), e.lease_id.clone())));
+                cursor = page.next_after;
+            }
+        })
+    };
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let barrier = Arc::new(tokio::sync::Barrier::new(CLIENTS));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (app, next, barrier) = (app.clone(), next.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let mut leases = vec![];
+                while next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < CLAIMS {
+                    leases.push(app.claimed(CLIENT_A, "ci", None).await.lease.lease_id);
+                }
+                leases
+            })
+        })
+        .collect();
+    let mut leases = HashSet::new();
+    for c in clients {
+        leases.extend(c.await.unwrap());
+    }
+    assert_eq!(leases.len(), CLAIMS);
+    claims_done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let seen = consumer.await.unwrap();
+
+    let seen_ids: Vec<i64> = seen.iter().map(|(id, _, _)| *id).collect();
+    assert!(seen_ids.windows(2).all(|w| w[0] < w[1]), "not once each in id order: {seen_ids:?}");
+    let all: Vec<i64> = app
+        .conn()
+        .await
+        .query("SELECT id FROM events WHERE id > $1 ORDER BY id", &[&start])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(seen_ids, all, "the consumer saw exactly the events that committed");
+    let claimed: HashSet<String> =
+        seen.into_iter().filter(|(_, kind, _)| kind == "VM_CLAIMED").filter_map(|(_, _, lease)| lease).collect();
+    assert_eq!(claimed, leases, "one VM_CLAIMED per claim");
+}
+
+/// Issue 14 item 6: the reconcile pass deletes events older than the retention (7 days by
+/// default), in batches of 1000 until none is left, and nothing younger.
+#[tokio::test]
+async fn the_reconcile_pass_prunes_events_older_than_the_retention() {
+    let app = TestApp::spawn().await;
+    let count = || app.scalar_i64("SELECT count(*) FROM events");
+    // 2500 events: three batches.
+    app.conn()
+        .await
+        .execute(
+            "INSERT INTO events (type, pool_namespace, pool_name)
+             SELECT 'POOL_REPLENISHING', 'default', 'ci' FROM generate_series(1, 2500)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let last = app.scalar_i64("SELECT max(id) FROM events").await;
+    app.advance_clock(Duration::from_secs(6 * 86_400));
+    let r = app.pass().await;
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!((r.events_pruned, count().await), (0, 2500), "six days old: kept");
+
+    app.advance_clock(Duration::from_secs(86_400 + 60));
+    let r = app.pass().await;
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!((r.events_pruned, count().await), (2500, 0), "over seven days old: gone");
+    // The cursor of a consumer that had read them all stays valid; new events follow it.
+    assert_eq!(app.events(&format!("after={last}")).await, empty(last));
+    let next = write_event(&**app.conn().await, 1).await;
+    assert_eq!(ids(&app.events(&format!("after={last}")).await), [next]);
+}
+
+/// Issue 14 item 6: `POOLMGR_EVENTS_RETENTION` sets the retention (`1h` here), and `off`
+/// keeps events forever.
+#[tokio::test]
+async fn events_retention_follows_its_setting_and_off_keeps_everything() {
+    for (setting, kept_after_two_hours) in [("1h", 0), ("off", 1)] {
+        let app = TestApp::spawn_with(|env| env.push(("POOLMGR_EVENTS_RETENTION".into(), setting.into()))).await;
+        write_event(&**app.conn().await, 1).await;
+        app.advance_clock(Duration::from_secs(50 * 60));
+        assert_eq!(app.pass().await.events_pruned, 0, "{setting}");
+        app.advance_clock(Duration::from_secs(80 * 60));
+        app.pass().await;
+        assert_eq!(app.scalar_i64("SELECT count(*) FROM events").await, kept_after_two_hours, "{setting}");
+    }
+}
+
+/// Issue 14 items 6 and 8: what one event stores is bounded: every string of a payload is cut to
+/// 4 KiB, with control characters (a NUL, which PostgreSQL refuses in jsonb, among them)
+/// escaped, so the write never fails on it.
+#[tokio::test]
+async fn an_event_payload_is_stored_printable_and_capped() {
+    let app = TestApp::spawn().await;
+    let huge = format!("start\0\x1b[1m{}", "y".repeat(64 * 1024));
+    let id = store::event_insert(
+        &**app.conn().await,
+        EventType::VmHookFailed,
+        &pool("ci"),
+        None,
+        None,
+        &json!({"reason": huge, "nested": ["tab\tnew\nline\u{7f}"], "n": 3}),
+    )
+    .await
+    .expect("an event with a NUL in its payload is written");
+    let page = app.events("").await;
+    assert_eq!(ids(&page), [id]);
+    let payload = &page.events[0].payload;
+    let reason = payload["reason"].as_str().unwrap();
+    assert!(reason.starts_with("start\\x00\\x1b[1myyy"), "{reason:.40}");
+    assert!(reason.ends_with('…') && reason.len() <= store::EVENT_STRING_CAP + 3, "{}", reason.len());
+    assert_eq!(payload["nested"], json!(["tab\tnew\nline\\x7f"]));
+    assert_eq!(payload["n"], json!(3));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -501,6 +501,86 @@ async fn a_create_hook_failure_with_a_failing_delete_is_quarantined_under_quaran
     create_hook_failure_with_failing_delete("QUARANTINE", "QUARANTINED").await;
 }
 
+/// Output no shell script should print, but real ones do: about 60 KiB of progress noise with
+/// NULs and terminal escapes, ending in the line that says what went wrong.
+fn hostile_output() -> ExecRule {
+    let noise = format!("{}\0\x1b[2K\r\n", "x".repeat(1000));
+    ExecRule {
+        exit_code: 3,
+        stdout: "progress\0\n".repeat(100),
+        stderr: format!("{}fatal: disk\0 gone \x1b[31mE42\x1b[0m\n", noise.repeat(60)),
+        ..Default::default()
+    }
+}
+
+/// How [`hostile_output`]'s stderr ends, as a failure reason shows it.
+const OUTPUT_END: &str = "fatal: disk\\x00 gone \\x1b[31mE42\\x1b[0m";
+
+/// What a hook failure reason must look like whatever the command printed: no control
+/// character but newline and tab (PostgreSQL refuses a NUL in jsonb), a few KiB at most, and
+/// the end of the output, escaped.
+#[track_caller]
+fn assert_clean_reason(reason: &str, command: &str) {
+    assert!(reason.contains(&format!("`{command}` exited with 3: ")), "{reason:.200}");
+    assert!(reason.contains("…"), "cut: {reason:.200}");
+    assert!(reason.contains(OUTPUT_END), "the end of the output: {reason:.200}");
+    assert!(!reason.chars().any(|c| c.is_control() && c != '\n' && c != '\t'), "{reason:?}");
+    assert!(reason.len() <= 3 * 1024, "{} bytes", reason.len());
+}
+
+/// Issue 14 item 8: a create command whose stderr holds NULs and terminal escapes (and 60 KiB
+/// of it): the VM gets the pool's policy, VM_HOOK_FAILED stores the end of the output escaped
+/// and cut, the pass reports no error, and no pass reruns the command on that VM. Before, the
+/// event's jsonb was refused: the pool's step failed before replenishment and every pass
+/// reran the command.
+#[tokio::test]
+async fn a_create_hook_with_control_characters_in_its_output_fails_once_and_cleanly() {
+    let app = TestApp::spawn().await;
+    app.sim.set_exec_rule("setup", hostile_output());
+    app.post(ADMIN, "/v1/pools", hook_spec("ci", 1, &["setup"], &[], "QUARANTINE")).await.assert_ok(201);
+    app.settle(60, "the VM quarantined", || async { app.count_phase("ci", "QUARANTINED").await == 1 }).await;
+    for _ in 0..3 {
+        let r = app.pass().await;
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+    }
+    let failed: Vec<_> = app.events("").await.events.into_iter().filter(|e| e.kind == "VM_HOOK_FAILED").collect();
+    assert!(!failed.is_empty());
+    for e in &failed {
+        let reason = e.payload["reason"].as_str().unwrap();
+        assert!(reason.starts_with("create command 0 ") && reason.ends_with(OUTPUT_END), "{reason:.100}");
+        assert_clean_reason(reason, "setup");
+    }
+    let setups: Vec<_> = app.sim.exec_calls().into_iter().filter(|c| c.cmd == "setup").collect();
+    let uids: std::collections::HashSet<_> = setups.iter().map(|c| c.uid.clone()).collect();
+    assert_eq!(setups.len(), uids.len(), "the command ran once per VM, never again on the same VM");
+    assert_eq!(setups.len(), failed.len(), "each run failed once, with its event");
+}
+
+/// Issue 14 item 8: a pre-lease command with the same output answers 500 INTERNAL naming
+/// the hook failure (its output escaped and cut), and the VM gets the pool's policy: it is
+/// not stranded in PRE_LEASE_HOOK_RUNNING. Before, the VM_HOOK_FAILED write was refused, the
+/// claim answered an unexplained 500 and the VM stayed stuck until the abandon period.
+#[tokio::test]
+async fn a_pre_lease_hook_with_control_characters_in_its_output_applies_the_policy() {
+    let app = TestApp::spawn().await;
+    hook_pool(&app, "QUARANTINE", 2).await;
+    app.sim.set_exec_rule("reset-state", hostile_output());
+    let r = app.claim(CLIENT_A, "ci", Some("r-1")).await;
+    r.assert_error(500, "INTERNAL");
+    assert_clean_reason(r.body["error"]["message"].as_str().unwrap(), "reset-state");
+    assert_eq!(app.count_phase("ci", "PRE_LEASE_HOOK_RUNNING").await, 0, "no VM stranded mid-hook");
+    assert_eq!(app.count_phase("ci", "QUARANTINED").await, 1);
+    let failed: Vec<_> = app.events("").await.events.into_iter().filter(|e| e.kind == "VM_HOOK_FAILED").collect();
+    assert_eq!(failed.len(), 1);
+    let reason = failed[0].payload["reason"].as_str().unwrap();
+    assert!(reason.ends_with(OUTPUT_END), "{reason:.100}");
+    assert_clean_reason(reason, "reset-state");
+    // The retry is a fresh claim of the other VM.
+    app.sim.clear_exec_rules();
+    let b = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    assert!(!b.replayed);
+}
+
 #[tokio::test]
 async fn hosts_that_cannot_exec_refuse_pools_with_hooks() {
     let app = TestApp::spawn().await;

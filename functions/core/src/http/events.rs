@@ -49,6 +49,11 @@ struct EventsQuery {
 }
 
 /// The outbox as a cursor feed.
+///
+/// A consumer that always passes the last `next_after` receives every event exactly once, in
+/// id order, even while writers commit concurrently: an id is never handed out while a
+/// smaller one may still commit. Events older than the retention (`POOLMGR_EVENTS_RETENTION`,
+/// 7 days by default) are pruned.
 #[utoipa::path(
     get, path = "/v1/events", tag = "events", operation_id = "list_events",
     security(("bearer" = [])), params(EventsQuery),

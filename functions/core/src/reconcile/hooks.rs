@@ -14,6 +14,7 @@ use serde_json::json;
 use super::conn::StepConn;
 use super::{Pass, PassReport, ReconcileError};
 use crate::domain::{EventType, HookFailurePolicy, Phase};
+use crate::flintlock;
 use crate::store::{self, HostRow, PoolRow, VmRow};
 
 /// One hook step for each of a pool's CREATE_HOOK_RUNNING VMs, side by side, so a slow VM
@@ -76,13 +77,9 @@ async fn create_hook_step(
         return hook_done(pass, db, pool, vm, started, report).await;
     };
     let outcome = db.released(state.flintlock.exec(&host.endpoint(), uid, cmd, hooks.command_timeout)).await;
-    let failure = match outcome {
-        Ok(o) if o.exit_code == 0 => None,
-        Ok(o) => Some(format!("create command {step} `{cmd}` exited with {}: {}", o.exit_code, o.stderr.trim())),
-        Err(e) => Some(format!("create command {step} `{cmd}` could not run: {e}")),
-    };
-    if let Some(why) = failure {
-        return fail_vm(pass, db, pool, vm, &why, report).await;
+    // Sanitised and capped: the output is stored in the VM_HOOK_FAILED event.
+    if let Some(why) = flintlock::hook_failure(cmd, &outcome) {
+        return fail_vm(pass, db, pool, vm, &format!("create command {step} {why}"), report).await;
     }
     let next = vm.hook_step + 1;
     if usize::try_from(next).unwrap_or(0) >= pool.create_commands.len() {

@@ -25,6 +25,7 @@
 //! - `sweeps`: lease expiry and expiring-soon warnings, claims abandoned mid-hook, finishing
 //!   DELETING VMs (through [`crate::teardown`]), stragglers of deleted pools, surplus VMs.
 //! - `orphans`: the orphan scan of each host.
+//! - `retention`: deleting events older than `POOLMGR_EVENTS_RETENTION`, in batches.
 //! - `conn`: the one connection a pool worker steps on; `error`: [`ReconcileError`].
 //!
 //! # Connections
@@ -55,6 +56,7 @@ mod error;
 mod hooks;
 mod orphans;
 mod provision;
+mod retention;
 pub mod strategy;
 mod sweeps;
 
@@ -86,6 +88,8 @@ pub struct PassReport {
     pub expiry_warnings: u64,
     pub failed: usize,
     pub orphans_deleted: usize,
+    /// Events deleted because they were older than the retention.
+    pub events_pruned: u64,
     /// Steps that failed and will be retried by a later pass.
     pub errors: Vec<String>,
     /// The deadline stopped the pass before every pool was visited.
@@ -104,6 +108,7 @@ impl PassReport {
         self.expiry_warnings += o.expiry_warnings;
         self.failed += o.failed;
         self.orphans_deleted += o.orphans_deleted;
+        self.events_pruned += o.events_pruned;
         self.errors.extend(o.errors);
         self.deadline_reached |= o.deadline_reached;
     }
@@ -165,6 +170,7 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     }
     report.merge(sweeps::finish_deleted_pools(&pass).await);
     report.merge(orphans::scan_orphans(&pass).await);
+    report.merge(retention::prune_events(&pass).await);
     report.deadline_reached |= pass.past_deadline();
     report.duration_ms = t0.elapsed().as_millis();
     tracing::info!(

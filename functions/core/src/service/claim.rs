@@ -370,9 +370,8 @@ async fn finish_hook_claim(
             // Dropping the exec at the deadline cancels its stream, which stops the command.
             match tokio::time::timeout(left, run).await {
                 Err(_) => Some(past_deadline()),
-                Ok(Ok(o)) if o.exit_code == 0 => None,
-                Ok(Ok(o)) => Some(format!("`{cmd}` exited with {}{}", o.exit_code, stderr_tail(&o.stderr))),
-                Ok(Err(e)) => Some(format!("`{cmd}` could not run: {e}")),
+                // Sanitised and capped: the reason is stored in VM_HOOK_FAILED and sent back.
+                Ok(outcome) => crate::flintlock::hook_failure(cmd, &outcome),
             }
         };
         if let Some(reason) = failure {
@@ -469,15 +468,6 @@ where
         pause *= 2;
         attempt += 1;
     }
-}
-
-fn stderr_tail(stderr: &str) -> String {
-    let t = stderr.trim();
-    if t.is_empty() {
-        return String::new();
-    }
-    let start = t.char_indices().rev().nth(199).map_or(0, |(i, _)| i);
-    format!(": {}", &t[start..])
 }
 
 fn vm_taken(state: &AppState, req: &ClaimRequest, vm: &VmRow) -> ApiError {

@@ -39,7 +39,8 @@
 //!   teardown.
 //! - `lease.rs`: `leases`. [`LeaseView`] (a lease with its VM and host); get, heartbeat, list,
 //!   release, expiry and its warning.
-//! - `event.rs`: `events`. [`EventRow`]; insert and list.
+//! - `event.rs`: `events`. [`EventRow`]; insert, the feed (its horizon and list) and the
+//!   retention prune.
 //! - `claim.rs`: the claim statements, which write `leases`, `vms` and `events` at once:
 //!   [`LEASE_CLAIM_SQL`] and [`lease_claim`], and the two-phase claim of pools with pre-lease
 //!   hooks ([`vm_claim_for_hook`], [`lease_insert_after_hook`]); what a duplicate of a claim

@@ -286,7 +286,7 @@ pub async fn vm_transition(
 ) -> Result<bool> {
     let (from, to) = (from.as_str(), to.as_str());
     let (kind, payload) = match event {
-        Some((k, p)) => (Some(k.as_str()), Some(p)),
+        Some((k, p)) => (Some(k.as_str()), Some(super::event::stored_payload(p))),
         None => (None, None),
     };
     let row = c
