@@ -151,6 +151,19 @@ pub async fn lease_delete(c: &impl Executor, lease_id: &str) -> Result<Option<Le
     row.as_ref().map(|r| json_req(r, "lease")).transpose()
 }
 
+/// What an expiry does after the CTE `exp` deleted the expired leases: their VMs → DELETING,
+/// one VM_DELETED_DUE_TO_EXPIRY each, and the leases returned. The one definition behind the
+/// sweep ([`lease_expire_for_pool`]) and a claim's expiry of one lease ([`lease_expire_one`]).
+const LEASE_EXPIRE_REST: &str = ", v AS (
+                 UPDATE vms SET phase = 'DELETING', updated_at = now(), attempts = 0, next_attempt_at = NULL
+                 FROM exp WHERE vms.id = exp.vm_id
+                 RETURNING vms.id
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
+                 SELECT 'VM_DELETED_DUE_TO_EXPIRY', exp.pool_namespace, exp.pool_name, exp.vm_id, exp.lease_id FROM exp
+             )
+             SELECT to_jsonb(exp) AS lease FROM exp";
+
 /// Expires a pool's leases with `expires_at <= now()`: lease removed, VM → DELETING and
 /// VM_DELETED_DUE_TO_EXPIRY, in one statement. A concurrent heartbeat either commits first
 /// (and the lease is no longer expired when this re-checks it) or finds the lease gone.
@@ -161,20 +174,14 @@ pub async fn lease_expire_for_pool(
 ) -> Result<Vec<LeaseRow>> {
     let rows = c
         .timed_query(
-            "WITH exp AS (
-                 -- $3: the clock's now (NULL: the database's).
-                 DELETE FROM leases WHERE pool_namespace = $1 AND pool_name = $2
-                   AND expires_at <= coalesce($3, now())
-                 RETURNING *
-             ), v AS (
-                 UPDATE vms SET phase = 'DELETING', updated_at = now(), attempts = 0, next_attempt_at = NULL
-                 FROM exp WHERE vms.id = exp.vm_id
-                 RETURNING vms.id
-             ), ev AS (
-                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
-                 SELECT 'VM_DELETED_DUE_TO_EXPIRY', exp.pool_namespace, exp.pool_name, exp.vm_id, exp.lease_id FROM exp
-             )
-             SELECT to_jsonb(exp) AS lease FROM exp",
+            &format!(
+                "WITH exp AS (
+                     -- $3: the clock's now (NULL: the database's).
+                     DELETE FROM leases WHERE pool_namespace = $1 AND pool_name = $2
+                       AND expires_at <= coalesce($3, now())
+                     RETURNING *
+                 ){LEASE_EXPIRE_REST}"
+            ),
             &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&now, Type::TIMESTAMPTZ)],
         )
         .await?;
@@ -192,19 +199,13 @@ pub async fn lease_expire_one(
 ) -> Result<Option<LeaseRow>> {
     let row = c
         .timed_query_opt(
-            "WITH exp AS (
-                 -- $2: the clock's now (NULL: the database's).
-                 DELETE FROM leases WHERE lease_id = $1 AND expires_at <= coalesce($2, now())
-                 RETURNING *
-             ), v AS (
-                 UPDATE vms SET phase = 'DELETING', updated_at = now(), attempts = 0, next_attempt_at = NULL
-                 FROM exp WHERE vms.id = exp.vm_id
-                 RETURNING vms.id
-             ), ev AS (
-                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
-                 SELECT 'VM_DELETED_DUE_TO_EXPIRY', exp.pool_namespace, exp.pool_name, exp.vm_id, exp.lease_id FROM exp
-             )
-             SELECT to_jsonb(exp) AS lease FROM exp",
+            &format!(
+                "WITH exp AS (
+                     -- $2: the clock's now (NULL: the database's).
+                     DELETE FROM leases WHERE lease_id = $1 AND expires_at <= coalesce($2, now())
+                     RETURNING *
+                 ){LEASE_EXPIRE_REST}"
+            ),
             &[(&lease_id, Type::TEXT), (&now, Type::TIMESTAMPTZ)],
         )
         .await?;
