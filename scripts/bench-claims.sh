@@ -1,17 +1,30 @@
 #!/usr/bin/env bash
-# Claims under concurrency: the HTTP stack (poolmgr-local) against the same claim statement
-# run directly by pgbench on the same database — the ceiling this machine allows.
+# Claims under concurrency, three ways on one database: the in-process path (one poolmgr-local
+# with its own connection pool and the prepared claim), the deployed shape (the Lambda
+# configuration: --processes poolmgr-local processes with one database connection each and
+# POOLMGR_DB_PREPARE_CLAIM=false, behind PgBouncer in transaction mode, our RDS Proxy stand-in;
+# the load generator spreads its clients over them), and the same claim statement run directly
+# by pgbench — the ceiling this machine allows.
 #
 #   scripts/bench-claims.sh [options]
 #
 # For every concurrency level and mode (claim, replay, release) the pool is emptied and seeded
 # with --vms AVAILABLE rows, the load runs for --duration seconds (HTTP: after --warmup
 # seconds), and the database is checked: no VM leased twice, exactly the leases the clients
-# got. Results go to a JSON-lines file; at the end docs/benchmarks.md's generated section and
-# docs/bench-claims.svg are rewritten from them.
+# got. The processes keep running from one run to the next, as a deployment's would. Then the
+# "table emptied" series: for each HTTP path, --reseeds runs back to back at --reseed-clients,
+# the pool reseeded (DELETE, INSERT, VACUUM ANALYZE) before each and the same processes kept.
+# Results go to a JSON-lines file; at the end docs/benchmarks.md's generated section and
+# docs/bench-claims.svg are rewritten from them. A run that handed a VM out twice stops the
+# script with the violation.
 #
 # Options:
 #   --levels "1 4 16 64 256"   concurrency levels
+#   --deployed-levels "16 64 256"  levels at which the deployed shape claims too ("" skips it)
+#   --processes N              poolmgr-local processes of the deployed shape (default 16; PgBouncer
+#                              gets as many server connections, as many as the in-process pool)
+#   --reseed-clients C         clients of the "table emptied" series (default 64; 0 skips it)
+#   --reseeds N                runs in that series (default 3)
 #   --modes "claim replay release"
 #   --duration S               seconds per run (default 10)
 #   --warmup S                 HTTP warm-up seconds, not counted (default 1)
@@ -26,13 +39,20 @@
 #                              POOLMGR_DB_PREPARE_CLAIM=true) or extended (one unnamed
 #                              statement per claim, planned every time: a baseline before it)
 #
-# Environment: POOLMGR_DB_POOL_SIZE (poolmgr-local's connections, default 16), PG_BINDIR.
+# Environment: POOLMGR_DB_POOL_SIZE (the in-process poolmgr-local's connections, default 16),
+# PG_BINDIR.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=lib/stack.sh
 . "$ROOT/scripts/lib/stack.sh"
+# shellcheck source=lib/pgbouncer.sh
+. "$ROOT/scripts/lib/pgbouncer.sh"
 
 LEVELS="1 4 16 64 256"
+DEPLOYED_LEVELS="16 64 256"
+PROCESSES=16
+RESEED_CLIENTS=64
+RESEEDS=3
 MODES="claim replay release"
 DURATION=10
 WARMUP=1
@@ -48,6 +68,10 @@ PROTOCOL=prepared
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --levels) LEVELS=$2; shift 2 ;;
+        --deployed-levels) DEPLOYED_LEVELS=$2; shift 2 ;;
+        --processes) PROCESSES=$2; shift 2 ;;
+        --reseed-clients) RESEED_CLIENTS=$2; shift 2 ;;
+        --reseeds) RESEEDS=$2; shift 2 ;;
         --modes) MODES=$2; shift 2 ;;
         --duration) DURATION=$2; shift 2 ;;
         --warmup) WARMUP=$2; shift 2 ;;
@@ -59,7 +83,7 @@ while [[ $# -gt 0 ]]; do
         --poolmgr-local) LOCAL_BIN=$2; shift 2 ;;
         --claim-sql) CLAIM_SQL=$2; shift 2 ;;
         --pgbench-protocol) PROTOCOL=$2; shift 2 ;;
-        -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,43p' "$0"; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
@@ -69,6 +93,9 @@ for c in "$(pg_bindir 2>/dev/null || true)/pgbench" "$(command -v pgbench || tru
     [[ -x "$c" ]] && { PGBENCH=$c; break; }
 done
 [[ -n $PGBENCH ]] || die "pgbench not found; install the PostgreSQL client tools (postgresql-15 ships it) or set PG_BINDIR"
+[[ $PROCESSES =~ ^[1-9][0-9]*$ ]] || die "--processes must be a positive number, got '$PROCESSES'"
+[[ $RESEED_CLIENTS =~ ^[0-9]+$ && $RESEEDS =~ ^[1-9][0-9]*$ ]] ||
+    die "--reseed-clients must be a number (0 skips the series) and --reseeds a positive number"
 
 mkdir -p "$WORK"
 [[ $APPEND == 1 ]] || rm -f "$RESULTS"
@@ -82,6 +109,8 @@ BENCH=$BIN/poolmgr-bench
 stack_pg_fresh "$WORK/pg"
 DB_URL=$(pg_create_db poolmgr_bench)
 PSQL=("$PG_BINDIR/psql" -X -q -At -v ON_ERROR_STOP=1 -d "$DB_URL")
+# Only this cluster's processes count as PostgreSQL's CPU (others may run on the machine).
+PM_PID=$(head -n 1 "$WORK/pg/data/postmaster.pid")
 
 SIM_PORT=$(free_port)
 log "starting flintlock-sim on 127.0.0.1:$SIM_PORT (releases delete through it)"
@@ -92,20 +121,18 @@ PORT=$(free_port)
 TOKEN=bench-$(random_token)
 POOL_SIZE=${POOLMGR_DB_POOL_SIZE:-16}
 URL=http://127.0.0.1:$PORT
-# (Re)starts poolmgr-local, its reconcile passes doing nothing (deadline 0: the seeded pool is
-# larger than a pool may be, and a pass would shed the surplus). Each HTTP run gets a fresh process: a pooled connection that
-# prepared the claim before the reseeding's ANALYZE of the emptied tables keeps a plan built
-# for empty tables until autovacuum analyzes them again (a minute or more; docs/benchmarks.md),
-# which is not the steady state this benchmark measures.
-start_local() {
-    stack_stop "${APP_PID:-}"
-    DATABASE_URL=$DB_URL POOLMGR_ADMIN_TOKENS=bench:$TOKEN RUST_LOG=warn \
-        POOLMGR_DB_POOL_SIZE=$POOL_SIZE POOLMGR_RECONCILE_INTERVAL_SECONDS=86400 POOLMGR_RECONCILE_DEADLINE_SECONDS=0 \
-        stack_app_start --bin "$LOCAL_BIN" "127.0.0.1:$PORT" "$WORK/poolmgr-local.log"
+# Every poolmgr-local runs its reconcile passes doing nothing (deadline 0: the seeded pool is
+# larger than a pool may be, and a pass would shed the surplus). They all keep running to the
+# end: a connection's kept plans surviving the reseeds is part of what is measured.
+quiet_local() {
+    DATABASE_URL=$1 POOLMGR_ADMIN_TOKENS=bench:$TOKEN RUST_LOG=warn \
+        POOLMGR_RECONCILE_INTERVAL_SECONDS=86400 POOLMGR_RECONCILE_DEADLINE_SECONDS=0 \
+        stack_app_start --bin "$LOCAL_BIN" "$2" "$3"
 }
 log "starting $LOCAL_BIN on 127.0.0.1:$PORT (database pool $POOL_SIZE, reconcile ticker effectively off)"
 : >"$WORK/poolmgr-local.log"
-start_local
+POOLMGR_DB_POOL_SIZE=$POOL_SIZE quiet_local "$DB_URL" "127.0.0.1:$PORT" "$WORK/poolmgr-local.log"
+LOCAL_PID=$APP_PID
 
 api() { curl -fsS -o /dev/null -H "Authorization: Bearer $TOKEN" -H 'content-type: application/json' "$@"; }
 log "registering the simulator as host bench-host and creating pool default/bench"
@@ -119,21 +146,57 @@ api -X POST "$URL/v1/pools" -d '{"name": "bench", "size": '"$((VMS < 10000 ? VMS
 "$BENCH" pgbench-script --mode replay >"$WORK/replay.sql"
 [[ -n $CLAIM_SQL ]] && cp "$CLAIM_SQL" "$WORK/claim.sql"
 
+# The deployed shape: PgBouncer in transaction mode with as many server connections as the
+# in-process pool has, and PROCESSES poolmgr-local behind it, one connection each, the claim not
+# prepared (PgBouncer 1.18 cannot keep a named statement; neither can RDS Proxy). Started one
+# after another: each checks the schema at start, which is the only moment it prepares
+# statements, and alone on PgBouncer it keeps its server connection for them.
+DEPLOYED_URLS=""
+DEPLOYED_PIDS=""
+PGB_VERSION="PgBouncer (not run)"
+if [[ -n ${DEPLOYED_LEVELS// /} || $RESEED_CLIENTS -gt 0 ]]; then
+    PGB_VERSION=$("$(pgbouncer_find)" --version | head -n 1)
+    pgbouncer_start "$WORK/pgbouncer" "$PG_PORT" "default_pool_size=$PROCESSES" "reserve_pool_size=0"
+    POOLER_DB_URL="postgres://postgres@127.0.0.1:$PGB_PORT/poolmgr_bench"
+    : >"$WORK/deployed.log"
+    log "starting $PROCESSES poolmgr-local behind PgBouncer (one connection each, POOLMGR_DB_PREPARE_CLAIM=false; log: $WORK/deployed.log)"
+    for i in $(seq 1 "$PROCESSES"); do
+        # PgBouncer 1.18 may crash on tokio-postgres's cancel requests (db.rs, Limits).
+        POOLMGR_DB_POOL_SIZE=1 POOLMGR_DB_PREPARE_CLAIM=false POOLMGR_DB_CANCEL_ON_TIMEOUT=false \
+            quiet_local "$POOLER_DB_URL" "127.0.0.1:$(free_port)" "$WORK/deployed.log"
+        DEPLOYED_URLS+="${DEPLOYED_URLS:+,}$APP_URL"
+        DEPLOYED_PIDS+="${DEPLOYED_PIDS:+,}$APP_PID"
+    done
+fi
+
 seed() { "$BENCH" claims-seed --database-url "$DB_URL" --vms "$VMS"; }
+# http_run PATH CLIENTS MODE [claims-load args...]: one timed HTTP run on a freshly seeded pool
+# through PATH's processes, then the database check.
+http_run() {
+    local path=$1 c=$2 mode=$3 got
+    shift 3
+    local target=(--endpoint "$URL" --server-pid "$LOCAL_PID")
+    [[ $path == deployed ]] && target=(--endpoint "$DEPLOYED_URLS" --server-pid "$DEPLOYED_PIDS" --pooler-pid "$PGB_PID")
+    seed
+    got=$("$BENCH" claims-load "${target[@]}" --path "$path" --token "$TOKEN" --concurrency "$c" \
+        --duration-secs "$DURATION" --warmup-secs "$WARMUP" --mode "$mode" --label "$LABEL" --out "$RESULTS" \
+        --postmaster-pid "$PM_PID" "$@")
+    case $mode in
+        claim) "$BENCH" claims-verify --database-url "$DB_URL" --expect-leases "$got" ;;
+        replay) "$BENCH" claims-verify --database-url "$DB_URL" --expect-leases "$c" ;;
+        release) "$BENCH" claims-verify --database-url "$DB_URL" ;;
+    esac
+}
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 T0=$SECONDS
 for c in $LEVELS; do
     for mode in $MODES; do
-        log "[$LABEL] HTTP $mode, $c clients, ${DURATION}s (+${WARMUP}s warm-up)"
-        seed
-        start_local
-        got=$("$BENCH" claims-load --endpoint "$URL" --token "$TOKEN" --concurrency "$c" --duration-secs "$DURATION" \
-            --warmup-secs "$WARMUP" --mode "$mode" --label "$LABEL" --out "$RESULTS" --server-pid "$APP_PID")
-        case $mode in
-            claim) "$BENCH" claims-verify --database-url "$DB_URL" --expect-leases "$got" ;;
-            replay) "$BENCH" claims-verify --database-url "$DB_URL" --expect-leases "$c" ;;
-            release) "$BENCH" claims-verify --database-url "$DB_URL" ;;
-        esac
+        log "[$LABEL] in-process HTTP $mode, $c clients, ${DURATION}s (+${WARMUP}s warm-up)"
+        http_run http "$c" "$mode"
+        if [[ $mode == claim && " $DEPLOYED_LEVELS " == *" $c "* ]]; then
+            log "[$LABEL] deployed shape ($PROCESSES processes, PgBouncer) $mode, $c clients, ${DURATION}s (+${WARMUP}s warm-up)"
+            http_run deployed "$c" "$mode"
+        fi
         [[ $mode == release ]] && continue
 
         log "[$LABEL] pgbench $mode, $c clients, ${DURATION}s"
@@ -141,13 +204,13 @@ for c in $LEVELS; do
         rm -f "$WORK"/pgb.*
         threads=$((c < 2 ? c : 2))
         # CPU accounting: the machine's busy time around pgbench, and pgbench's own (bash's time).
-        read -r cpu0 pg0 < <("$BENCH" machine-cpu-ms)
+        read -r cpu0 pg0 < <("$BENCH" machine-cpu-ms --postmaster-pid "$PM_PID")
         status=0
         TIMEFORMAT='%U %S'
         { time "$PGBENCH" -n -M "$PROTOCOL" -c "$c" -j "$threads" -T "$DURATION" \
             -D ns=default -D pool=bench -D principal=bench -f "$WORK/$mode.sql" \
             --log --log-prefix="$WORK/pgb" "$DB_URL" >"$WORK/pgbench.out" 2>&1; } 2>"$WORK/pgbench.time" || status=$?
-        read -r cpu1 pg1 < <("$BENCH" machine-cpu-ms)
+        read -r cpu1 pg1 < <("$BENCH" machine-cpu-ms --postmaster-pid "$PM_PID")
         if [[ $status -ne 0 ]]; then
             tail -n 20 "$WORK/pgbench.out" >&2
             die "pgbench failed (exit $status); its output is above and in $WORK/pgbench.out"
@@ -162,6 +225,14 @@ for c in $LEVELS; do
         esac
     done
 done
+if [[ $RESEED_CLIENTS -gt 0 ]]; then
+    for path in http deployed; do
+        for round in $(seq 1 "$RESEEDS"); do
+            log "[$LABEL] table emptied: $path, $RESEED_CLIENTS clients, run $round of $RESEEDS on the same processes"
+            http_run "$path" "$RESEED_CLIENTS" claim --round "$round"
+        done
+    done
+fi
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 log "all runs done in $((SECONDS - T0)) s; results in $RESULTS"
 
@@ -176,17 +247,20 @@ if [[ $DOCS == 1 ]]; then
     MACHINE="$(nproc) vCPU ($cpu), $mem RAM, Linux $(uname -r), PostgreSQL $pgv, $(rustc --version | cut -d' ' -f1-2); \
 load average $LOAD_START before the runs, $LOAD_END after; $(date -u +%Y-%m-%d)."
     SETTINGS="Each run: ${DURATION} s (HTTP after ${WARMUP} s of warm-up), pool reseeded with $VMS AVAILABLE VMs and \
-vacuumed before it. PostgreSQL: a private cluster with default settings (fsync and synchronous_commit on) except \
-max_connections = 400. HTTP: release-built poolmgr-local (database pool $POOL_SIZE connections, POOLMGR_DB_PREPARE_CLAIM \
-${POOLMGR_DB_PREPARE_CLAIM:-true}) and the Rust load \
-generator (\`poolmgr-bench claims-load\`, reqwest, one keep-alive connection per client) on the same machine. \
-pgbench: \`-M $PROTOCOL -j 2\` running \
-\`poolmgr-bench pgbench-script\`, i.e. \`store::LEASE_CLAIM_SQL\` with pgbench variables. Latencies are per \
-operation as the client sees them. CPU per operation: the machine's busy time (/proc/stat) over the timed \
-window, the client's, poolmgr-local's and all postgres processes' own (/proc/PID/stat, exited backends included); \
-the rest is time no process is charged with (the kernel's network softirqs) and other processes (pgbench's window \
-also covers its connection set-up). After every run the database is checked: no VM leased twice, every LEASED VM \
-with exactly one lease, exactly as many leases and VM_CLAIMED events as the clients were given."
+vacuumed before it; the poolmgr-local processes keep running from the first run to the last. PostgreSQL: a private \
+cluster with default settings (fsync and synchronous_commit on) except max_connections = 400. In-process: one \
+release-built poolmgr-local (database pool $POOL_SIZE connections, POOLMGR_DB_PREPARE_CLAIM \
+${POOLMGR_DB_PREPARE_CLAIM:-true}). Deployed: $PROCESSES release-built poolmgr-local with one database connection each \
+and POOLMGR_DB_PREPARE_CLAIM false, behind $PGB_VERSION in transaction mode with \
+$PROCESSES server connections; the load generator's clients spread over the processes round-robin. Load generator: \
+\`poolmgr-bench claims-load\` (reqwest, one keep-alive connection per client, random UUID request_ids) on the same \
+machine. pgbench: \`-M $PROTOCOL -j 2\` running \`poolmgr-bench pgbench-script\`, i.e. \`store::LEASE_CLAIM_SQL\` \
+with pgbench variables. Latencies are per operation as the client sees them. CPU per operation: the machine's busy \
+time (/proc/stat) over the timed window, the client's, the poolmgr-local processes', PgBouncer's and this cluster's \
+postgres processes' own (/proc/PID/stat, exited backends included); the rest is time no process is charged with (the \
+kernel's network softirqs) and other processes (pgbench's window also covers its connection set-up). After every run \
+the database is checked: no VM leased twice, every LEASED VM with exactly one lease, exactly as many leases and \
+VM_CLAIMED events as the clients were given."
     "$BENCH" claims-report --results "$RESULTS" --label "$LABEL" --machine "$MACHINE" --settings "$SETTINGS" \
         --doc "$ROOT/docs/benchmarks.md" --svg "$ROOT/docs/bench-claims.svg"
 fi

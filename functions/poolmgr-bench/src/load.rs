@@ -34,12 +34,18 @@ impl Mode {
     }
 }
 
-/// One line of the results file: one path × mode × concurrency.
+/// One line of the results file: one path × mode × concurrency (× round of a reseed run).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunResult {
     pub label: String,
-    /// `http` (poolmgr-local) or `pgbench` (the claim statement straight on PostgreSQL).
+    /// `http` (one poolmgr-local, its own connection pool: the in-process path), `deployed`
+    /// (several poolmgr-local with one connection each behind PgBouncer: the Lambda shape) or
+    /// `pgbench` (the claim statement straight on PostgreSQL).
     pub path: String,
+    /// Which of the back-to-back runs of a "table emptied" series this is (1, 2, 3: the
+    /// table reseeded before each, the processes kept); `None` for the main runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<u32>,
     pub mode: Mode,
     pub concurrency: usize,
     pub duration_s: f64,
@@ -60,13 +66,16 @@ pub struct RunResult {
 }
 
 /// CPU microseconds per operation: the whole machine's busy time, the client's (load
-/// generator or pgbench) and the server's (poolmgr-local; none for pgbench). What is left is
-/// PostgreSQL's (and, on a shared machine, everything else's).
+/// generator or pgbench), the server's (every poolmgr-local; none for pgbench) and the
+/// pooler's (PgBouncer, deployed shape only). What is left is PostgreSQL's (and, on a shared
+/// machine, everything else's).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CpuPerOp {
     pub total_us: f64,
     pub client_us: f64,
     pub server_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pooler_us: Option<f64>,
     /// Every `postgres` process, exited backends included (their time is in the
     /// postmaster's children's time).
     #[serde(default)]
@@ -87,6 +96,7 @@ impl CpuPerOp {
                 total_us: per(total_ms),
                 client_us: per(client_ms),
                 server_us: server_ms.map(per),
+                pooler_us: None,
                 postgres_us: postgres_ms.map(per),
             }
         })
@@ -107,32 +117,37 @@ pub fn machine_busy_ms() -> Option<f64> {
 
 /// User + system CPU time of process `pid` (or `self`), in ms.
 pub fn process_cpu_ms(pid: &str) -> Option<f64> {
-    proc_stat_ticks(pid, false).map(|(_, t)| t * MS_PER_TICK)
+    proc_stat_ticks(pid, false).map(|(_, _, t)| t * MS_PER_TICK)
 }
 
-/// (command name, utime + stime [+ cutime + cstime]) of `/proc/PID/stat`, in ticks.
-fn proc_stat_ticks(pid: &str, with_children: bool) -> Option<(String, f64)> {
+/// (command name, parent pid, utime + stime [+ cutime + cstime]) of `/proc/PID/stat`, in
+/// ticks.
+fn proc_stat_ticks(pid: &str, with_children: bool) -> Option<(String, String, f64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let comm = stat[stat.find('(')? + 1..stat.rfind(')')?].to_string();
-    // Fields after the command name's closing parenthesis: utime, stime, cutime, cstime are
-    // fields 14 to 17 of the line.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<f64> = rest.split_whitespace().skip(11).take(4).filter_map(|x| x.parse().ok()).collect();
+    // Fields after the command name's closing parenthesis: the parent pid is field 4 of the
+    // line; utime, stime, cutime, cstime are fields 14 to 17.
+    let rest: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
+    let ppid = rest.get(1)?.to_string();
+    let f: Vec<f64> = rest.iter().skip(11).take(4).filter_map(|x| x.parse().ok()).collect();
     let own = f.first()? + f.get(1)?;
-    Some((comm, if with_children { own + f.get(2)? + f.get(3)? } else { own }))
+    Some((comm, ppid, if with_children { own + f.get(2)? + f.get(3)? } else { own }))
 }
 
-/// CPU time of every `postgres` process, with the time of the backends that already exited
-/// (the postmaster's waited-for children), in ms.
-pub fn postgres_cpu_ms() -> Option<f64> {
+/// CPU time of the `postgres` processes, with the time of the backends that already exited
+/// (the postmaster's waited-for children), in ms: of one cluster when `postmaster` (its pid)
+/// is given — the postmaster and its children, so other clusters on a shared machine do not
+/// count — else of every `postgres` process.
+pub fn postgres_cpu_ms(postmaster: Option<&str>) -> Option<f64> {
     let mut total = 0.0;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
         if !name.bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        if let Some((comm, ticks)) = proc_stat_ticks(&name, true)
+        if let Some((comm, ppid, ticks)) = proc_stat_ticks(&name, true)
             && comm == "postgres"
+            && postmaster.is_none_or(|pm| name == pm || ppid == pm)
         {
             total += ticks;
         }
@@ -144,16 +159,21 @@ struct CpuMark {
     machine: Option<f64>,
     client: Option<f64>,
     server: Option<f64>,
+    pooler: Option<f64>,
     postgres: Option<f64>,
 }
 
 impl CpuMark {
-    fn now(server_pid: Option<&str>) -> CpuMark {
+    fn now(server_pids: &[String], pooler_pid: Option<&str>, postmaster: Option<&str>) -> CpuMark {
+        let server = (!server_pids.is_empty())
+            .then(|| server_pids.iter().map(|p| process_cpu_ms(p)).sum::<Option<f64>>())
+            .flatten();
         CpuMark {
             machine: machine_busy_ms(),
             client: process_cpu_ms("self"),
-            server: server_pid.and_then(process_cpu_ms),
-            postgres: postgres_cpu_ms(),
+            server,
+            pooler: pooler_pid.and_then(process_cpu_ms),
+            postgres: postgres_cpu_ms(postmaster),
         }
     }
 
@@ -161,7 +181,10 @@ impl CpuMark {
         let d = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
         let server = d(self.server, later.server);
         let postgres = d(self.postgres, later.postgres);
-        CpuPerOp::new(ops, d(self.machine, later.machine)?, d(self.client, later.client)?, server, postgres)
+        let mut cpu =
+            CpuPerOp::new(ops, d(self.machine, later.machine)?, d(self.client, later.client)?, server, postgres)?;
+        cpu.pooler_us = d(self.pooler, later.pooler).map(|ms| ms * 1000.0 / ops as f64);
+        Some(cpu)
     }
 }
 
@@ -179,10 +202,11 @@ struct RunKey<'a> {
     path: &'a str,
     mode: Mode,
     concurrency: usize,
+    round: Option<u32>,
 }
 
 fn summarize(
-    RunKey { label, path, mode, concurrency }: RunKey,
+    RunKey { label, path, mode, concurrency, round }: RunKey,
     wall: Duration,
     mut lat_us: Vec<u64>,
     errors: BTreeMap<String, u64>,
@@ -193,6 +217,7 @@ fn summarize(
     RunResult {
         label: label.to_string(),
         path: path.to_string(),
+        round,
         mode,
         concurrency,
         duration_s: wall.as_secs_f64(),
@@ -220,7 +245,9 @@ pub fn append_result(out: &Path, r: &RunResult) -> anyhow::Result<()> {
 }
 
 pub struct HttpLoad {
-    pub endpoint: String,
+    /// Client i sends every request to `endpoints[i % len]`: one poolmgr, or the load spread
+    /// over the processes of the deployed shape.
+    pub endpoints: Vec<String>,
     pub token: String,
     pub namespace: String,
     pub pool: String,
@@ -229,8 +256,15 @@ pub struct HttpLoad {
     pub warmup: Duration,
     pub mode: Mode,
     pub label: String,
-    /// poolmgr-local's pid, to account its CPU time.
-    pub server_pid: Option<String>,
+    /// The result's `path`: `http` or `deployed`.
+    pub path: String,
+    pub round: Option<u32>,
+    /// The poolmgr-local pids, to account their CPU time.
+    pub server_pids: Vec<String>,
+    /// PgBouncer's pid, to account its CPU time.
+    pub pooler_pid: Option<String>,
+    /// The postmaster's pid: only its cluster's CPU time counts as PostgreSQL's.
+    pub postmaster_pid: Option<String>,
 }
 
 #[derive(Default)]
@@ -265,6 +299,7 @@ enum Outcome {
 
 struct Http {
     client: reqwest::Client,
+    /// One poolmgr: its claims and leases URLs.
     claims_url: String,
     leases_url: String,
     token: String,
@@ -403,23 +438,32 @@ async fn worker(http: Arc<Http>, mode: Mode, start_timing: Instant, stop: Instan
 /// Runs the load; returns the result and the client-side violations (a VM handed out twice,
 /// a replay answered with another lease).
 pub async fn http_load(cfg: HttpLoad) -> anyhow::Result<(RunResult, Vec<String>)> {
-    let endpoint = cfg.endpoint.trim_end_matches('/');
-    let http = Arc::new(Http {
-        client: reqwest::Client::builder()
-            .pool_max_idle_per_host(cfg.concurrency)
-            .timeout(Duration::from_secs(60))
-            .build()?,
-        claims_url: format!("{endpoint}/v1/claims"),
-        leases_url: format!("{endpoint}/v1/leases"),
-        token: cfg.token.clone(),
-        pool: json!({"namespace": cfg.namespace, "name": cfg.pool}),
-    });
+    if cfg.endpoints.is_empty() {
+        bail!("no endpoint to send the load to");
+    }
+    let client =
+        reqwest::Client::builder().pool_max_idle_per_host(cfg.concurrency).timeout(Duration::from_secs(60)).build()?;
+    let targets: Vec<Arc<Http>> = cfg
+        .endpoints
+        .iter()
+        .map(|e| {
+            let endpoint = e.trim_end_matches('/');
+            Arc::new(Http {
+                client: client.clone(),
+                claims_url: format!("{endpoint}/v1/claims"),
+                leases_url: format!("{endpoint}/v1/leases"),
+                token: cfg.token.clone(),
+                pool: json!({"namespace": cfg.namespace, "name": cfg.pool}),
+            })
+        })
+        .collect();
     let start_timing = Instant::now() + cfg.warmup;
     let stop = start_timing + cfg.duration;
-    let handles: Vec<_> =
-        (0..cfg.concurrency).map(|_| tokio::spawn(worker(http.clone(), cfg.mode, start_timing, stop))).collect();
+    let handles: Vec<_> = (0..cfg.concurrency)
+        .map(|i| tokio::spawn(worker(targets[i % targets.len()].clone(), cfg.mode, start_timing, stop)))
+        .collect();
     tokio::time::sleep_until(start_timing.into()).await;
-    let cpu_start = CpuMark::now(cfg.server_pid.as_deref());
+    let cpu_start = CpuMark::now(&cfg.server_pids, cfg.pooler_pid.as_deref(), cfg.postmaster_pid.as_deref());
     let mut lat = vec![];
     let mut errors = BTreeMap::new();
     let mut vms = HashSet::new();
@@ -441,9 +485,9 @@ pub async fn http_load(cfg: HttpLoad) -> anyhow::Result<(RunResult, Vec<String>)
     }
     // Operations still running at `stop` finished after it: count the wall until the last one.
     let wall = Instant::now().saturating_duration_since(start_timing).max(cfg.duration);
-    let cpu_end = CpuMark::now(cfg.server_pid.as_deref());
+    let cpu_end = CpuMark::now(&cfg.server_pids, cfg.pooler_pid.as_deref(), cfg.postmaster_pid.as_deref());
     let mut r = summarize(
-        RunKey { label: &cfg.label, path: "http", mode: cfg.mode, concurrency: cfg.concurrency },
+        RunKey { label: &cfg.label, path: &cfg.path, mode: cfg.mode, concurrency: cfg.concurrency, round: cfg.round },
         wall,
         lat,
         errors,
@@ -533,7 +577,7 @@ pub fn pgbench_summary(
         Mode::Replay => concurrency.min(lat.len()) as u64,
         _ => lat.len() as u64,
     };
-    let mut r = summarize(RunKey { label, path: "pgbench", mode, concurrency }, duration, lat, errors, n);
+    let mut r = summarize(RunKey { label, path: "pgbench", mode, concurrency, round: None }, duration, lat, errors, n);
     r.cpu = cpu_ms.and_then(|(machine, client, postgres)| CpuPerOp::new(r.ok, machine, client, None, postgres));
     Ok(r)
 }

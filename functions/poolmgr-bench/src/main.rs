@@ -31,12 +31,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// CONCURRENCY clients claiming (or replaying, or claiming and releasing) through a running
-    /// poolmgr for DURATION seconds after a warm-up; appends one JSON line to --out. Exits 1 if
-    /// a VM was handed out twice or a replay answered another lease.
+    /// CONCURRENCY clients claiming (or replaying, or claiming and releasing) through running
+    /// poolmgrs for DURATION seconds after a warm-up; appends one JSON line to --out. Exits 1
+    /// if a VM was handed out twice or a replay answered another lease.
     ClaimsLoad {
-        #[arg(long, env = "POOLMGR_ENDPOINT")]
-        endpoint: String,
+        /// Client i talks to the (i mod N)th endpoint (repeat the option, or separate with commas).
+        #[arg(long, env = "POOLMGR_ENDPOINT", value_delimiter = ',', required = true)]
+        endpoint: Vec<String>,
         #[arg(long, env = "POOLMGR_TOKEN")]
         token: String,
         #[arg(long, default_value = "default/bench")]
@@ -51,11 +52,25 @@ enum Cmd {
         mode: load::Mode,
         #[arg(long, default_value = "run")]
         label: String,
+        /// The result's path: `http` (the in-process path) or `deployed` (the Lambda shape).
+        #[arg(long, default_value = "http")]
+        path: String,
+        /// The run's place in a series of reseeded runs of the same processes (1, 2, 3).
+        #[arg(long)]
+        round: Option<u32>,
         #[arg(long)]
         out: PathBuf,
-        /// poolmgr-local's pid: its CPU time per operation goes into the result.
+        /// The poolmgr-local pids (repeat, or separate with commas): their CPU time per
+        /// operation goes into the result.
+        #[arg(long, value_delimiter = ',')]
+        server_pid: Vec<String>,
+        /// PgBouncer's pid, likewise.
         #[arg(long)]
-        server_pid: Option<String>,
+        pooler_pid: Option<String>,
+        /// The postmaster's pid: only its cluster counts as PostgreSQL (default: every
+        /// `postgres` process on the machine).
+        #[arg(long)]
+        postmaster_pid: Option<String>,
     },
     /// Print the pgbench script running the service's claim statement (`claim` or `replay`).
     PgbenchScript {
@@ -87,7 +102,11 @@ enum Cmd {
     },
     /// Print the machine's busy CPU time and the postgres processes' CPU time (exited backends
     /// included), in ms, space-separated (for the pgbench side's accounting).
-    MachineCpuMs,
+    MachineCpuMs {
+        /// The postmaster's pid: only its cluster counts (default: every `postgres` process).
+        #[arg(long)]
+        postmaster_pid: Option<String>,
+    },
     /// Empty the pool and seed it with VMS AVAILABLE rows on HOST.
     ClaimsSeed {
         #[arg(long, env = "DATABASE_URL")]
@@ -386,12 +405,16 @@ async fn main() -> anyhow::Result<()> {
             warmup_secs,
             mode,
             label,
+            path,
+            round,
             out,
             server_pid,
+            pooler_pid,
+            postmaster_pid,
         } => {
             let (ns, name) = pool.split_once('/').context("--pool is NAMESPACE/NAME")?;
             let (r, violations) = load::http_load(load::HttpLoad {
-                endpoint,
+                endpoints: endpoint,
                 token,
                 namespace: ns.into(),
                 pool: name.into(),
@@ -400,7 +423,11 @@ async fn main() -> anyhow::Result<()> {
                 warmup: Duration::from_secs_f64(warmup_secs),
                 mode,
                 label,
-                server_pid,
+                path,
+                round,
+                server_pids: server_pid,
+                pooler_pid,
+                postmaster_pid,
             })
             .await?;
             print_run(&r);
@@ -431,9 +458,9 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", r.leases_created);
             Ok(())
         }
-        Cmd::MachineCpuMs => {
+        Cmd::MachineCpuMs { postmaster_pid } => {
             let machine = load::machine_busy_ms().context("cannot read /proc/stat")?;
-            let postgres = load::postgres_cpu_ms().context("cannot read /proc")?;
+            let postgres = load::postgres_cpu_ms(postmaster_pid.as_deref()).context("cannot read /proc")?;
             println!("{machine:.0} {postgres:.0}");
             Ok(())
         }

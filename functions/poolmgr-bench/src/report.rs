@@ -21,8 +21,17 @@ pub fn read_results(path: &Path) -> anyhow::Result<Vec<RunResult>> {
         .collect()
 }
 
+/// The main run of `path` (not one of a reseed series).
 fn find<'a>(rs: &'a [RunResult], label: &str, path: &str, mode: Mode, c: usize) -> Option<&'a RunResult> {
-    rs.iter().find(|r| r.label == label && r.path == path && r.mode == mode && r.concurrency == c)
+    rs.iter().find(|r| r.label == label && r.path == path && r.mode == mode && r.concurrency == c && r.round.is_none())
+}
+
+/// The rounds of the reseed series of `path` at `c` clients, in order.
+fn rounds<'a>(rs: &'a [RunResult], label: &str, path: &str, c: usize) -> Vec<&'a RunResult> {
+    let mut v: Vec<_> =
+        rs.iter().filter(|r| r.label == label && r.path == path && r.concurrency == c && r.round.is_some()).collect();
+    v.sort_by_key(|r| r.round);
+    v
 }
 
 fn errors(r: Option<&RunResult>) -> String {
@@ -51,13 +60,88 @@ fn ratio(a: Option<&RunResult>, b: Option<&RunResult>) -> String {
 }
 
 fn concurrencies(rs: &[RunResult], label: &str) -> Vec<usize> {
-    rs.iter().filter(|r| r.label == label).map(|r| r.concurrency).collect::<BTreeSet<_>>().into_iter().collect()
+    rs.iter()
+        .filter(|r| r.label == label && r.round.is_none())
+        .map(|r| r.concurrency)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
 }
 
-/// One table row per concurrency: HTTP and pgbench side by side and their ratio.
+/// One table row per concurrency: the in-process path, the deployed shape and pgbench side by
+/// side, and the two ratios the targets are about.
+fn claims_table(rs: &[RunResult], label: &str, cs: &[usize]) -> String {
+    let mut t = String::from(
+        "| clients | in-process claims/s | in-process p50 / p95 / p99 ms | deployed claims/s | deployed p50 / p95 / p99 ms | pgbench claims/s | pgbench p50 / p95 / p99 ms | in-process / pgbench | deployed / in-process | errors in-process; deployed; pgbench |\n|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for &c in cs {
+        let h = find(rs, label, "http", Mode::Claim, c);
+        let d = find(rs, label, "deployed", Mode::Claim, c);
+        let p = find(rs, label, "pgbench", Mode::Claim, c);
+        if h.is_none() && d.is_none() && p.is_none() {
+            continue;
+        }
+        t.push_str(&format!(
+            "| {c} | {} | {} | {} | {} | {} | {} | **{}** | **{}** | {}; {}; {} |\n",
+            f0(h),
+            lat(h),
+            f0(d),
+            lat(d),
+            f0(p),
+            lat(p),
+            ratio(h, p),
+            ratio(d, h),
+            errors(h),
+            errors(d),
+            errors(p)
+        ));
+    }
+    t
+}
+
+/// The "table emptied" series: per path, the same processes measured after each of three
+/// reseeds, and how far apart the runs are.
+fn reseed_table(rs: &[RunResult], label: &str) -> Option<String> {
+    // The in-process path first, then the deployed shape.
+    let series: BTreeSet<(bool, &str, usize)> = rs
+        .iter()
+        .filter(|r| r.label == label && r.round.is_some())
+        .map(|r| (r.path != "http", r.path.as_str(), r.concurrency))
+        .collect();
+    if series.is_empty() {
+        return None;
+    }
+    let mut t = String::from(
+        "| path | clients | claims/s, run by run | p99 ms, run by run | spread (fastest / slowest − 1) | errors |\n|---|---|---|---|---|---|\n",
+    );
+    for (_, path, c) in series {
+        let runs = rounds(rs, label, path, c);
+        let tput: Vec<f64> = runs.iter().map(|r| r.throughput).collect();
+        let (lo, hi) = tput.iter().fold((f64::MAX, 0.0_f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        let spread = if lo > 0.0 { format!("{:.0} %", (hi / lo - 1.0) * 100.0) } else { "–".into() };
+        let join = |f: &dyn Fn(&RunResult) -> String| runs.iter().map(|r| f(r)).collect::<Vec<_>>().join(" / ");
+        t.push_str(&format!(
+            "| {} | {c} | {} | {} | **{spread}** | {} |\n",
+            path_name(path),
+            join(&|r| format!("{:.0}", r.throughput)),
+            join(&|r| format!("{:.2}", r.p99_ms)),
+            join(&|r| errors(Some(r))),
+        ));
+    }
+    Some(t)
+}
+
+fn path_name(path: &str) -> &str {
+    match path {
+        "http" => "in-process",
+        other => other,
+    }
+}
+
+/// One table row per concurrency: the in-process path and pgbench side by side and their ratio.
 fn side_by_side(rs: &[RunResult], label: &str, cs: &[usize], mode: Mode, unit: &str) -> String {
     let mut t = format!(
-        "| clients | HTTP {unit}/s | HTTP p50 / p95 / p99 ms | pgbench {unit}/s | pgbench p50 / p95 / p99 ms | ratio HTTP/pgbench | errors HTTP; pgbench |\n|---|---|---|---|---|---|---|\n"
+        "| clients | in-process {unit}/s | in-process p50 / p95 / p99 ms | pgbench {unit}/s | pgbench p50 / p95 / p99 ms | in-process / pgbench | errors in-process; pgbench |\n|---|---|---|---|---|---|---|\n"
     );
     for &c in cs {
         let (h, p) = (find(rs, label, "http", mode, c), find(rs, label, "pgbench", mode, c));
@@ -88,12 +172,17 @@ pub fn markdown(rs: &[RunResult], label: &str, machine: &str, settings: &str, ch
     let mut md = String::new();
     md.push_str(BEGIN);
     md.push_str(
-        "\n\n## Claims under concurrency: HTTP stack vs the same SQL through pgbench (`scripts/bench-claims.sh`)\n\n",
+        "\n\n## Claims under concurrency: the HTTP paths vs the same SQL through pgbench (`scripts/bench-claims.sh`)\n\n",
     );
     md.push_str(&format!("Run `{label}`. Machine: {machine}\n\n{settings}\n\n"));
     md.push_str(&format!("![claims/s and p99 against concurrency]({chart})\n\n"));
     md.push_str("### Claims (a fresh request_id each)\n\n");
-    md.push_str(&side_by_side(rs, label, &cs, Mode::Claim, "claims"));
+    md.push_str(&claims_table(rs, label, &cs));
+    if let Some(t) = reseed_table(rs, label) {
+        md.push_str("\n### Table emptied: the same processes, the pool reseeded before each run\n\n");
+        md.push_str("Three runs back to back; before each the pool is reseeded (DELETE, INSERT, VACUUM ANALYZE) while the processes and their database connections keep running.\n\n");
+        md.push_str(&t);
+    }
     md.push_str("\n### Replays (every client repeats one request_id)\n\n");
     md.push_str(&side_by_side(rs, label, &cs, Mode::Replay, "replays"));
     md.push_str("\n### Releases (HTTP only: a release also deletes the VM in flintlock)\n\n");
@@ -106,7 +195,7 @@ pub fn markdown(rs: &[RunResult], label: &str, machine: &str, settings: &str, ch
     }
     md.push_str("\n### Where the CPU goes (µs of CPU per claim, whole machine)\n\n");
     md.push_str("Both paths share the machine's CPUs with everything they need; a path is as fast as the CPU one claim costs it allows. \"rest\" is CPU time no process was charged with (the kernel's network processing) and anything else running.\n\n");
-    md.push_str("| clients | HTTP total | poolmgr-local | load generator | PostgreSQL | rest | pgbench total | pgbench client | PostgreSQL | rest |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| clients | in-process total | poolmgr-local | load generator | PostgreSQL | rest | pgbench total | pgbench client | PostgreSQL | rest |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for &c in &cs {
         let (h, p) = (find(rs, label, "http", Mode::Claim, c), find(rs, label, "pgbench", Mode::Claim, c));
         let (hc, pc) = (h.and_then(|r| r.cpu.as_ref()), p.and_then(|r| r.cpu.as_ref()));
@@ -129,6 +218,31 @@ pub fn markdown(rs: &[RunResult], label: &str, machine: &str, settings: &str, ch
             us(pc.and_then(|c| c.postgres_us)),
             us(pc.map(rest)),
         ));
+    }
+    let deployed: Vec<(usize, &crate::load::CpuPerOp)> = cs
+        .iter()
+        .filter_map(|&c| find(rs, label, "deployed", Mode::Claim, c).and_then(|r| r.cpu.as_ref()).map(|cpu| (c, cpu)))
+        .collect();
+    if !deployed.is_empty() {
+        md.push_str("\nThe deployed shape (µs of CPU per claim): every poolmgr-local process together, PgBouncer, the load generator and PostgreSQL.\n\n");
+        md.push_str("| clients | deployed total | poolmgr-local (all) | PgBouncer | load generator | PostgreSQL | rest |\n|---|---|---|---|---|---|---|\n");
+        for (c, cpu) in deployed {
+            let us = |v: Option<f64>| v.map(|v| format!("{v:.0}")).unwrap_or_else(|| "–".into());
+            let rest = cpu.total_us
+                - cpu.client_us
+                - cpu.server_us.unwrap_or(0.0)
+                - cpu.pooler_us.unwrap_or(0.0)
+                - cpu.postgres_us.unwrap_or(0.0);
+            md.push_str(&format!(
+                "| {c} | {} | {} | {} | {} | {} | {} |\n",
+                us(Some(cpu.total_us)),
+                us(cpu.server_us),
+                us(cpu.pooler_us),
+                us(Some(cpu.client_us)),
+                us(cpu.postgres_us),
+                us(Some(rest)),
+            ));
+        }
     }
     let others: BTreeSet<&str> = rs.iter().map(|r| r.label.as_str()).filter(|l| *l != label).collect();
     for other in others {
@@ -178,10 +292,11 @@ pub fn chart(rs: &[RunResult], label: &str, out: &Path) -> anyhow::Result<()> {
     let cs = concurrencies(rs, label);
     // x is log2(clients) on a linear axis: one label per doubling, no log-scale minor grid.
     let xmax = (*cs.last().context("no results")? as f64).log2().max(1.0);
-    let series: [Series; 4] = [
-        ("HTTP claim", "http", Mode::Claim, RGBColor(0x1f, 0x77, 0xb4)),
+    let series: [Series; 5] = [
+        ("in-process claim", "http", Mode::Claim, RGBColor(0x1f, 0x77, 0xb4)),
+        ("deployed claim", "deployed", Mode::Claim, RGBColor(0x2c, 0xa0, 0x2c)),
         ("pgbench claim", "pgbench", Mode::Claim, RGBColor(0xd6, 0x27, 0x28)),
-        ("HTTP replay", "http", Mode::Replay, RGBColor(0x9e, 0xc9, 0xe2)),
+        ("in-process replay", "http", Mode::Replay, RGBColor(0x9e, 0xc9, 0xe2)),
         ("pgbench replay", "pgbench", Mode::Replay, RGBColor(0xf4, 0xa5, 0x82)),
     ];
     let points = |path: &str, mode: Mode, f: fn(&RunResult) -> f64| -> Vec<(f64, f64)> {
@@ -241,6 +356,7 @@ mod tests {
         RunResult {
             label: label.into(),
             path: path.into(),
+            round: None,
             mode,
             concurrency: c,
             duration_s: 10.0,
@@ -258,18 +374,30 @@ mod tests {
 
     #[test]
     fn ratio_is_http_over_pgbench_per_concurrency_and_splice_replaces_the_old_section() {
+        let round = |n: u32, tput: f64| RunResult { round: Some(n), ..r("after", "deployed", Mode::Claim, 64, tput) };
         let rs = vec![
             r("after", "http", Mode::Claim, 4, 500.0),
             r("after", "pgbench", Mode::Claim, 4, 1000.0),
             r("after", "http", Mode::Claim, 16, 900.0),
+            r("after", "deployed", Mode::Claim, 16, 810.0),
             r("after", "pgbench", Mode::Claim, 16, 1200.0),
             r("before", "http", Mode::Claim, 16, 300.0),
             r("before", "pgbench", Mode::Claim, 16, 600.0),
+            round(2, 1100.0),
+            round(1, 1000.0),
+            round(3, 1050.0),
         ];
         let md = markdown(&rs, "after", "test box", "settings", "c.svg").unwrap();
-        assert!(md.contains("| 4 | 500 | 1.00 / 2.00 / 3.00 | 1000 |"), "{md}");
-        assert!(md.contains("**0.50**"), "{md}");
-        assert!(md.contains("**0.75**"), "{md}");
+        assert!(md.contains("| 4 | 500 | 1.00 / 2.00 / 3.00 | – | – | 1000 |"), "{md}");
+        assert!(md.contains("**0.50** | **–**"), "{md}");
+        // 16 clients: in-process / pgbench, then deployed / in-process.
+        assert!(md.contains("| 16 | 900 | 1.00 / 2.00 / 3.00 | 810 | 1.00 / 2.00 / 3.00 | 1200 | 1.00 / 2.00 / 3.00 | **0.75** | **0.90** |"), "{md}");
+        // The reseed series is in its own table, in round order, and not in the main one.
+        assert!(
+            md.contains("| deployed | 64 | 1000 / 1100 / 1050 | 3.00 / 3.00 / 3.00 | **10 %** | 0 / 0 / 0 |"),
+            "{md}"
+        );
+        assert!(!md.lines().any(|l| l.starts_with("| 64 |")), "{md}");
         assert!(md.contains("`before` → `after`"), "{md}");
         assert!(md.contains("| 16 | 300 → 900 |"), "{md}");
         // 1000 ms of machine CPU over 100 claims: 10000 µs each, 1000 of them the client's.

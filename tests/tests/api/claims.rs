@@ -4,9 +4,11 @@ use std::sync::Arc;
 
 use poolmgr_core::api::ClaimResponse;
 use poolmgr_core::domain::Phase;
+use poolmgr_core::store;
 use poolmgr_tests::*;
 use serde_json::json;
 use tokio::sync::Barrier;
+use tokio_postgres::types::Type;
 
 #[tokio::test]
 async fn claim_returns_lease_vm_and_host_from_stored_data() {
@@ -480,4 +482,94 @@ async fn a_retry_of_an_expired_lease_expires_it_and_claims_a_fresh_vm() {
     assert_eq!(third.lease, second.lease);
     // The sweep finds nothing left to expire.
     assert_eq!(app.pass().await.expired, 0);
+}
+
+/// Issue 12 section 4, the plan hazard: a claim's plans are kept per server connection
+/// (PL/pgSQL's, or a prepared statement's), and a plan made right after `leases` was emptied
+/// and analyzed must not scan the tables once they have grown. Here one server connection
+/// makes its plans (ten claims), then `leases` is emptied and analyzed and one more claim
+/// re-plans on it, then 5000 leases arrive behind the statistics' back (autovacuum off for
+/// the table: nothing analyzes it again). The next claim, sent both ways a claim is sent (the
+/// call prepared on the connection, and as text), counts its own sequential scans
+/// (`pg_stat_xact_user_tables`): none, on any table.
+#[tokio::test]
+async fn a_claim_planned_while_leases_was_empty_never_scans_a_table_once_it_has_grown() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 100).await;
+    app.seed_available("ci", 40).await;
+    let c = app.db.client().await;
+    c.batch_execute("ALTER TABLE leases SET (autovacuum_enabled = false)").await.unwrap();
+    let prepared = c.prepare_typed(store::LEASE_CLAIM_SQL, &[Type::TEXT; 5]).await.unwrap();
+    for i in 0..10 {
+        claim_sent(&c, &prepared, i, i % 2 == 0).await;
+    }
+    c.batch_execute("DELETE FROM leases").await.unwrap();
+    c.batch_execute("VACUUM ANALYZE leases").await.unwrap();
+    claim_sent(&c, &prepared, 10, true).await;
+    claim_sent(&c, &prepared, 11, false).await;
+    c.batch_execute(
+        "INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at, last_heartbeat_at, expires_at,
+                             request_id, principal)
+         SELECT 'bulk-' || g, 'bulk-vm-' || g, 'default', 'ci', now(), now(), now() + interval '1 hour',
+                'bulk-' || g, 'someone-else'
+         FROM generate_series(1, 5000) g",
+    )
+    .await
+    .unwrap();
+    // A backend's table counters may carry its earlier statements' scans until it flushes them
+    // (the DELETE above scanned `leases`): the claim's own are the difference, read in one
+    // transaction, in which nothing is flushed.
+    let seq_scans = async |c: &tokio_postgres::Client| -> Vec<(String, i64)> {
+        c.query(
+            "SELECT relname::text, seq_scan FROM pg_stat_xact_user_tables
+             WHERE relname IN ('leases', 'vms', 'pools', 'hosts', 'events') ORDER BY relname",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+    };
+    for (i, how_prepared) in [(12, true), (13, false)] {
+        c.batch_execute("BEGIN").await.unwrap();
+        let before = seq_scans(&c).await;
+        claim_sent(&c, &prepared, i, how_prepared).await;
+        let after = seq_scans(&c).await;
+        c.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(after.len(), 5, "{after:?}");
+        let scanned: Vec<_> = before.iter().zip(&after).filter(|(b, a)| a.1 > b.1).map(|(_, a)| a.0.as_str()).collect();
+        assert!(
+            scanned.is_empty(),
+            "a claim sent {} scanned {scanned:?} sequentially",
+            if how_prepared { "prepared" } else { "as text" }
+        );
+    }
+}
+
+/// Claim number `i` of client-a on pool ci with a request_id of its own, sent as `prepared`
+/// or as text (the two ways `store::lease_claim` sends it): the VM it took.
+async fn claim_sent(
+    c: &tokio_postgres::Client,
+    prepared: &tokio_postgres::Statement,
+    i: usize,
+    how_prepared: bool,
+) -> String {
+    let (lease_id, rid) = (format!("plan-lease-{i}"), Some(format!("plan-rid-{i}")));
+    let row = if how_prepared {
+        c.query_one(prepared, &[&"default", &"ci", &lease_id, &rid, &"client-a"]).await
+    } else {
+        c.query_typed_one(
+            store::LEASE_CLAIM_SQL,
+            &[
+                (&"default", Type::TEXT),
+                (&"ci", Type::TEXT),
+                (&lease_id, Type::TEXT),
+                (&rid, Type::TEXT),
+                (&"client-a", Type::TEXT),
+            ],
+        )
+        .await
+    };
+    row.unwrap().get::<_, Option<String>>("picked").expect("the claim took a VM")
 }

@@ -134,13 +134,9 @@ pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -
         let outcome = {
             let conn = state.conn().await?;
             let lease_id = LeaseId::generate();
-            let prepared = match state.config.db_prepare_claim {
-                true => Some(store::lease_claim_prepare(&conn).await?),
-                false => None,
-            };
             store::lease_claim(
                 &conn,
-                prepared.as_ref(),
+                state.config.db_prepare_claim,
                 &req.pool,
                 lease_id.as_str(),
                 req.request_id.as_ref().map(RequestId::as_str),

@@ -1,17 +1,17 @@
-//! The claim statements: one VM picked, leased and logged in one statement
-//! ([`LEASE_CLAIM_SQL`], [`lease_claim`]), and the two-phase claim of pools with pre-lease
-//! hooks ([`vm_claim_for_hook`], then [`lease_insert_after_hook`]). They write `vms`,
-//! `leases` and `events` at once and share the pick (`pick_available_vm!`), so they live
-//! together rather than in those tables' files.
+//! The claim statements: one VM picked, leased and logged in one call of the server-side
+//! function `lease_claim` ([`LEASE_CLAIM_SQL`], [`lease_claim`]; migration V10), and the
+//! two-phase claim of pools with pre-lease hooks ([`vm_claim_for_hook`], then
+//! [`lease_insert_after_hook`]). They write `vms`, `leases` and `events` at once and share the
+//! pick (the SQL function `vm_pick_available`), so they live together rather than in those
+//! tables' files.
 //!
 //! A claim never waits on a row another claimer holds (SKIP LOCKED) and never leaves a VM
-//! LEASED without its lease: the lease INSERT comes first and the VM UPDATE reads its
-//! RETURNING. The one statement here that waits is [`vm_wait_for_claimers`], which only a
+//! LEASED without its lease: the lease INSERT comes first and the VM UPDATE follows only when
+//! it wrote a row. The one statement here that waits is [`vm_wait_for_claimers`], which only a
 //! claim with a request_id runs, and only after it found no VM.
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::types::Type;
-use tokio_postgres::{GenericClient, Statement};
 
 use super::lease::lease_view;
 use super::{Executor, HostRow, LeaseRow, LeaseView, Result, Timed, VmRow, json_col, timed};
@@ -37,139 +37,59 @@ pub enum ClaimOutcome {
     Claimed(Box<LeaseView>),
 }
 
-/// CTEs `slot`, `picked_hi`, `picked_lo` and `picked`: one AVAILABLE VM of pool ($1, $2), row
-/// locked, when the CTE `go` has a row. Shared by both claim statements.
+/// The claim: one call of the server-side function `lease_claim` (migration V10), which does
+/// the replay lookup, the pick, the lease insert, the VM update and the event in one
+/// statement, so one round trip and one implicit transaction. Parameters: $1 namespace,
+/// $2 pool name, $3 new lease id, $4 request_id (NULL for none), $5 principal. Public so
+/// `poolmgr-bench` can run the very same call through pgbench.
 ///
-/// SKIP LOCKED: concurrent claimers each take a different row instead of queueing on the
-/// first. NO KEY UPDATE: we never change the key, so the lock is no stronger than needed.
-/// Slots (V5): a scan starts at a random `claim_slot` and wraps around, so N concurrent
-/// claimers start in different places of `vms_pool_available` instead of all stepping over
-/// the same N-1 locked rows at its head; within a slot the oldest VM goes first. The low half
-/// is scanned only when the high half had no free row.
-macro_rules! pick_available_vm {
-    () => {
-        "slot AS MATERIALIZED (
-         SELECT (floor(random() * 64))::smallint AS s
-     ), picked_hi AS (
-         SELECT v.id FROM vms v
-         WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'
-           AND v.claim_slot >= (SELECT s FROM slot) AND EXISTS (SELECT 1 FROM go)
-         ORDER BY v.claim_slot, v.created_at
-         LIMIT 1
-         FOR NO KEY UPDATE SKIP LOCKED
-     ), picked_lo AS (
-         SELECT v.id FROM vms v
-         WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'
-           AND v.claim_slot < (SELECT s FROM slot) AND EXISTS (SELECT 1 FROM go)
-           AND NOT EXISTS (SELECT 1 FROM picked_hi)
-         ORDER BY v.claim_slot, v.created_at
-         LIMIT 1
-         FOR NO KEY UPDATE SKIP LOCKED
-     ), picked AS (
-         SELECT id FROM picked_hi UNION ALL SELECT id FROM picked_lo"
-    };
-}
+/// The statement itself is trivial to plan; the function's own statements are planned by
+/// PL/pgSQL once per server connection and kept there, which survives a transaction pooler
+/// (RDS Proxy, PgBouncer) that cannot keep a client's named prepared statement. Its
+/// `SET enable_seqscan = off` keeps those kept plans on the indexes whatever the statistics
+/// said when they were made (docs/design-notes.md, "Issue 12 section 4").
+pub const LEASE_CLAIM_SQL: &str = "SELECT * FROM lease_claim($1, $2, $3, $4, $5)";
 
-/// The claim statement prepared on this connection, from deadpool's per-connection cache:
-/// planned at most a few times per connection instead of on every claim.
-pub async fn lease_claim_prepare(c: &crate::db::Conn) -> Result<Statement> {
-    let cached = c.wrapper();
-    timed(c.limits(), c.pg(), cached.prepare_typed_cached(LEASE_CLAIM_SQL, &[Type::TEXT; 5])).await
-}
-
-/// The claim: replay lookup, pick, lease insert, VM update and event in one statement.
-/// Parameters: $1 namespace, $2 pool name, $3 new lease id, $4 request_id (NULL for none),
-/// $5 principal. Public so `poolmgr-bench` can run the very same statement through pgbench.
-pub const LEASE_CLAIM_SQL: &str = concat!(
-    "WITH pool AS (
-         SELECT namespace, name, heartbeat_expiry_seconds,
-                cardinality(pre_lease_commands) > 0 AS has_hooks
-         FROM pools WHERE namespace = $1 AND name = $2
-     ), existing AS (
-         -- The lease this principal's request_id already created, on any pool: a
-         -- replay. Looked up in the same statement, so a retried claim costs one
-         -- round trip like a fresh one.
-         SELECT * FROM leases WHERE $4::text IS NOT NULL AND principal = $5 AND request_id = $4
-     ), go AS (
-         -- Pick only for a fresh claim (no replay) on a pool without pre-lease hooks (those
-         -- claim in two phases: vm_claim_for_hook).
-         SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM existing) AND NOT (SELECT has_hooks FROM pool)
-     ), ",
-    pick_available_vm!(),
-    "
-     ), ins AS (
-         INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at,
-                             last_heartbeat_at, expires_at, request_id, principal)
-         SELECT $3, picked.id, pool.namespace, pool.name, now(), now(),
-                now() + make_interval(secs => pool.heartbeat_expiry_seconds), $4, $5
-         FROM picked, pool
-         -- The conflict target repeats the partial index's predicate so PostgreSQL
-         -- infers leases_principal_request_id as the arbiter. A concurrent insert of
-         -- the same key makes this wait for that transaction, then do nothing.
-         ON CONFLICT (principal, request_id) WHERE request_id IS NOT NULL DO NOTHING
-         RETURNING *
-     ), upd AS (
-         UPDATE vms v SET phase = 'LEASED', lease_id = ins.lease_id, updated_at = now()
-         FROM ins WHERE v.id = ins.vm_id
-         RETURNING v.*
-     ), ev AS (
-         INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
-         SELECT 'VM_CLAIMED', ins.pool_namespace, ins.pool_name, ins.vm_id, ins.lease_id FROM ins
-     )
-     SELECT EXISTS (SELECT 1 FROM pool) AS pool_found, picked.id AS picked,
-            coalesce((SELECT has_hooks FROM pool), false) AS has_hooks,
-            to_jsonb(ins) AS lease, to_jsonb(upd) AS vm, to_jsonb(h) AS host,
-            to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm, to_jsonb(ev_h) AS existing_host,
-            now() AS db_now
-     FROM (SELECT 1) AS one
-     LEFT JOIN picked ON true
-     LEFT JOIN ins ON true
-     LEFT JOIN upd ON true
-     LEFT JOIN hosts h ON h.name = upd.flintlock_host
-     LEFT JOIN existing e ON true
-     LEFT JOIN vms ev_vm ON ev_vm.id = e.vm_id
-     LEFT JOIN hosts ev_h ON ev_h.name = ev_vm.flintlock_host"
-);
-
-/// The claim: pick one AVAILABLE VM, write its lease and VM_CLAIMED, mark it LEASED — one
-/// statement, so one round trip and one implicit transaction.
+/// The claim: pick one AVAILABLE VM, write its lease and VM_CLAIMED, mark it LEASED, or find
+/// the lease the request_id already has — one call of [`LEASE_CLAIM_SQL`].
 ///
-/// The lease INSERT runs before the VM UPDATE and the UPDATE reads the INSERT's RETURNING:
-/// when the request_id index rejects the lease (a concurrent duplicate won), the UPDATE and
-/// the event see no row and the statement changes nothing — the rollback is built in.
+/// The function inserts the lease before it updates the VM: when the request_id index
+/// rejects the lease (a concurrent duplicate won), the VM is left AVAILABLE and nothing is
+/// written — the rollback is built in.
 ///
-/// `prepared` is [`lease_claim_prepare`]'s statement for this connection, or `None` to send
-/// the text (one unnamed statement, planned every time: what a transaction pooler needs).
+/// `prepare`: send the call as a statement prepared once on this connection (deadpool's
+/// per-connection cache), saving its parse and plan; off behind a transaction pooler that
+/// cannot keep named statements (`POOLMGR_DB_PREPARE_CLAIM`). The one entry point of a
+/// claim, so a caller may retry it whole.
 pub async fn lease_claim(
-    c: &impl Executor,
-    prepared: Option<&Statement>,
+    c: &crate::db::Conn,
+    prepare: bool,
     pool: &PoolRef,
     lease_id: &str,
     request_id: Option<&str>,
     principal: &str,
 ) -> Result<ClaimOutcome> {
-    let row = match prepared {
-        Some(stmt) => {
-            timed(
-                c.limits(),
-                c.pg(),
-                c.pg().query_one(stmt, &[&pool.namespace, &pool.name, &lease_id, &request_id, &principal]),
-            )
-            .await?
-        }
-        None => {
-            c.timed_query_one(
-                LEASE_CLAIM_SQL,
-                &[
-                    (&pool.namespace, Type::TEXT),
-                    (&pool.name, Type::TEXT),
-                    (&lease_id, Type::TEXT),
-                    (&request_id, Type::TEXT),
-                    (&principal, Type::TEXT),
-                ],
-            )
-            .await?
-        }
+    let row = if prepare {
+        let stmt =
+            timed(c.limits(), c.pg(), c.wrapper().prepare_typed_cached(LEASE_CLAIM_SQL, &[Type::TEXT; 5])).await?;
+        timed(
+            c.limits(),
+            c.pg(),
+            c.pg().query_one(&stmt, &[&pool.namespace, &pool.name, &lease_id, &request_id, &principal]),
+        )
+        .await?
+    } else {
+        c.timed_query_one(
+            LEASE_CLAIM_SQL,
+            &[
+                (&pool.namespace, Type::TEXT),
+                (&pool.name, Type::TEXT),
+                (&lease_id, Type::TEXT),
+                (&request_id, Type::TEXT),
+                (&principal, Type::TEXT),
+            ],
+        )
+        .await?
     };
     if !row.try_get::<_, bool>("pool_found")? {
         return Ok(ClaimOutcome::PoolNotFound);
@@ -234,8 +154,7 @@ pub async fn vm_claim_for_hook(
 ) -> Result<HookClaim> {
     let row = c
         .timed_query_one(
-            concat!(
-                "WITH pool AS (
+            "WITH pool AS (
                  SELECT pre_lease_commands FROM pools WHERE namespace = $1 AND name = $2
              ), existing AS (
                  SELECT * FROM leases WHERE $4::text IS NOT NULL AND principal = $3 AND request_id = $4
@@ -247,9 +166,9 @@ pub async fn vm_claim_for_hook(
              ), go AS (
                  SELECT 1 FROM pool
                  WHERE NOT EXISTS (SELECT 1 FROM existing) AND NOT EXISTS (SELECT 1 FROM in_flight)
-             ), ",
-                pick_available_vm!(),
-                "
+             ), picked AS (
+                 -- One AVAILABLE VM, row locked: the claim's own pick (V10).
+                 SELECT vm_pick_available($1, $2) AS id FROM go
              ), upd AS (
                  UPDATE vms v SET phase = 'PRE_LEASE_HOOK_RUNNING', hook_started_at = now(), updated_at = now(),
                                   claim_principal = $3, claim_request_id = $4
@@ -267,8 +186,7 @@ pub async fn vm_claim_for_hook(
              LEFT JOIN existing e ON true
              LEFT JOIN vms ev_vm ON ev_vm.id = e.vm_id
              LEFT JOIN hosts ev_h ON ev_h.name = ev_vm.flintlock_host
-             LEFT JOIN in_flight f ON true"
-            ),
+             LEFT JOIN in_flight f ON true",
             &[
                 (&pool.namespace, Type::TEXT),
                 (&pool.name, Type::TEXT),

@@ -9,10 +9,11 @@
 //! Statements go through `query_typed` (the unnamed statement, parameter types given here):
 //! no named prepared statements and no session state, so a transaction-mode pooler (RDS
 //! Proxy, PgBouncer) can move the connection between transactions freely. The one exception
-//! is the claim, which [`lease_claim_prepare`] prepares once per connection when
+//! is the claim, which [`lease_claim`] prepares once per connection when
 //! `POOLMGR_DB_PREPARE_CLAIM` is on (default on, off on Lambda; to be set off behind a
-//! transaction pooler). Database errors are translated into `StoreError` in exactly one
-//! place, [`interpret`].
+//! transaction pooler); the plans that matter are made inside its server-side function and
+//! kept per server connection either way. Database errors are translated into `StoreError`
+//! in exactly one place, [`interpret`].
 //!
 //! Every statement is issued through [`Timed`] (`timed_query`, `timed_query_one`, …), which
 //! bounds it by the client-side statement timeout of the executor's database handle
