@@ -15,8 +15,9 @@
 # "table emptied" series: for each HTTP path, --reseeds runs back to back at --reseed-clients,
 # the pool reseeded (DELETE, INSERT, VACUUM ANALYZE) before each and the same processes kept.
 # Results go to a JSON-lines file; at the end docs/benchmarks.md's generated section and
-# docs/bench-claims.svg are rewritten from them. A run that handed a VM out twice stops the
-# script with the violation.
+# docs/bench-claims.svg are rewritten from them, and the file is copied to
+# docs/bench-claims-results.jsonl. A run that handed a VM out twice stops the script with the
+# violation.
 #
 # Options:
 #   --levels "1 4 16 64 256"   concurrency levels
@@ -35,9 +36,9 @@
 #   --no-docs                  do not rewrite docs/benchmarks.md and the chart
 #   --poolmgr-local BIN        use this poolmgr-local (e.g. a baseline build) instead of ours
 #   --claim-sql FILE           pgbench script for claims instead of ours (pair with the above)
-#   --pgbench-protocol P       prepared (default: what poolmgr-local does with
+#   --pgbench-protocol P       prepared (default: what the in-process poolmgr-local does with
 #                              POOLMGR_DB_PREPARE_CLAIM=true) or extended (one unnamed
-#                              statement per claim, planned every time: a baseline before it)
+#                              statement per claim: what the deployed shape sends)
 #
 # Environment: POOLMGR_DB_POOL_SIZE (the in-process poolmgr-local's connections, default 16),
 # PG_BINDIR.
@@ -83,7 +84,7 @@ while [[ $# -gt 0 ]]; do
         --poolmgr-local) LOCAL_BIN=$2; shift 2 ;;
         --claim-sql) CLAIM_SQL=$2; shift 2 ;;
         --pgbench-protocol) PROTOCOL=$2; shift 2 ;;
-        -h | --help) sed -n '2,43p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,44p' "$0"; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
@@ -263,4 +264,6 @@ the database is checked: no VM leased twice, every LEASED VM with exactly one le
 VM_CLAIMED events as the clients were given."
     "$BENCH" claims-report --results "$RESULTS" --label "$LABEL" --machine "$MACHINE" --settings "$SETTINGS" \
         --doc "$ROOT/docs/benchmarks.md" --svg "$ROOT/docs/bench-claims.svg"
+    cp "$RESULTS" "$ROOT/docs/bench-claims-results.jsonl"
+    log "raw results copied to docs/bench-claims-results.jsonl"
 fi

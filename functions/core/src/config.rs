@@ -31,11 +31,12 @@ pub struct Config {
     /// Whether a statement past the timeout gets a cancel request
     /// (`POOLMGR_DB_CANCEL_ON_TIMEOUT`, true; set false in front of PgBouncer < 1.19).
     pub db_cancel_on_timeout: bool,
-    /// Whether the claim statement is prepared once per connection and reused
-    /// (`POOLMGR_DB_PREPARE_CLAIM`; true, false on Lambda). Planning the claim costs as much
-    /// as running it (docs/benchmarks.md); a named prepared statement skips that, but it
-    /// lives on one server connection, which a transaction pooler (PgBouncer < 1.21,
-    /// possibly RDS Proxy) does not keep: set false behind one.
+    /// Whether the claim's call is prepared once per connection and reused
+    /// (`POOLMGR_DB_PREPARE_CLAIM`; true, false on Lambda). The claim's expensive plans live
+    /// in its server-side function and are kept per server connection either way (V10);
+    /// preparing the call saves only its parse and plan. A named prepared statement lives on
+    /// one server connection, which a transaction pooler (PgBouncer < 1.21, possibly RDS
+    /// Proxy) does not keep: set false behind one.
     pub db_prepare_claim: bool,
     /// Running on AWS Lambda (`AWS_LAMBDA_FUNCTION_NAME` is set).
     pub on_lambda: bool,

@@ -26,6 +26,16 @@ fn find<'a>(rs: &'a [RunResult], label: &str, path: &str, mode: Mode, c: usize) 
     rs.iter().find(|r| r.label == label && r.path == path && r.mode == mode && r.concurrency == c && r.round.is_none())
 }
 
+/// The client counts of `path`'s reseed series.
+fn cs_reseed(rs: &[RunResult], label: &str, path: &str) -> Vec<usize> {
+    rs.iter()
+        .filter(|r| r.label == label && r.path == path && r.round.is_some())
+        .map(|r| r.concurrency)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
 /// The rounds of the reseed series of `path` at `c` clients, in order.
 fn rounds<'a>(rs: &'a [RunResult], label: &str, path: &str, c: usize) -> Vec<&'a RunResult> {
     let mut v: Vec<_> =
@@ -68,33 +78,44 @@ fn concurrencies(rs: &[RunResult], label: &str) -> Vec<usize> {
         .collect()
 }
 
-/// One table row per concurrency: the in-process path, the deployed shape and pgbench side by
-/// side, and the two ratios the targets are about.
-fn claims_table(rs: &[RunResult], label: &str, cs: &[usize]) -> String {
-    let mut t = String::from(
-        "| clients | in-process claims/s | in-process p50 / p95 / p99 ms | deployed claims/s | deployed p50 / p95 / p99 ms | pgbench claims/s | pgbench p50 / p95 / p99 ms | in-process / pgbench | deployed / in-process | errors in-process; deployed; pgbench |\n|---|---|---|---|---|---|---|---|---|---|\n",
-    );
+/// One table row per concurrency: `paths` side by side (throughput and latencies), the `ratios`
+/// (numerator path, denominator path) the targets are about, and the errors of each path.
+fn paths_table(
+    rs: &[RunResult],
+    label: &str,
+    cs: &[usize],
+    mode: Mode,
+    unit: &str,
+    paths: &[&str],
+    ratios: &[(&str, &str)],
+) -> String {
+    let mut head = String::from("| clients |");
+    for p in paths {
+        let name = path_name(p);
+        head.push_str(&format!(" {name} {unit}/s | {name} p50 / p95 / p99 ms |"));
+    }
+    for (a, b) in ratios {
+        head.push_str(&format!(" {} / {} |", path_name(a), path_name(b)));
+    }
+    let names: Vec<&str> = paths.iter().map(|p| path_name(p)).collect();
+    head.push_str(&format!(" errors {} |\n|", names.join("; ")));
+    head.push_str(&"---|".repeat(2 + 2 * paths.len() + ratios.len()));
+    head.push('\n');
+    let mut t = head;
     for &c in cs {
-        let h = find(rs, label, "http", Mode::Claim, c);
-        let d = find(rs, label, "deployed", Mode::Claim, c);
-        let p = find(rs, label, "pgbench", Mode::Claim, c);
-        if h.is_none() && d.is_none() && p.is_none() {
+        let runs: Vec<Option<&RunResult>> = paths.iter().map(|p| find(rs, label, p, mode, c)).collect();
+        if runs.iter().all(Option::is_none) {
             continue;
         }
-        t.push_str(&format!(
-            "| {c} | {} | {} | {} | {} | {} | {} | **{}** | **{}** | {}; {}; {} |\n",
-            f0(h),
-            lat(h),
-            f0(d),
-            lat(d),
-            f0(p),
-            lat(p),
-            ratio(h, p),
-            ratio(d, h),
-            errors(h),
-            errors(d),
-            errors(p)
-        ));
+        let run = |path: &str| paths.iter().position(|p| *p == path).and_then(|i| runs[i]);
+        t.push_str(&format!("| {c} |"));
+        for r in &runs {
+            t.push_str(&format!(" {} | {} |", f0(*r), lat(*r)));
+        }
+        for (a, b) in ratios {
+            t.push_str(&format!(" **{}** |", ratio(run(a), run(b))));
+        }
+        t.push_str(&format!(" {} |\n", runs.iter().map(|r| errors(*r)).collect::<Vec<_>>().join("; ")));
     }
     t
 }
@@ -112,7 +133,7 @@ fn reseed_table(rs: &[RunResult], label: &str) -> Option<String> {
         return None;
     }
     let mut t = String::from(
-        "| path | clients | claims/s, run by run | p99 ms, run by run | spread (fastest / slowest − 1) | errors |\n|---|---|---|---|---|---|\n",
+        "| path | clients | claims/s, run by run | spread (fastest / slowest − 1) | PostgreSQL µs of CPU per claim, run by run | p99 ms, run by run | errors |\n|---|---|---|---|---|---|---|\n",
     );
     for (_, path, c) in series {
         let runs = rounds(rs, label, path, c);
@@ -120,10 +141,14 @@ fn reseed_table(rs: &[RunResult], label: &str) -> Option<String> {
         let (lo, hi) = tput.iter().fold((f64::MAX, 0.0_f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
         let spread = if lo > 0.0 { format!("{:.0} %", (hi / lo - 1.0) * 100.0) } else { "–".into() };
         let join = |f: &dyn Fn(&RunResult) -> String| runs.iter().map(|r| f(r)).collect::<Vec<_>>().join(" / ");
+        let pg_us = |r: &RunResult| {
+            r.cpu.as_ref().and_then(|c| c.postgres_us).map(|us| format!("{us:.0}")).unwrap_or_else(|| "–".into())
+        };
         t.push_str(&format!(
-            "| {} | {c} | {} | {} | **{spread}** | {} |\n",
+            "| {} | {c} | {} | **{spread}** | {} | {} | {} |\n",
             path_name(path),
             join(&|r| format!("{:.0}", r.throughput)),
+            join(&pg_us),
             join(&|r| format!("{:.2}", r.p99_ms)),
             join(&|r| errors(Some(r))),
         ));
@@ -136,30 +161,6 @@ fn path_name(path: &str) -> &str {
         "http" => "in-process",
         other => other,
     }
-}
-
-/// One table row per concurrency: the in-process path and pgbench side by side and their ratio.
-fn side_by_side(rs: &[RunResult], label: &str, cs: &[usize], mode: Mode, unit: &str) -> String {
-    let mut t = format!(
-        "| clients | in-process {unit}/s | in-process p50 / p95 / p99 ms | pgbench {unit}/s | pgbench p50 / p95 / p99 ms | in-process / pgbench | errors in-process; pgbench |\n|---|---|---|---|---|---|---|\n"
-    );
-    for &c in cs {
-        let (h, p) = (find(rs, label, "http", mode, c), find(rs, label, "pgbench", mode, c));
-        if h.is_none() && p.is_none() {
-            continue;
-        }
-        t.push_str(&format!(
-            "| {c} | {} | {} | {} | {} | **{}** | {}; {} |\n",
-            f0(h),
-            lat(h),
-            f0(p),
-            lat(p),
-            ratio(h, p),
-            errors(h),
-            errors(p)
-        ));
-    }
-    t
 }
 
 /// The Markdown section for `label` (the run being published), with a before/after table
@@ -177,14 +178,22 @@ pub fn markdown(rs: &[RunResult], label: &str, machine: &str, settings: &str, ch
     md.push_str(&format!("Run `{label}`. Machine: {machine}\n\n{settings}\n\n"));
     md.push_str(&format!("![claims/s and p99 against concurrency]({chart})\n\n"));
     md.push_str("### Claims (a fresh request_id each)\n\n");
-    md.push_str(&claims_table(rs, label, &cs));
+    md.push_str(&paths_table(
+        rs,
+        label,
+        &cs,
+        Mode::Claim,
+        "claims",
+        &["http", "deployed", "pgbench"],
+        &[("http", "pgbench"), ("deployed", "http")],
+    ));
     if let Some(t) = reseed_table(rs, label) {
         md.push_str("\n### Table emptied: the same processes, the pool reseeded before each run\n\n");
-        md.push_str("Three runs back to back; before each the pool is reseeded (DELETE, INSERT, VACUUM ANALYZE) while the processes and their database connections keep running.\n\n");
+        md.push_str("Three runs back to back; before each the pool is reseeded (DELETE, INSERT, VACUUM ANALYZE) while the processes and their database connections keep running. A claim plan made for the emptied tables shows as PostgreSQL CPU per claim growing from one run to the next.\n\n");
         md.push_str(&t);
     }
     md.push_str("\n### Replays (every client repeats one request_id)\n\n");
-    md.push_str(&side_by_side(rs, label, &cs, Mode::Replay, "replays"));
+    md.push_str(&paths_table(rs, label, &cs, Mode::Replay, "replays", &["http", "pgbench"], &[("http", "pgbench")]));
     md.push_str("\n### Releases (HTTP only: a release also deletes the VM in flintlock)\n\n");
     md.push_str("Each client claims (untimed) and releases (timed) in a loop.\n\n");
     md.push_str("| clients | releases/s | p50 / p95 / p99 ms | errors |\n|---|---|---|---|\n");
@@ -247,24 +256,48 @@ pub fn markdown(rs: &[RunResult], label: &str, machine: &str, settings: &str, ch
     let others: BTreeSet<&str> = rs.iter().map(|r| r.label.as_str()).filter(|l| *l != label).collect();
     for other in others {
         md.push_str(&format!("\n### Before/after: `{other}` → `{label}` (claims)\n\n"));
-        md.push_str("| clients | HTTP claims/s | HTTP p99 ms | pgbench claims/s | pgbench p99 ms | ratio |\n|---|---|---|---|---|---|\n");
+        md.push_str("| clients | in-process claims/s | in-process p99 ms | deployed claims/s | deployed p99 ms | pgbench claims/s | pgbench p99 ms | in-process / pgbench | deployed / in-process |\n|---|---|---|---|---|---|---|---|---|\n");
+        let p99 = |r: Option<&RunResult>| r.map(|r| format!("{:.2}", r.p99_ms)).unwrap_or_else(|| "–".into());
         for &c in &cs {
-            let (hb, ha) = (find(rs, other, "http", Mode::Claim, c), find(rs, label, "http", Mode::Claim, c));
-            let (pb, pa) = (find(rs, other, "pgbench", Mode::Claim, c), find(rs, label, "pgbench", Mode::Claim, c));
-            let p99 = |r: Option<&RunResult>| r.map(|r| format!("{:.2}", r.p99_ms)).unwrap_or_else(|| "–".into());
+            let [(hb, ha), (db, da), (pb, pa)] = ["http", "deployed", "pgbench"]
+                .map(|path| (find(rs, other, path, Mode::Claim, c), find(rs, label, path, Mode::Claim, c)));
             md.push_str(&format!(
-                "| {c} | {} → {} | {} → {} | {} → {} | {} → {} | {} → {} |\n",
+                "| {c} | {} → {} | {} → {} | {} → {} | {} → {} | {} → {} | {} → {} | {} → {} | {} → {} |\n",
                 f0(hb),
                 f0(ha),
                 p99(hb),
                 p99(ha),
+                f0(db),
+                f0(da),
+                p99(db),
+                p99(da),
                 f0(pb),
                 f0(pa),
                 p99(pb),
                 p99(pa),
                 ratio(hb, pb),
-                ratio(ha, pa)
+                ratio(ha, pa),
+                ratio(db, hb),
+                ratio(da, ha)
             ));
+        }
+        let reseeds = |l: &str| {
+            ["http", "deployed"]
+                .iter()
+                .filter_map(|p| {
+                    let runs = rounds(rs, l, p, *cs_reseed(rs, l, p).first()?);
+                    Some(format!(
+                        "{}: {}",
+                        path_name(p),
+                        runs.iter().map(|r| format!("{:.0}", r.throughput)).collect::<Vec<_>>().join(" / ")
+                    ))
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let (rb, ra) = (reseeds(other), reseeds(label));
+        if !rb.is_empty() || !ra.is_empty() {
+            md.push_str(&format!("\nTable emptied (claims/s, run by run): before {rb}; after {ra}.\n"));
         }
     }
     md.push('\n');
@@ -394,12 +427,12 @@ mod tests {
         assert!(md.contains("| 16 | 900 | 1.00 / 2.00 / 3.00 | 810 | 1.00 / 2.00 / 3.00 | 1200 | 1.00 / 2.00 / 3.00 | **0.75** | **0.90** |"), "{md}");
         // The reseed series is in its own table, in round order, and not in the main one.
         assert!(
-            md.contains("| deployed | 64 | 1000 / 1100 / 1050 | 3.00 / 3.00 / 3.00 | **10 %** | 0 / 0 / 0 |"),
+            md.contains("| deployed | 64 | 1000 / 1100 / 1050 | **10 %** | 5000 / 5000 / 5000 | 3.00 / 3.00 / 3.00 | 0 / 0 / 0 |"),
             "{md}"
         );
         assert!(!md.lines().any(|l| l.starts_with("| 64 |")), "{md}");
         assert!(md.contains("`before` → `after`"), "{md}");
-        assert!(md.contains("| 16 | 300 → 900 |"), "{md}");
+        assert!(md.contains("| 16 | 300 → 900 | 3.00 → 3.00 | – → 810 |"), "{md}");
         // 1000 ms of machine CPU over 100 claims: 10000 µs each, 1000 of them the client's.
         assert!(md.contains("| 4 | 10000 | 3000 | 1000 | 5000 | 1000 | 10000 | 1000 | 5000 | 4000 |"), "{md}");
         let doc = format!("# Benchmarks\n\nintro\n\n{BEGIN}\nold\n{END}\n\n## Later section\n");
