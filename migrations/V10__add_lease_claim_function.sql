@@ -10,9 +10,10 @@
 --
 -- A kept plan has a hazard: one made while `leases` was analyzed empty scans it sequentially,
 -- and keeps doing so as the table grows, until the next ANALYZE. `enable_seqscan = off`,
--- scoped to this function by its SET clause, leaves the planner no sequential scan it would
--- choose over an index: every lookup here has one (the replay lookup: the unique index
--- leases_principal_request_id), so no statistics can make a claim scan a table.
+-- scoped to the two functions below by their SET clauses, leaves the planner no sequential
+-- scan it would choose over an index: every lookup here has one (the replay lookup: the
+-- unique index leases_principal_request_id; the pick: vms_pool_available; the rest: primary
+-- keys), so no statistics can make a claim scan a table.
 CREATE TYPE lease_claim_result AS (
     -- false: no such pool; nothing else is set.
     pool_found     boolean,
