@@ -12,7 +12,8 @@
 //! `store`, `flintlock`); everything → `domain`. Each folder's `mod.rs` says what lives where.
 //!
 //! - [`domain`], [`template`]: parsed, validated types (PoolSpec, RequestId, phases, the name
-//!   pattern, VM counts, …). No I/O.
+//!   pattern, VM counts, …). No I/O. [`rules`]: the limits and patterns their validators
+//!   check, and the schema-only types that state them in the OpenAPI document.
 //! - [`store`]: every SQL statement and the one row mapping of each table, one file per table
 //!   (`pool.rs`, `host.rs`, `vm.rs`, `lease.rs`, `event.rs`, and `claim.rs` for the claim
 //!   statements); runs on any [`store::Executor`].
@@ -44,6 +45,7 @@ pub mod flintlock;
 pub mod http;
 pub mod metrics;
 pub mod reconcile;
+pub mod rules;
 pub mod secrets;
 pub mod service;
 pub mod store;

@@ -19,6 +19,7 @@ use crate::api;
 use crate::app::AppState;
 use crate::domain::{PoolRef, RequestId};
 use crate::error::ApiError;
+use crate::rules::{IdempotencyKey, RequestIdText};
 use crate::service::claim;
 
 /// ClaimVM's request.
@@ -27,9 +28,8 @@ use crate::service::claim;
 #[schema(as = ClaimVMRequest, example = json!({"pool": {"namespace": "default", "name": "ci"}, "request_id": "job-42"}))]
 struct ClaimBody {
     pool: PoolRef,
-    /// Idempotency key, at most 255 bytes; empty or absent: every call claims a new VM.
     #[serde(default)]
-    #[schema(max_length = 255)]
+    #[schema(value_type = Option<RequestIdText>)]
     request_id: Option<String>,
 }
 
@@ -37,7 +37,7 @@ struct ClaimBody {
 #[utoipa::path(
     post, path = "/v1/claims", tag = "claims", operation_id = "claim_vm",
     security(("bearer" = [])),
-    params(("Idempotency-Key" = Option<String>, Header, description = "The same as the body's request_id (if both are given they must be equal)")),
+    params(("Idempotency-Key" = inline(Option<IdempotencyKey>), Header, description = "The same as the body's request_id (if both are given they must be equal)")),
     request_body = ClaimBody,
     responses(
         (status = 200, description = "The lease and its VM, fresh or replayed", body = api::ClaimResponse,
