@@ -171,7 +171,7 @@ struct Req {
 /// Where a case puts its values.
 #[derive(Clone, Copy, Debug)]
 enum At {
-    /// A JSON pointer into the body; its parent must exist.
+    /// A JSON pointer into the body (its parent must exist), or "" for the whole body.
     Body(&'static str),
     Query(&'static str),
     Path(&'static str),
@@ -190,6 +190,7 @@ impl Req {
     fn set(&mut self, at: At, v: Value) {
         let gone = v == absent();
         match at {
+            At::Body("") => self.body = Some(v),
             At::Body(ptr) => {
                 let (parent, key) = ptr.rsplit_once('/').unwrap();
                 let body = self.body.as_mut().expect("a body");
@@ -760,6 +761,13 @@ fn cases() -> Vec<Case> {
             b("/exec"),
             vec![json!("auto"), json!("enabled"), json!("disabled")],
             vec![json!("maybe")],
+        ),
+        case(
+            "a cordon's body is optional: null, or an object",
+            &[Cordon],
+            b(""),
+            vec![json!(null), json!({})],
+            vec![json!([]), json!("maintenance")],
         ),
         case(
             "a cordon reason has at most 1024 characters",
