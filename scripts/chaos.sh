@@ -136,6 +136,22 @@ record() { # NAME STATUS(0=pass) DETAILS
 # kv KEY LINE: the value of KEY=value in a summary line.
 kv() { printf '%s\n' "$2" | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n 1; }
 
+# seen_by_load LOG KEY TIMEOUT_S: waits until the load's progress lines in LOG (one every 2 s)
+# count KEY above 0, so a fault is undone only once the load has met it; 1 after TIMEOUT_S.
+seen_by_load() {
+    local t0=$SECONDS
+    while ((SECONDS - t0 < $3)); do
+        grep -Eq " $2=[1-9]" "$1" && return 0
+        sleep 0.2
+    done
+    log "the load saw no $2 in $3 s; see $1"
+    return 1
+}
+
+# The loads run until the script says its fault is over (this file exists) and at least their
+# --duration: a fault can never land after the load has finished, however slow the machine.
+STOP_LOAD=$DIR/load.stop
+
 log "starting flintlock-sim (state file $DIR/sim.state) and poolmgr-local"
 start_sim
 start_app
@@ -146,22 +162,27 @@ wait_available chaos "$POOL_SIZE" 60 || die "pool default/chaos never filled; se
 
 # ---- 1: PostgreSQL restart under claim load ------------------------------------------------
 log "scenario 1: PostgreSQL stopped for ${DOWN}s under claim load"
+rm -f "$STOP_LOAD"
 stack_spawn poolmgr-chaos "$LOGS/s1.out" "$LOGS/s1.log" \
     "$BIN/poolmgr-chaos" claims --endpoint "$ENDPOINT" --token "$CLIENT" --principal chaos --pool default/chaos \
-    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --expect-503 --id-prefix s1
+    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --until-file "$STOP_LOAD" --expect-503 --id-prefix s1
 LOAD_PID=$SPAWNED_PID
 sleep 2
 APP_PID_BEFORE=$APP_PID
+s1=0
+T_DOWN=$SECONDS
 pg_stop "$DIR/pg" >>"$LOGS/pg.log" 2>&1
 sleep 1
 HEALTH_DOWN=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "$ENDPOINT/healthz" || true)
 RETRY_AFTER=$(curl -s -o /dev/null -D - --max-time 10 -X POST "$ENDPOINT/v1/claims" -H "Authorization: Bearer $CLIENT" \
     -H 'content-type: application/json' -d '{"pool": {"namespace": "default", "name": "chaos"}}' |
     tr -d '\r' | sed -n 's/^[Rr]etry-[Aa]fter: //p')
-sleep $((DOWN - 1))
+# Force the moment: PostgreSQL comes back only once the load has met the outage (a 503).
+seen_by_load "$LOGS/s1.log" 503s 60 || s1=1
+while ((SECONDS - T_DOWN < DOWN)); do sleep 0.2; done
 PG_WANT_PORT=$PG_PORT PG_FAST=1 pg_start "$DIR/pg" >>"$LOGS/pg.log" 2>&1 || die "PostgreSQL did not come back on port $PG_PORT; see $DIR/pg/postgres.log"
-s1=0
-stack_wait "$LOAD_PID" || s1=$?
+touch "$STOP_LOAD"
+stack_wait "$LOAD_PID" || s1=1
 LOAD=$(tail -n 1 "$LOGS/s1.out")
 grep FAIL "$LOGS/s1.log" >&2 || true
 notes=""
@@ -182,21 +203,25 @@ record "1 pg-restart" "$s1" "claims=$(kv claims_ok "$LOAD") 503s=$(kv 503s "$LOA
 
 # ---- 2: SIGKILL of poolmgr-local under claims with request_ids -------------------------------
 log "scenario 2: poolmgr-local killed with SIGKILL under claims, restarted"
+rm -f "$STOP_LOAD"
 stack_spawn poolmgr-chaos "$LOGS/s2.out" "$LOGS/s2.log" \
     "$BIN/poolmgr-chaos" claims --endpoint "$ENDPOINT" --token "$CLIENT" --principal chaos --pool default/chaos \
-    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --expect-conn-errors --id-prefix s2
+    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --until-file "$STOP_LOAD" --expect-conn-errors --id-prefix s2
 LOAD_PID=$SPAWNED_PID
 sleep 2
 KILLS=0
+s2=0
 for _ in 1 $([[ $SHORT == 1 ]] || echo 2); do
     stack_stop "$APP_PID" KILL
     KILLS=$((KILLS + 1))
     sleep 1.5
+    # Force the moment: the restart waits until the load has met the dead server.
+    seen_by_load "$LOGS/s2.log" conn_errors 60 || s2=1
     start_app
     sleep 2
 done
-s2=0
-stack_wait "$LOAD_PID" || s2=$?
+touch "$STOP_LOAD"
+stack_wait "$LOAD_PID" || s2=1
 LOAD=$(tail -n 1 "$LOGS/s2.out")
 grep FAIL "$LOGS/s2.log" >&2 || true
 # s1's clients kept their leases too: every chaos lease is one of s1's or s2's, one per client.

@@ -207,11 +207,14 @@ async fn a_long_poll_returns_the_event_of_a_claim_made_while_it_waits() {
     app.seed_available("ci", 1).await;
     let cursor = app.events("").await.next_after;
 
+    // The longest long-poll, so a busy machine cannot end it before the claim (issue 14 item
+    // 15: it was 5 s).
     let poll = {
         let app = app.clone();
-        tokio::spawn(async move { app.events(&format!("after={cursor}&wait_seconds=5")).await })
+        tokio::spawn(async move { app.events(&format!("after={cursor}&wait_seconds=20")).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!poll.is_finished(), "the long-poll answered before there was anything new");
     let claim = app.claimed(CLIENT_A, "ci", None).await;
 
     let b = poll.await.unwrap();

@@ -24,12 +24,17 @@ async fn a_statement_stuck_on_a_lock_answers_503_and_is_cancelled_on_the_server(
     let tx = locker.transaction().await.unwrap();
     tx.batch_execute("LOCK TABLE pools IN ACCESS EXCLUSIVE MODE").await.unwrap();
 
+    // The lock is held until the test lets it go: an answer at all proves the limit applied
+    // (no upper bound on the time, which a busy machine could break; issue 14 item 15). The
+    // 60 s are against a hang.
     let t0 = Instant::now();
-    let r = app.get(ADMIN, "/v1/pools").await;
+    let r = tokio::time::timeout(Duration::from_secs(60), app.get(ADMIN, "/v1/pools"))
+        .await
+        .expect("the statement timeout never fired");
     r.assert_error(503, "UNAVAILABLE");
     assert_eq!(r.headers.get("retry-after").unwrap(), "1");
     let took = t0.elapsed();
-    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "took {took:?}");
+    assert!(took >= Duration::from_millis(900), "gave up before the 1 s limit: {took:?}");
 
     // The cancel request reached the server: nothing waits on the lock any more, although
     // the lock is still held.
