@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 
 use crate::template::MicroVmTemplate;
 
-use crate::rules::{Commands, MinSize, NOT_BLANK, PoolSize, schema_only};
+use crate::rules::{Commands, MinSize, NOT_BLANK, PoolSize, null, object, one_of_values, schema_only, string};
 pub use crate::rules::{MAX_COMMAND_CHARS, MAX_COMMANDS, MAX_POOL_SIZE, MAX_REQUEST_ID_BYTES};
 
 /// A DNS-label-like name: pool, namespace, host. The one definition: [`validate_name`]
@@ -290,6 +290,37 @@ schema_only! {
                 ),
         );
 
+    /// The body of `POST /v1/pools` and `PUT /v1/pools/…`: a [`PoolSpec`] as
+    /// [`PoolSpec::validate`] accepts it. A static MAC or address can only exist once on the
+    /// network: a template with one needs a pool of at most one VM, never provisioned ahead of
+    /// a claim (not IMMEDIATE_ON_LEASE) and never kept when broken (DELETE_AND_REPLACE).
+    PoolSpecRules [PoolSpec] = utoipa::openapi::schema::AllOfBuilder::new().item(crate::rules::reference::<PoolSpec>()).item(
+        utoipa::openapi::schema::AnyOfBuilder::new()
+            .item(object([(
+                "microvm_template",
+                object([]).property(
+                    "interfaces",
+                    utoipa::openapi::schema::ArrayBuilder::new().items(object([
+                        ("guest_mac", one_of_values([serde_json::Value::Null, "".into()])),
+                        ("address", null()),
+                    ])),
+                ),
+            )]))
+            .item(object([
+                ("size", utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::Type::Integer).maximum(Some(1))),
+                (
+                    "replenishment",
+                    object([(
+                        "strategy",
+                        string().enum_values(Some(
+                            Strategy::ALL.iter().filter(|s| **s != Strategy::ImmediateOnLease).map(|s| s.as_str()),
+                        )),
+                    )]),
+                ),
+                ("hook_failure_policy", string().enum_values(Some([HookFailurePolicy::DeleteAndReplace.as_str()]))),
+            ])),
+    );
+
     /// A PoolSpec's `flintlock_hosts`: registered host names, each at most once.
     HostNames [HostName] = utoipa::openapi::schema::ArrayBuilder::new()
         .items(crate::rules::reference::<HostName>())
@@ -313,10 +344,8 @@ fn default_expiry() -> i32 {
 /// A pool's desired state, exactly the contract's PoolSpec JSON.
 ///
 /// Rules no schema can state: `replenishment.min_size` ≤ `size`; `heartbeat_expiry_seconds`
-/// ≥ `heartbeat_interval_seconds`; a template with a static MAC or address needs `size` ≤ 1,
-/// a strategy other than IMMEDIATE_ON_LEASE and hook_failure_policy DELETE_AND_REPLACE;
-/// `flintlock_hosts` must be registered (and able to exec when there are commands); on PUT,
-/// `namespace` and `name` must match the path.
+/// ≥ `heartbeat_interval_seconds`; `flintlock_hosts` must be registered (and able to exec
+/// when there are commands); on PUT, `namespace` and `name` must match the path.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({

@@ -35,8 +35,10 @@ pub const VCPU: (i32, i32) = (1, 64);
 pub const MEMORY_IN_MB: (i32, i32) = (1024, 32768);
 pub const DEFAULT_VCPU: i32 = 2;
 pub const DEFAULT_MEMORY_IN_MB: i32 = 1024;
-/// The microVM providers flintlock knows; firecracker when none is given.
+/// The microVM providers flintlock knows, and the one used when none is given (which supports
+/// neither MACVTAP nor virtiofs).
 pub const PROVIDERS: [&str; 2] = ["firecracker", "cloudhypervisor"];
+pub const DEFAULT_PROVIDER: &str = PROVIDERS[0];
 /// Longest host address (`host:port`, ASCII).
 pub const MAX_HOST_ADDRESS_CHARS: usize = 255;
 /// Largest PEM block of a host's TLS settings.
@@ -203,6 +205,16 @@ pub fn integer(min: i64, max: i64) -> ObjectBuilder {
 /// A schema that only `null` satisfies: the field must be absent or null.
 pub fn null() -> ObjectBuilder {
     ObjectBuilder::new().schema_type(Type::Null)
+}
+
+/// A schema that only these values satisfy, whatever their JSON types.
+pub fn one_of_values<V: Into<serde_json::Value>>(values: impl IntoIterator<Item = V>) -> ObjectBuilder {
+    ObjectBuilder::new().schema_type(utoipa::openapi::schema::SchemaType::any()).enum_values(Some(values))
+}
+
+/// An object schema with these properties (and no other rule).
+pub fn object<'a>(props: impl IntoIterator<Item = (&'a str, ObjectBuilder)>) -> ObjectBuilder {
+    props.into_iter().fold(ObjectBuilder::new(), |o, (k, v)| o.property(k, v))
 }
 
 schema_only! {

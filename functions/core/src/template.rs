@@ -11,18 +11,17 @@ use flintlock_proto::types as pb;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa::openapi::ObjectBuilder;
-use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, OneOfBuilder, Type};
+use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, ArrayBuilder, OneOfBuilder, Type};
 
 use crate::rules::{
-    CIDR, Cidr, DEFAULT_MEMORY_IN_MB, DEFAULT_VCPU, DEVICE_ID, DeviceId, GUEST_MAC, GuestMac, IP_ADDRESS, IpAddress,
-    MEMORY_IN_MB, MemoryInMb, NOT_BLANK, NonEmpty, NotBlank, PROVIDERS, Provider, VCPU, Vcpu, null, reference,
-    schema_only,
+    CIDR, Cidr, DEFAULT_MEMORY_IN_MB, DEFAULT_PROVIDER, DEFAULT_VCPU, DEVICE_ID, DeviceId, GUEST_MAC, GuestMac,
+    IP_ADDRESS, IpAddress, MEMORY_IN_MB, MemoryInMb, NOT_BLANK, NonEmpty, NotBlank, PROVIDERS, Provider, VCPU, Vcpu,
+    null, object, reference, schema_only, string,
 };
 
 /// Rules no schema can state: volume ids are unique across `root_volume` and
 /// `additional_volumes`; interface `device_id`s are unique; at most one additional volume uses
-/// `virtiofs_source`, and only with provider cloudhypervisor; type MACVTAP needs provider
-/// cloudhypervisor.
+/// `virtiofs_source`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = MicroVMTemplate)]
@@ -46,7 +45,7 @@ pub struct MicroVmTemplate {
     pub additional_volumes: Vec<Volume>,
     /// At least one.
     #[serde(default)]
-    #[schema(min_items = 1)]
+    #[schema(min_items = 1, required)]
     pub interfaces: Vec<NetworkInterface>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
@@ -164,11 +163,37 @@ pub struct NetworkOverrides {
 schema_only! {
     /// A [`MicroVmTemplate`] as [`MicroVmTemplate::validate`] accepts it: with a root volume
     /// or an initrd.
-    TemplateRules [MicroVmTemplate] = AllOfBuilder::new().item(reference::<MicroVmTemplate>()).item(
-        AnyOfBuilder::new()
-            .item(ObjectBuilder::new().property("root_volume", ObjectBuilder::new().schema_type(Type::Object)).required("root_volume"))
-            .item(ObjectBuilder::new().property("initrd", ObjectBuilder::new().schema_type(Type::Object)).required("initrd")),
-    );
+    /// A [`MicroVmTemplate`] as [`MicroVmTemplate::validate`] accepts it: with a root volume
+    /// or an initrd, and MACVTAP interfaces or virtiofs volumes only with a provider other than
+    /// the default.
+    TemplateRules [MicroVmTemplate] = AllOfBuilder::new()
+        .item(reference::<MicroVmTemplate>())
+        .item(
+            AnyOfBuilder::new()
+                .item(object([("root_volume", ObjectBuilder::new().schema_type(Type::Object))]).required("root_volume"))
+                .item(object([("initrd", ObjectBuilder::new().schema_type(Type::Object))]).required("initrd")),
+        )
+        .item(
+            AnyOfBuilder::new()
+                .item(
+                    object([("provider", string().enum_values(Some(PROVIDERS.into_iter().filter(|p| *p != DEFAULT_PROVIDER))))])
+                        .required("provider"),
+                )
+                .item(
+                    ObjectBuilder::new()
+                        .property(
+                            "interfaces",
+                            ArrayBuilder::new().items(object([(
+                                "type",
+                                string().enum_values(Some([serde_json::to_value(IfaceType::Tap).unwrap_or_default()])),
+                            )])),
+                        )
+                        .property(
+                            "additional_volumes",
+                            ArrayBuilder::new().items(object([("source", object([("virtiofs_source", null())]))])),
+                        ),
+                ),
+        );
 
     /// The `root_volume`: a container image, never virtiofs.
     RootVolume [Volume, NotBlank] = AllOfBuilder::new().item(reference::<Volume>()).item(
@@ -209,7 +234,7 @@ schema_only! {
 
 impl MicroVmTemplate {
     fn provider(&self) -> &str {
-        self.provider.as_deref().unwrap_or("firecracker")
+        self.provider.as_deref().unwrap_or(DEFAULT_PROVIDER)
     }
 
     pub fn has_static_network(&self) -> bool {
@@ -294,7 +319,7 @@ impl MicroVmTemplate {
         if virtiofs > 1 {
             return Err("microvm_template.additional_volumes may use virtiofs at most once".into());
         }
-        if virtiofs > 0 && provider == "firecracker" {
+        if virtiofs > 0 && provider == DEFAULT_PROVIDER {
             return Err("microvm_template: virtiofs volumes need provider cloudhypervisor".into());
         }
         if self.interfaces.is_empty() {
@@ -309,7 +334,7 @@ impl MicroVmTemplate {
             if !ids.insert(&nic.device_id) {
                 return Err(format!("{at}.device_id {:?} is used twice", nic.device_id));
             }
-            if nic.kind == IfaceType::Macvtap && provider == "firecracker" {
+            if nic.kind == IfaceType::Macvtap && provider == DEFAULT_PROVIDER {
                 return Err(format!("{at}.type MACVTAP is not supported by firecracker: use TAP"));
             }
             if let Some(mac) = nic.guest_mac.as_deref()

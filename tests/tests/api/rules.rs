@@ -649,8 +649,70 @@ fn cases() -> Vec<Case> {
             POOL_BODY,
             b("/microvm_template/interfaces"),
             vec![json!([{"device_id": "eth1"}])],
-            vec![json!([])],
+            vec![json!([]), absent()],
         ),
+        Case {
+            given: &[(At::Body("/microvm_template/interfaces/0/guest_mac"), || json!("aa:bb:cc:dd:ee:ff"))],
+            ..case(
+                "a static MAC needs a pool of at most one VM",
+                POOL_BODY,
+                b("/size"),
+                vec![json!(0), json!(1)],
+                vec![json!(2)],
+            )
+        },
+        Case {
+            given: &[(At::Body("/microvm_template/interfaces/0/guest_mac"), || json!("aa:bb:cc:dd:ee:ff"))],
+            ..case(
+                "a static MAC is never provisioned ahead of a claim",
+                POOL_BODY,
+                b("/replenishment/strategy"),
+                vec![json!("REPLACE_ON_DELETE")],
+                vec![json!("IMMEDIATE_ON_LEASE")],
+            )
+        },
+        Case {
+            given: &[(At::Body("/microvm_template/interfaces/0/address"), || json!({"address": "10.0.0.2/24"}))],
+            ..case(
+                "a static address is never kept broken",
+                POOL_BODY,
+                b("/hook_failure_policy"),
+                vec![json!("DELETE_AND_REPLACE")],
+                vec![json!("QUARANTINE")],
+            )
+        },
+        Case {
+            given: &[(At::Body("/size"), || json!(2))],
+            ..case(
+                "an empty guest MAC is not static",
+                POOL_BODY,
+                b("/microvm_template/interfaces/0/guest_mac"),
+                vec![json!(""), json!(null)],
+                vec![json!("aa:bb:cc:dd:ee:ff")],
+            )
+        },
+        Case {
+            given: &[(At::Body("/microvm_template/interfaces/0/type"), || json!("MACVTAP"))],
+            ..case(
+                "MACVTAP needs a provider other than firecracker",
+                POOL_BODY,
+                b("/microvm_template/provider"),
+                vec![json!("cloudhypervisor")],
+                vec![json!("firecracker"), json!(null)],
+            )
+        },
+        Case {
+            given: &[(At::Body("/microvm_template/additional_volumes"), || {
+                json!([volume(json!({"virtiofs_source": "tag"}))])
+            })],
+            ..case(
+                "virtiofs needs a provider other than firecracker",
+                POOL_BODY,
+                b("/microvm_template/provider"),
+                vec![json!("cloudhypervisor")],
+                vec![json!("firecracker"), absent()],
+            )
+        },
         case(
             "a device_id as flintlock wants it",
             POOL_BODY,
@@ -937,12 +999,59 @@ async fn every_documented_request_rule_holds_at_its_boundaries_and_the_server_ag
     }
     assert!(failures.is_empty(), "the document and the server disagree:\n{}", failures.join("\n"));
 
+    // Every field of every base body, left out: the document calls it optional exactly when
+    // the server accepts the body without it (a default the validator refuses is a rule too).
+    for &op in ALL {
+        let Some(body) = op.base().body else { continue };
+        let mut fields = vec![];
+        members(&body, "", &mut fields);
+        for ptr in fields {
+            op.prepare(&app).await;
+            let mut req = op.base();
+            req.set(At::Body(Box::leak(ptr.clone().into_boxed_str())), absent());
+            let (valid, sites) = doc.check(&req);
+            let r = req.send(&app).await;
+            let served = op.spec().3.contains(&r.status.as_u16());
+            if served {
+                op.undo(&app, &req).await;
+            }
+            if valid != served {
+                failures.push(format!(
+                    "{op:?} without {ptr}: the document says {} ({sites:?}), the server answered {} {}",
+                    if valid { "valid" } else { "invalid" },
+                    r.status,
+                    r.body
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "the document and the server disagree on optional fields:\n{}", failures.join("\n"));
+
     let mut documented = BTreeSet::new();
     for &op in ALL {
         doc.sites(op, &mut documented);
     }
     let untested: Vec<&String> = documented.difference(&covered).collect();
     assert!(untested.is_empty(), "documented rules no case here refuses a value of:\n{untested:#?}");
+}
+
+/// The JSON pointer of every member of every object in `v`.
+fn members(v: &Value, at: &str, out: &mut Vec<String>) {
+    match v {
+        Value::Object(o) => {
+            for (k, sub) in o {
+                let ptr = format!("{at}/{k}");
+                out.push(ptr.clone());
+                members(sub, &ptr, out);
+            }
+        }
+        Value::Array(a) => {
+            for (i, sub) in a.iter().enumerate() {
+                members(sub, &format!("{at}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn short(v: &Value) -> String {
