@@ -472,10 +472,10 @@ fn cases() -> Vec<Case> {
         case("a pool needs a replenishment", POOL_BODY, b("/replenishment"), vec![], vec![absent()]),
         case("a pool needs a template", POOL_BODY, b("/microvm_template"), vec![], vec![absent()]),
         case(
-            "size is 0..=MAX_POOL_SIZE",
+            "size is 0..=MAX_POOL_SIZE (an integral float is an integer)",
             POOL_BODY,
             b("/size"),
-            vec![json!(0), json!(MAX_POOL_SIZE)],
+            vec![json!(0), json!(MAX_POOL_SIZE), json!(1.0)],
             vec![json!(-1), json!(MAX_POOL_SIZE + 1)],
         ),
         case(
@@ -562,8 +562,8 @@ fn cases() -> Vec<Case> {
             "vcpu in flintlock's range",
             POOL_BODY,
             b("/microvm_template/vcpu"),
-            vec![json!(null), json!(VCPU.0), json!(VCPU.1)],
-            vec![json!(VCPU.0 - 1), json!(VCPU.1 + 1)],
+            vec![json!(null), json!(VCPU.0), json!(VCPU.1), json!(f64::from(VCPU.1))],
+            vec![json!(VCPU.0 - 1), json!(VCPU.1 + 1), json!(1.5)],
         ),
         case(
             "memory_in_mb in flintlock's range",
