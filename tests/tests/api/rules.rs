@@ -652,46 +652,6 @@ fn cases() -> Vec<Case> {
             vec![json!([]), absent()],
         ),
         Case {
-            given: &[(At::Body("/microvm_template/interfaces/0/guest_mac"), || json!("aa:bb:cc:dd:ee:ff"))],
-            ..case(
-                "a static MAC needs a pool of at most one VM",
-                POOL_BODY,
-                b("/size"),
-                vec![json!(0), json!(1)],
-                vec![json!(2)],
-            )
-        },
-        Case {
-            given: &[(At::Body("/microvm_template/interfaces/0/guest_mac"), || json!("aa:bb:cc:dd:ee:ff"))],
-            ..case(
-                "a static MAC is never provisioned ahead of a claim",
-                POOL_BODY,
-                b("/replenishment/strategy"),
-                vec![json!("REPLACE_ON_DELETE")],
-                vec![json!("IMMEDIATE_ON_LEASE")],
-            )
-        },
-        Case {
-            given: &[(At::Body("/microvm_template/interfaces/0/address"), || json!({"address": "10.0.0.2/24"}))],
-            ..case(
-                "a static address is never kept broken",
-                POOL_BODY,
-                b("/hook_failure_policy"),
-                vec![json!("DELETE_AND_REPLACE")],
-                vec![json!("QUARANTINE")],
-            )
-        },
-        Case {
-            given: &[(At::Body("/size"), || json!(2))],
-            ..case(
-                "an empty guest MAC is not static",
-                POOL_BODY,
-                b("/microvm_template/interfaces/0/guest_mac"),
-                vec![json!(""), json!(null)],
-                vec![json!("aa:bb:cc:dd:ee:ff")],
-            )
-        },
-        Case {
             given: &[(At::Body("/microvm_template/interfaces/0/type"), || json!("MACVTAP"))],
             ..case(
                 "MACVTAP needs a provider other than firecracker",

@@ -16,7 +16,7 @@ use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, pool_ref};
 use super::openapi::{AdminOnly, AlreadyExists, Common, NotFound};
 use crate::api;
 use crate::app::AppState;
-use crate::domain::{Name, NameFilter, PoolSpec, PoolSpecBody, validate_name};
+use crate::domain::{Name, NameFilter, PoolSpec, validate_name};
 use crate::error::ApiError;
 use crate::service::pool;
 
@@ -35,7 +35,7 @@ struct PoolPath {
 /// run the pool's hooks, is FAILED_PRECONDITION.
 #[utoipa::path(
     post, path = "/v1/pools", tag = "pools", operation_id = "create_pool",
-    security(("bearer" = [])), request_body = PoolSpecBody,
+    security(("bearer" = [])), request_body = PoolSpec,
     responses((status = 201, description = "The new pool", body = api::Pool), Common, AdminOnly, AlreadyExists)
 )]
 async fn create_pool(
@@ -91,7 +91,7 @@ async fn get_pool(
 /// Replaces a pool's spec; `namespace` and `name` in the body must match the path.
 #[utoipa::path(
     put, path = "/v1/pools/{namespace}/{name}", tag = "pools", operation_id = "update_pool",
-    security(("bearer" = [])), params(PoolPath), request_body = PoolSpecBody,
+    security(("bearer" = [])), params(PoolPath), request_body = PoolSpec,
     responses((status = 200, description = "The updated pool", body = api::Pool), Common, AdminOnly, NotFound)
 )]
 async fn update_pool(
