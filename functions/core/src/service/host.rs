@@ -38,45 +38,35 @@ schema_only! {
     /// A [`HostTls`] as [`HostSpec::validate`] accepts it: `insecure: true` and no PEM, or a
     /// CA with an optional client certificate and key (both or neither).
     TlsRules [HostTls] = AllOfBuilder::new().item(reference::<HostTls>()).item(
-        OneOfBuilder::new()
-            .item(
-                ObjectBuilder::new()
-                    .property("insecure", ObjectBuilder::new().schema_type(utoipa::openapi::Type::Boolean).enum_values(Some([true])))
-                    .property("ca_pem", null())
-                    .property("cert_pem", null())
-                    .property("key_pem", null())
-                    .required("insecure"),
-            )
-            .item(
-                ObjectBuilder::new()
-                    .property("insecure", ObjectBuilder::new().schema_type(utoipa::openapi::Type::Boolean).enum_values(Some([false])))
-                    .property("ca_pem", string())
-                    .property("cert_pem", null())
-                    .property("key_pem", null())
-                    .required("ca_pem"),
-            )
-            .item(
-                ObjectBuilder::new()
-                    .property("insecure", ObjectBuilder::new().schema_type(utoipa::openapi::Type::Boolean).enum_values(Some([false])))
-                    .property("ca_pem", string())
-                    .property("cert_pem", string())
-                    .property("key_pem", string())
-                    .required("ca_pem")
-                    .required("cert_pem")
-                    .required("key_pem"),
-            ),
+        OneOfBuilder::new().item(tls_way(true, false, false)).item(tls_way(false, true, false)).item(tls_way(false, true, true)),
     );
 
-    /// The body of `POST /v1/hosts`: a [`HostSpec`] with its `name`.
+    /// The body of `POST /v1/hosts`: a [`HostSpec`] with its `name`. (HostSpec's own example
+    /// has none: a PUT's body may leave it out, and one naming another host is refused.)
     HostCreate [HostSpec] = AllOfBuilder::new()
         .item(reference::<HostSpec>())
-        .item(ObjectBuilder::new().property("name", string().pattern(Some(NAME_PATTERN))).required("name"));
+        .item(ObjectBuilder::new().property("name", string().pattern(Some(NAME_PATTERN))).required("name"))
+        .examples([serde_json::json!({"name": "spare", "address": "127.0.0.1:9", "tls": {"insecure": true}})]);
+}
+
+/// One way [`TlsRules`] allows: `insecure` (required when true), a CA, a client certificate
+/// and key; each PEM either required or absent.
+fn tls_way(insecure: bool, ca: bool, cert_and_key: bool) -> ObjectBuilder {
+    let flag = ObjectBuilder::new().schema_type(utoipa::openapi::Type::Boolean).enum_values(Some([insecure]));
+    let mut way = ObjectBuilder::new().property("insecure", flag);
+    if insecure {
+        way = way.required("insecure");
+    }
+    for (field, has) in [("ca_pem", ca), ("cert_pem", cert_and_key), ("key_pem", cert_and_key)] {
+        way = if has { way.property(field, string()).required(field) } else { way.property(field, null()) };
+    }
+    way
 }
 
 /// A host as written by a client. `tls` omitted means a plaintext (`--insecure`) flintlockd.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"name": "spare", "address": "127.0.0.1:9", "tls": {"insecure": true}}))]
+#[schema(example = json!({"address": "127.0.0.1:9", "tls": {"insecure": true}}))]
 pub struct HostSpec {
     /// Required to create; on update it may be given and must match the path.
     #[serde(default)]
