@@ -513,16 +513,28 @@ impl TestApp {
             .get(0)
     }
 
-    /// Live (not DELETING) simulator VMs in poolmgr's namespace for `default` pools.
+    /// Live (not DELETING) simulator VMs in a deployment's namespace for `default` pools
+    /// (`poolmgr-<deployment id>-default`, whichever deployment: a test's simulator serves one).
     pub fn sim_live(sim: &Sim) -> Vec<flintlock_proto::types::MicroVm> {
         use flintlock_proto::types::micro_vm_status::MicroVmState;
+        let of_default_pools = |ns: &str| {
+            ns.strip_prefix("poolmgr-").and_then(|rest| rest.split_once('-')).is_some_and(|(id, pool_ns)| {
+                poolmgr_core::deployment::validate_deployment_id(id).is_ok() && pool_ns == "default"
+            })
+        };
         sim.vms()
             .into_iter()
             .filter(|m| {
-                m.spec.as_ref().is_some_and(|s| s.namespace == "poolmgr-default")
+                m.spec.as_ref().is_some_and(|s| of_default_pools(&s.namespace))
                     && m.status.as_ref().is_some_and(|s| s.state != MicroVmState::Deleting as i32)
             })
             .collect()
+    }
+
+    /// The flintlock namespace this app's deployment creates pool namespace `pool_namespace`'s
+    /// VMs in (`poolmgr-<deployment id>-<pool namespace>`).
+    pub async fn flintlock_namespace(&self, pool_namespace: &str) -> String {
+        self.state.flintlock_namespace(pool_namespace).await.expect("the deployment id")
     }
 
     /// A pooled connection for direct SQL (straight to PostgreSQL, even when the app goes
@@ -543,7 +555,7 @@ impl TestApp {
         let created = self
             .state
             .flintlock
-            .create(&host.endpoint(), tpl.to_spec(&id, &self.state.flintlock_namespace("default")))
+            .create(&host.endpoint(), tpl.to_spec(&id, &self.flintlock_namespace("default").await))
             .await
             .expect("sim create");
         let uid = created.spec.and_then(|s| s.uid).expect("uid");

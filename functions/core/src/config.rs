@@ -45,9 +45,16 @@ pub struct Config {
     /// Timeout of every flintlock RPC (`POOLMGR_FLINTLOCK_TIMEOUT_SECONDS`).
     pub flintlock_timeout: Duration,
     pub auth: AuthConfig,
-    /// flintlock namespaces poolmgr owns are `<prefix><pool namespace>`
-    /// (`POOLMGR_FLINTLOCK_NAMESPACE_PREFIX`). VMs in other namespaces are never touched.
+    /// flintlock namespaces poolmgr owns start with this
+    /// (`POOLMGR_FLINTLOCK_NAMESPACE_PREFIX`, `poolmgr-`); a deployment's are
+    /// `<prefix><deployment id>-<pool namespace>`. VMs in other namespaces are never touched.
     pub flintlock_namespace_prefix: String,
+    /// This deployment's id (`POOLMGR_DEPLOYMENT_ID`: 1-20 lowercase letters and digits).
+    /// Unset (the default): the id the database generated once (migration V9), which every
+    /// function of the deployment reads and no other deployment (another database) shares.
+    /// Set it only to choose a readable id; every reconcile function of the deployment must
+    /// then use the same one.
+    pub deployment_id: Option<String>,
     pub reconcile: ReconcileConfig,
     pub hooks: HookConfig,
 }
@@ -102,6 +109,7 @@ pub struct ReconcileConfig {
     pub warning_window: Duration,
     /// First retry delay of a failing VM step, doubled per attempt up to `backoff_cap`
     /// (`POOLMGR_RECONCILE_BACKOFF_MS`, 1000; `POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS`, 60).
+    /// A host a pass found unreachable also gets no new VMs for `backoff_cap`.
     pub backoff_base: Duration,
     pub backoff_cap: Duration,
     /// Failed attempts after which a uid-less intent row on an unreachable host is dropped
@@ -111,6 +119,11 @@ pub struct ReconcileConfig {
     pub max_creates_per_pool: usize,
     /// Interval between orphan scans of a host (`POOLMGR_ORPHAN_SCAN_SECONDS`, 10).
     pub orphan_scan_interval: Duration,
+    /// flintlock MicroVM calls (create, get, list, delete) one pass has in flight per host at
+    /// most, across its pool workers (`POOLMGR_RECONCILE_HOST_CONCURRENCY`, 4). A host that
+    /// stops answering holds at most this many calls until the flintlock timeout; the first
+    /// to fail marks it sick for the rest of the pass and the calls queued behind are skipped.
+    pub host_concurrency: usize,
     /// `poolmgr-local`'s ticker interval (`POOLMGR_RECONCILE_INTERVAL_SECONDS`, 2).
     pub interval: Duration,
     /// Events older than this are deleted by the reconcile pass, in batches
@@ -302,6 +315,15 @@ impl Config {
             flintlock_namespace_prefix: lookup("POOLMGR_FLINTLOCK_NAMESPACE_PREFIX")
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "poolmgr-".into()),
+            deployment_id: match lookup("POOLMGR_DEPLOYMENT_ID").map(|s| s.trim().to_owned()) {
+                None => None,
+                Some(id) if id.is_empty() => None,
+                Some(id) => {
+                    crate::deployment::validate_deployment_id(&id)
+                        .map_err(|e| ConfigError(format!("POOLMGR_DEPLOYMENT_ID: {e}")))?;
+                    Some(id)
+                }
+            },
             hooks,
             reconcile: ReconcileConfig {
                 deadline: Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_DEADLINE_SECONDS", 50u64)?),
@@ -317,6 +339,7 @@ impl Config {
                 max_create_attempts: parse_num(&lookup, "POOLMGR_PROVISION_MAX_ATTEMPTS", 5i32)?,
                 max_creates_per_pool: parse_num(&lookup, "POOLMGR_RECONCILE_MAX_CREATES", 50usize)?,
                 orphan_scan_interval: Duration::from_secs(parse_num(&lookup, "POOLMGR_ORPHAN_SCAN_SECONDS", 10u64)?),
+                host_concurrency: parse_num(&lookup, "POOLMGR_RECONCILE_HOST_CONCURRENCY", 4usize)?.max(1),
                 interval: Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_INTERVAL_SECONDS", 2u64)?.max(1)),
                 events_retention: parse_retention(
                     &lookup,
@@ -537,5 +560,23 @@ mod tests {
             let e = retention(bad).unwrap_err().to_string();
             assert!(e.contains("POOLMGR_EVENTS_RETENTION"), "{bad:?}: {e}");
         }
+    }
+
+    /// Issue 14 item 9: the deployment id is optional (the database has one) and must be
+    /// letters and digits, since a `-` would make the flintlock namespace ambiguous.
+    #[test]
+    fn the_deployment_id_is_optional_and_refused_when_ambiguous() {
+        let base = [("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "disabled")];
+        assert_eq!(cfg(&base).unwrap().deployment_id, None);
+        assert_eq!(cfg(&[base[0], base[1], ("POOLMGR_DEPLOYMENT_ID", " ")]).unwrap().deployment_id, None);
+        assert_eq!(
+            cfg(&[base[0], base[1], ("POOLMGR_DEPLOYMENT_ID", "prod1")]).unwrap().deployment_id.as_deref(),
+            Some("prod1")
+        );
+        for bad in ["prod-1", "Prod", "a_b"] {
+            let err = cfg(&[base[0], base[1], ("POOLMGR_DEPLOYMENT_ID", bad)]).unwrap_err();
+            assert!(err.to_string().contains("POOLMGR_DEPLOYMENT_ID"), "{err}");
+        }
+        assert_eq!(cfg(&base).unwrap().reconcile.host_concurrency, 4);
     }
 }

@@ -200,7 +200,7 @@ impl Db {
     /// A pooled connection carrying this handle's limits. An unreachable database is
     /// `Unavailable`; a connection that died while idle is replaced (see [`connect_pool`]).
     pub async fn get(&self) -> Result<Conn, StoreError> {
-        Ok(Conn { client: self.pool.get().await?, limits: self.limits })
+        Ok(Conn { client: Some(self.pool.get().await?), limits: self.limits, discarded: AtomicBool::new(false) })
     }
 
     pub fn limits(&self) -> Limits {
@@ -214,38 +214,69 @@ impl Db {
     }
 }
 
-/// One pooled connection of a [`Db`]; back to the pool when dropped.
+/// One pooled connection of a [`Db`]; back to the pool when dropped, unless a statement on it
+/// was abandoned at the statement timeout ([`Executor::discard`]): then it is taken out of
+/// the pool and closed, and the pool opens a fresh one when it needs one. The abandoned
+/// statement may still run on the server, and the cancel request sent for it may arrive
+/// late: on a connection handed out again it would cancel someone else's statement.
 pub struct Conn {
-    client: deadpool_postgres::Object,
+    /// Always `Some` until the drop.
+    client: Option<deadpool_postgres::Object>,
     limits: Limits,
+    discarded: AtomicBool,
 }
 
 impl Conn {
+    fn object(&self) -> &deadpool_postgres::Object {
+        self.client.as_ref().expect("a connection is held until dropped")
+    }
+
     /// A transaction on this connection, with the same limits. Dropped without
     /// [`Tx::commit`], it rolls back.
     pub async fn transaction(&mut self) -> Result<Tx<'_>, StoreError> {
         let limits = self.limits;
-        Ok(Tx { tx: self.client.transaction().await?, limits })
+        let client = self.client.as_mut().expect("a connection is held until dropped");
+        Ok(Tx { tx: client.transaction().await?, limits, discarded: &self.discarded })
     }
 
     /// The socket is known closed (the database restarted, the connection was dropped).
     pub fn is_closed(&self) -> bool {
-        self.client.is_closed()
+        self.object().is_closed()
+    }
+
+    /// A statement on it was abandoned at the timeout: it must not run another one.
+    pub fn is_discarded(&self) -> bool {
+        self.discarded.load(Ordering::Acquire)
     }
 
     /// deadpool's wrapper, for its per-connection statement cache.
     pub(crate) fn wrapper(&self) -> &ClientWrapper {
-        &self.client
+        self.object()
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.is_discarded()
+            && let Some(object) = self.client.take()
+        {
+            // Out of the pool for good; dropping the client closes the connection.
+            drop(deadpool_postgres::Object::take(object));
+            tracing::info!("closed a database connection whose statement timed out");
+        }
     }
 }
 
 impl Executor for Conn {
     type Client = tokio_postgres::Client;
     fn pg(&self) -> &Self::Client {
-        &self.client
+        self.object()
     }
     fn limits(&self) -> Limits {
         self.limits
+    }
+    fn discard(&self) {
+        self.discarded.store(true, Ordering::Release);
     }
 }
 
@@ -253,6 +284,8 @@ impl Executor for Conn {
 pub struct Tx<'a> {
     tx: deadpool_postgres::Transaction<'a>,
     limits: Limits,
+    /// The connection's flag: a statement timeout inside the transaction discards it too.
+    discarded: &'a AtomicBool,
 }
 
 impl Tx<'_> {
@@ -268,6 +301,12 @@ impl<'a> Executor for Tx<'a> {
     }
     fn limits(&self) -> Limits {
         self.limits
+    }
+    fn in_transaction(&self) -> bool {
+        true
+    }
+    fn discard(&self) {
+        self.discarded.store(true, Ordering::Release);
     }
 }
 
@@ -312,12 +351,26 @@ pub async fn migrate(client: &mut tokio_postgres::Client, target: Option<i32>) -
         .set_abort_divergent(true)
         .set_abort_missing(true)
         .set_target(target.map_or(Target::Latest, Target::Version));
-    let report = runner.run_async(client).await.map_err(|e| DbError::Migrate(e.to_string()))?;
+    let report = runner.run_async(client).await.map_err(|e| DbError::Migrate(with_causes(&e)))?;
     let applied: Vec<i32> = report.applied_migrations().iter().map(|m| m.version()).collect();
     for m in report.applied_migrations() {
         tracing::info!(version = m.version(), name = m.name(), "migration applied");
     }
     Ok(applied)
+}
+
+/// An error with its chain of causes: refinery's own text is only "`error applying
+/// migration …`, `db error`", and what the operator needs (the server's message, a
+/// migration's RAISE with its hint) is in the causes.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// Connects to `url` and migrates to the latest version.

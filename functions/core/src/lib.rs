@@ -12,7 +12,8 @@
 //! `store`, `flintlock`); everything → `domain`. Each folder's `mod.rs` says what lives where.
 //!
 //! - [`domain`], [`template`]: parsed, validated types (PoolSpec, RequestId, phases, the name
-//!   pattern, VM counts, …). No I/O.
+//!   pattern, VM counts, …). No I/O. [`deployment`]: which flintlock namespaces are this
+//!   deployment's (the orphan scan's attribution). No I/O.
 //! - [`store`]: every SQL statement and the one row mapping of each table, one file per table
 //!   (`pool.rs`, `host.rs`, `vm.rs`, `lease.rs`, `event.rs`, and `claim.rs` for the claim
 //!   statements); runs on any [`store::Executor`].
@@ -38,6 +39,7 @@ pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod db;
+pub mod deployment;
 pub mod domain;
 pub mod error;
 pub mod flintlock;

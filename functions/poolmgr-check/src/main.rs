@@ -30,6 +30,10 @@ struct Cli {
     /// poolmgr's flintlock namespaces start with this.
     #[arg(long, env = "POOLMGR_FLINTLOCK_NAMESPACE_PREFIX", default_value = "poolmgr-")]
     namespace_prefix: String,
+    /// The deployment's id, when set in its configuration; default: the one in its database.
+    /// Only microVMs in this deployment's flintlock namespaces are checked.
+    #[arg(long, env = "POOLMGR_DEPLOYMENT_ID")]
+    deployment_id: Option<String>,
     /// Also treat the settled checks as violations (the system must be quiet).
     #[arg(long)]
     settled: bool,
@@ -56,6 +60,7 @@ async fn main() -> ExitCode {
         database_url: cli.database_url,
         flintlock_overrides: cli.flintlock,
         namespace_prefix: cli.namespace_prefix,
+        deployment_id: cli.deployment_id.filter(|id| !id.is_empty()),
         flintlock_timeout: cli.flintlock_timeout,
     };
     let mode = match (cli.wait, cli.settled) {

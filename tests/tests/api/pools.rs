@@ -861,3 +861,98 @@ async fn vm_counts_sort_every_phase_as_the_strategies_count_them() {
         json!({"available": 1, "claiming": 2, "leased": 1, "provisioning": 2, "quarantined": 1, "deleting": 1})
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// A forced delete against the expiry sweep (issue 14 item 10)
+// ---------------------------------------------------------------------------------------
+
+/// Waits until `n` lock requests of the test database's sessions wait (not granted).
+async fn wait_for_lock_waiters(app: &TestApp, n: i64) {
+    let sql = format!(
+        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+         WHERE NOT l.granted AND a.datname = '{}'",
+        app.db.name
+    );
+    for _ in 0..500 {
+        if app.scalar_i64(&sql).await >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{n} lock waiters never appeared");
+}
+
+/// A pool of one VM whose lease has expired (by the app's clock), with the lease id.
+async fn pool_with_an_expired_lease(app: &TestApp) -> (String, String) {
+    app.create_pool("ci", 1).await;
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    let lease = app.claimed(CLIENT_A, "ci", Some("r-1")).await.lease.lease_id;
+    app.advance_clock(Duration::from_secs(121));
+    (vm.id, lease)
+}
+
+/// Issue 14 item 10: the expiry sweep locks a lease's VM before the lease, as a forced pool
+/// delete does (VM rows first, by id, then leases). Forced here: the test holds the expired
+/// lease's row, so the sweep stops at it; by then it must already hold the VM row (a
+/// `NOWAIT` lock on it fails). Taking the lease first and the VM second, the sweep and a
+/// forced delete (VM first, lease second) deadlocked.
+#[tokio::test]
+async fn the_expiry_sweep_locks_the_vm_before_the_lease() {
+    let app = TestApp::spawn().await;
+    let (vm_id, lease_id) = pool_with_an_expired_lease(&app).await;
+    let mut holder = app.db.client().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute("SELECT 1 FROM leases WHERE lease_id = $1 FOR UPDATE", &[&lease_id]).await.unwrap();
+
+    let pass = {
+        let state = app.state.clone();
+        tokio::spawn(async move { poolmgr_core::reconcile::run_pass(&state).await })
+    };
+    wait_for_lock_waiters(&app, 1).await;
+    let probe = app.db.client().await;
+    let err = probe
+        .query("SELECT 1 FROM vms WHERE id = $1 FOR UPDATE NOWAIT", &[&vm_id])
+        .await
+        .expect_err("the sweep waiting for the lease must already hold its VM");
+    assert_eq!(err.code(), Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE), "{err}");
+
+    tx.rollback().await.unwrap();
+    let report = pass.await.unwrap().unwrap();
+    assert_eq!(report.expired, 1);
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+}
+
+/// Issue 14 item 10: a forced pool delete and the expiry sweep working on the same VM and
+/// lease at the same moment. Forced order: the sweep takes the expired lease's row the
+/// moment the test lets it go, while the delete already waits behind it. With the sweep
+/// locking lease then VM (and the delete VM then lease) this deadlocked: one of them failed.
+/// Both finish now, without an error.
+#[tokio::test]
+async fn a_forced_pool_delete_racing_the_expiry_sweep_does_not_deadlock() {
+    let app = Arc::new(TestApp::spawn().await);
+    let (vm_id, lease_id) = pool_with_an_expired_lease(&app).await;
+    let mut holder = app.db.client().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute("SELECT 1 FROM leases WHERE lease_id = $1 FOR UPDATE", &[&lease_id]).await.unwrap();
+
+    let pass = {
+        let state = app.state.clone();
+        tokio::spawn(async move { poolmgr_core::reconcile::run_pass(&state).await })
+    };
+    wait_for_lock_waiters(&app, 1).await;
+    let delete = {
+        let app = app.clone();
+        tokio::spawn(async move { app.delete(ADMIN, "/v1/pools/default/ci?force=true").await })
+    };
+    wait_for_lock_waiters(&app, 2).await;
+    tx.rollback().await.unwrap();
+
+    let report = pass.await.unwrap().unwrap();
+    let deleted = delete.await.unwrap();
+    assert_eq!(deleted.status.as_u16(), 204, "{}", deleted.body);
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM pools").await, 0);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+    assert_eq!(app.phase_of(&vm_id).await, None, "the VM is deleted");
+}

@@ -106,7 +106,7 @@ error_responses!(
         "400" => ("INVALID_ARGUMENT: malformed JSON, a missing, unknown or invalid field, query parameter or path parameter; FAILED_PRECONDITION where the operation says so", false),
         "401" => ("UNAUTHENTICATED: missing or unknown token", false),
         "500" => ("INTERNAL: an unexpected server error (no internals in the message); for a claim also a failed pre-lease hook", false),
-        "503" => ("UNAVAILABLE: flintlock or the database could not be reached; retry", true),
+        "503" => ("UNAVAILABLE: flintlock or the database could not be reached, or the database reported a retryable error (deadlock, serialization failure, cancelled statement, lock not available); retry", true),
     }
 );
 
@@ -123,6 +123,11 @@ error_responses!(
 error_responses!(
     /// A create of something that exists.
     AlreadyExists { "409" => ("ALREADY_EXISTS: it exists already", false) }
+);
+
+error_responses!(
+    /// A host update to an address another host has.
+    AddressTaken { "409" => ("ALREADY_EXISTS: another host is registered at this address (one record per flintlockd)", false) }
 );
 
 error_responses!(

@@ -14,9 +14,9 @@
 //!
 //! # Layout
 //!
-//! - `mod.rs` (here): [`run_pass`], [`PassReport`], the pass's shared state (`Pass`), the
-//!   pool workers with their reconcile-lease handling, and a pool's step in order
-//!   (`reconcile_pool`).
+//! - `mod.rs` (here): [`run_pass`], [`PassReport`], the pass's shared state (`Pass`: sick
+//!   hosts, the per-host bound on flintlock calls), the pool workers with their
+//!   reconcile-lease handling, and a pool's step in order (`reconcile_pool`).
 //! - [`strategy`]: the pure arithmetic: [`desired_new`], [`surplus`] of a pool's `VmCounts`.
 //! - `provision`: new VMs (placement, CreateMicroVM), adopting a VM whose create reply was
 //!   lost, polling PROVISIONING VMs until flintlock says CREATED.
@@ -47,9 +47,22 @@
 //! so one slow host would hold up every pool. With the rule, workers on one connection take
 //! turns statement group by statement group, and every wait for a connection ends as soon as
 //! the holder's statements do. Hence also: the teardown checks out its own connection after
-//! its gRPC call (a step gives its own back first), the create hooks of a pool, which run
-//! side by side, each check one out for their own writes, and the cross-pool work
-//! (deleted pools, orphan scans) has its own.
+//! its gRPC call (a step gives its own back first), the VM steps and create hooks of a pool,
+//! which run side by side, each check one out for their own writes, and so do a pool's
+//! replenishment and the cross-pool work (deleted pools, orphan scans).
+//!
+//! # Hosts that stop answering
+//!
+//! Every flintlock call waits at most the flintlock timeout (10 s), and a host that stopped
+//! answering makes every call to it wait that long. So: a call that fails because the host
+//! could not be reached marks the host *sick* for the rest of the pass (`Pass::on_host`),
+//! and every later step that would call it is skipped (`PassReport::skipped`), in every
+//! pool; a pass has at most `POOLMGR_RECONCILE_HOST_CONCURRENCY` MicroVM calls in flight per
+//! host, so the calls queued behind the first failure are skipped rather than each waiting
+//! out its timeout; a pool's VMs are stepped side by side (each host's bounded), and its
+//! replenishment runs beside them, placing only on hosts not (yet) sick. A dead host costs
+//! a pass about one timeout, not one per VM, and never keeps a pool from being topped up on
+//! its healthy hosts.
 
 mod conn;
 mod error;
@@ -60,16 +73,22 @@ mod retention;
 pub mod strategy;
 mod sweeps;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
 use serde::Serialize;
+use tokio::sync::Semaphore;
 
 use crate::app::AppState;
+use crate::deployment::Deployment;
 use crate::domain::{Phase, PoolRef};
+use crate::flintlock::FlintlockError;
 use crate::store::{self, HostRow, PoolRow, VmRow};
+use crate::teardown::TeardownError;
 use conn::StepConn;
 
 pub use error::ReconcileError;
@@ -90,6 +109,9 @@ pub struct PassReport {
     pub orphans_deleted: usize,
     /// Events deleted because they were older than the retention.
     pub events_pruned: u64,
+    /// Steps not taken because their host failed a call earlier in this pass (the next pass
+    /// tries again).
+    pub skipped: usize,
     /// Steps that failed and will be retried by a later pass.
     pub errors: Vec<String>,
     /// The deadline stopped the pass before every pool was visited.
@@ -109,6 +131,7 @@ impl PassReport {
         self.failed += o.failed;
         self.orphans_deleted += o.orphans_deleted;
         self.events_pruned += o.events_pruned;
+        self.skipped += o.skipped;
         self.errors.extend(o.errors);
         self.deadline_reached |= o.deadline_reached;
     }
@@ -120,8 +143,34 @@ struct Pass<'a> {
     owner: String,
     started_db: DateTime<Utc>,
     deadline: Instant,
-    /// Hosts that failed a call during this pass: no new placements on them this pass.
+    /// This deployment's flintlock namespaces: where VMs are created, and which ones the
+    /// orphan scan may delete.
+    deployment: Deployment,
+    /// Hosts that could not be reached during this pass: no calls to them, no placements.
     sick_hosts: Mutex<HashSet<String>>,
+    /// Per host, a slot per MicroVM call in flight (`POOLMGR_RECONCILE_HOST_CONCURRENCY`).
+    host_slots: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// Hosts whose row says "unreachable" (`unreachable_until`, no placements): cleared by
+    /// the first call of this pass that reaches the host.
+    marked_unreachable: Mutex<HashSet<String>>,
+}
+
+/// A failed flintlock call that says its host could not be reached (not that the host
+/// refused this one call): the host is sick for the rest of the pass.
+trait HostFailure {
+    fn host_unreachable(&self) -> bool;
+}
+
+impl HostFailure for FlintlockError {
+    fn host_unreachable(&self) -> bool {
+        matches!(self, FlintlockError::Unavailable { .. })
+    }
+}
+
+impl HostFailure for TeardownError {
+    fn host_unreachable(&self) -> bool {
+        matches!(self, TeardownError::Flintlock(e) if e.host_unreachable())
+    }
 }
 
 impl Pass<'_> {
@@ -129,12 +178,71 @@ impl Pass<'_> {
         Instant::now() >= self.deadline
     }
 
-    fn sick(&self, host: &str) {
-        self.sick_hosts.lock().expect("sick hosts").insert(host.to_owned());
+    /// Marks `host` sick for this pass; `true` if it was not yet.
+    fn sick(&self, host: &str) -> bool {
+        self.sick_hosts.lock().expect("sick hosts").insert(host.to_owned())
+    }
+
+    fn is_sick(&self, host: &str) -> bool {
+        self.sick_hosts.lock().expect("sick hosts").contains(host)
     }
 
     fn sick_list(&self) -> Vec<String> {
         self.sick_hosts.lock().expect("sick hosts").iter().cloned().collect()
+    }
+
+    /// Runs `call`, a flintlock call to `host`, in one of the host's slots; `None`, without
+    /// calling, when the host is sick (checked again once a slot is free: the call that
+    /// held it may have found the host dead). A call failing because the host could not be
+    /// reached marks it sick *before* its slot is given back, so whatever queued behind it
+    /// is skipped instead of waiting out its own timeout. Give the step's connection back
+    /// first (`StepConn::released`): waiting for a slot is waiting for something else.
+    async fn on_host<T, E: HostFailure>(
+        &self,
+        host: &str,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Option<Result<T, E>> {
+        if self.is_sick(host) {
+            return None;
+        }
+        let slots = {
+            let limit = self.state.config.reconcile.host_concurrency;
+            let mut all = self.host_slots.lock().expect("host slots");
+            all.entry(host.to_owned()).or_insert_with(|| Arc::new(Semaphore::new(limit))).clone()
+        };
+        let _slot = slots.acquire_owned().await.ok()?;
+        if self.is_sick(host) {
+            return None;
+        }
+        let r = call.await;
+        let unreachable = matches!(&r, Err(e) if e.host_unreachable());
+        if unreachable && self.sick(host) {
+            tracing::warn!(host, "flintlock host unreachable: skipping its VMs for the rest of this pass");
+            // And no placements on it by the next passes for a while: they place new VMs
+            // before their own calls could find it dead. Best effort: this pass knows anyway.
+            self.marked_unreachable.lock().expect("marked hosts").insert(host.to_owned());
+            let window = self.state.config.reconcile.backoff_cap.as_secs_f64();
+            self.record_reachability(host, Some(window)).await;
+        } else if !unreachable && self.marked_unreachable.lock().expect("marked hosts").remove(host) {
+            // It answered (a success or an error of its own): one lost reply must not keep
+            // new VMs off a healthy host.
+            self.record_reachability(host, None).await;
+        }
+        Some(r)
+    }
+
+    /// Marks `host` unreachable for `window` seconds in its row, or clears that (`None`).
+    async fn record_reachability(&self, host: &str, window: Option<f64>) {
+        let recorded = match self.state.db.get().await {
+            Ok(c) => match window {
+                Some(secs) => store::host_mark_unreachable(&c, host, secs).await,
+                None => store::host_clear_unreachable(&c, host).await,
+            },
+            Err(e) => Err(e),
+        };
+        if let Err(e) = recorded {
+            tracing::warn!(host, error = %e, "could not record whether the host is reachable");
+        }
     }
 
     /// Puts a failing VM step off (exponential backoff, in the VM's row).
@@ -151,16 +259,24 @@ impl Pass<'_> {
 pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     let t0 = Instant::now();
     let rc = &state.config.reconcile;
-    let started_db: DateTime<Utc> = {
+    let (started_db, marked_unreachable) = {
         let conn = state.db.get().await?;
-        store::database_now(&conn).await?
+        let now = store::database_now(&conn).await?;
+        let marked = store::host_list(&conn)
+            .await?
+            .into_iter()
+            .filter_map(|(h, _)| h.unreachable_until.is_some_and(|t| t > now).then_some(h.name));
+        (now, marked.collect())
     };
     let pass = Arc::new(Pass {
         state,
         owner: format!("pass-{}", ulid::Ulid::new()),
         started_db,
         deadline: t0 + rc.deadline,
+        deployment: state.deployment().await?,
         sick_hosts: Mutex::default(),
+        host_slots: Mutex::default(),
+        marked_unreachable: Mutex::new(marked_unreachable),
     });
 
     let workers = (0..rc.concurrency).map(|_| pool_worker(&pass));
@@ -179,6 +295,7 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
         available = report.available,
         deleted = report.deleted,
         expired = report.expired,
+        skipped = report.skipped,
         errors = report.errors.len(),
         duration_ms = report.duration_ms as u64,
         "reconcile pass done"
@@ -262,7 +379,8 @@ fn due(vm: &VmRow, now: DateTime<Utc>) -> bool {
     vm.next_attempt_at.is_none_or(|t| t <= now)
 }
 
-/// One pool, one step per VM: expiry, deletions, provisioning progress, then new VMs.
+/// One pool: expiry and abandoned claims, then its VMs stepped (one step each: deletions,
+/// provisioning progress, create hooks) and, beside them, new VMs for what is missing.
 async fn reconcile_pool(
     pass: &Pass<'_>,
     db: &mut StepConn<'_>,
@@ -275,34 +393,103 @@ async fn reconcile_pool(
 
     let hosts = hosts_by_name(db).await?;
     let vms = store::vm_list_for_pool(db.client().await?, &pref).await?;
+    // Counted before the VM steps, which run beside the replenishment: a VM that fails in
+    // this pass's steps is replaced by the next pass.
+    let counts = store::vm_counts_for_pool(db.client().await?, &pref).await?;
+    sweeps::shed_surplus(db, pool, counts).await?;
+    // The VM steps and the replenishment each take connections of their own.
+    db.release();
+    let replenish = async {
+        let mut db = StepConn::new(&pass.state.db);
+        let mut r = PassReport::default();
+        let res = provision::replenish(pass, &mut db, pool, counts, &hosts, &mut r).await;
+        (r, res)
+    };
+    let ((stepped, stepped_res), (replenished, replenished_res)) =
+        futures::join!(step_vms(pass, pool, &vms, &hosts), replenish);
+    report.merge(stepped);
+    report.merge(replenished);
+    stepped_res.and(replenished_res)
+}
+
+/// One step for each of the pool's VMs that is due: every host's VMs side by side with the
+/// other hosts', at most `host_concurrency` of one host's at once, and the create hooks beside
+/// them. A VM whose host turned sick is skipped.
+async fn step_vms(
+    pass: &Pass<'_>,
+    pool: &PoolRow,
+    vms: &[(VmRow, bool)],
+    hosts: &HashMap<String, HostRow>,
+) -> (PassReport, Result<(), ReconcileError>) {
     let now = pass.state.clock.now();
+    let mut by_host: BTreeMap<&str, Vec<&VmRow>> = BTreeMap::new();
     let mut hook_vms = vec![];
-    for (vm, _) in &vms {
-        if pass.past_deadline() {
-            report.deadline_reached = true;
-            return Ok(());
-        }
+    for (vm, _) in vms {
         if !due(vm, now) {
             continue;
         }
-        let host = hosts.get(&vm.flintlock_host);
         match vm.phase {
-            Phase::Deleting => sweeps::delete_vm(pass, db, vm, host, report).await?,
-            Phase::Provisioning if vm.uid.is_none() => {
-                provision::create_or_adopt(pass, db, pool, vm, &hosts, report).await?
-            }
-            Phase::Provisioning => provision::poll_provisioning(pass, db, pool, vm, host, report).await?,
+            Phase::Deleting | Phase::Provisioning => by_host.entry(vm.flintlock_host.as_str()).or_default().push(vm),
             Phase::CreateHookRunning => hook_vms.push(vm),
             _ => {}
         }
     }
-    // The hooks run side by side, each on a connection of its own taken after its gRPC
-    // calls: give the step's back first, or with one connection they would wait for it.
-    db.release();
-    hooks::run_create_hooks(pass, pool, hook_vms, &hosts, report).await?;
+    let limit = pass.state.config.reconcile.host_concurrency;
+    // Built with loops, not closures: a closure over `&VmRow` kept in the stream makes the
+    // pass's future not `Send` (a higher-ranked lifetime rustc cannot prove).
+    let mut per_host = vec![];
+    for vms in by_host.into_values() {
+        let mut steps = vec![];
+        for vm in vms {
+            steps.push(step_vm(pass, pool, vm, hosts));
+        }
+        per_host.push(futures::stream::iter(steps).buffer_unordered(limit).collect::<Vec<_>>());
+    }
+    let hooks = async {
+        let mut report = PassReport::default();
+        if pass.past_deadline() {
+            report.deadline_reached = true;
+            return (report, Ok(()));
+        }
+        let (sick, hook_vms): (Vec<&VmRow>, Vec<&VmRow>) =
+            hook_vms.into_iter().partition(|vm| pass.is_sick(&vm.flintlock_host));
+        report.skipped += sick.len();
+        let res = hooks::run_create_hooks(pass, pool, hook_vms, hosts, &mut report).await;
+        (report, res)
+    };
+    let (stepped, (mut report, mut result)) = futures::join!(futures::future::join_all(per_host), hooks);
+    for (r, res) in stepped.into_iter().flatten() {
+        report.merge(r);
+        result = result.and(res);
+    }
+    (report, result)
+}
 
-    // Replenish, counting what is there after the steps above.
-    let counts = store::vm_counts_for_pool(db.client().await?, &pref).await?;
-    sweeps::shed_surplus(db, pool, counts).await?;
-    provision::replenish(pass, db, pool, counts, &hosts, report).await
+/// One VM's step, on a connection of its own.
+async fn step_vm(
+    pass: &Pass<'_>,
+    pool: &PoolRow,
+    vm: &VmRow,
+    hosts: &HashMap<String, HostRow>,
+) -> (PassReport, Result<(), ReconcileError>) {
+    let mut report = PassReport::default();
+    if pass.past_deadline() {
+        report.deadline_reached = true;
+        return (report, Ok(()));
+    }
+    if pass.is_sick(&vm.flintlock_host) {
+        report.skipped += 1;
+        return (report, Ok(()));
+    }
+    let mut db = StepConn::new(&pass.state.db);
+    let host = hosts.get(&vm.flintlock_host);
+    let res = match vm.phase {
+        Phase::Deleting => sweeps::delete_vm(pass, &mut db, vm, host, &mut report).await,
+        Phase::Provisioning if vm.uid.is_none() => {
+            provision::create_or_adopt(pass, &mut db, pool, vm, hosts, &mut report).await
+        }
+        Phase::Provisioning => provision::poll_provisioning(pass, &mut db, pool, vm, host, &mut report).await,
+        _ => Ok(()),
+    };
+    (report, res)
 }

@@ -65,9 +65,12 @@ async fn below_target(
     Ok(())
 }
 
-/// Tops the pool up: as many new VMs as its strategy asks for (`counts` taken after this
-/// pass's other steps), at most `max_creates_per_pool`, each placed, then created. Nothing
-/// while its quarantined VMs fill it (the bound of [`quarantine_full`]).
+/// Tops the pool up: as many new VMs as its strategy asks for (`counts` taken before this
+/// pass's VM steps, which run beside this), at most `max_creates_per_pool`, each placed, then
+/// created. Nothing while its quarantined VMs fill it (the bound of [`quarantine_full`]).
+/// Placement skips the hosts that are sick in this pass and those an earlier pass found
+/// unreachable a moment ago (`hosts.unreachable_until`), since this runs before the VM steps
+/// could find out.
 pub(super) async fn replenish(
     pass: &Pass<'_>,
     db: &mut StepConn<'_>,
@@ -115,10 +118,8 @@ pub(super) async fn replenish(
     below_target(db, pool, None, counts).await
 }
 
-fn flintlock_failed(pass: &Pass<'_>, report: &mut PassReport, vm: &VmRow, what: &str, e: &FlintlockError) {
-    if matches!(e, FlintlockError::Unavailable { .. }) {
-        pass.sick(&vm.flintlock_host);
-    }
+/// A failed call for one VM, reported; an unreachable host was marked sick by `Pass::on_host`.
+fn flintlock_failed(report: &mut PassReport, vm: &VmRow, what: &str, e: &FlintlockError) {
     tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, error = %e, "{what} failed; backing off");
     report.errors.push(format!("{}: {what}: {e}", vm.id));
 }
@@ -136,8 +137,15 @@ async fn create_vm(
     let Some(host) = host else {
         return drop_intent(db, vm, "its host is not registered").await;
     };
-    let spec = pool.microvm_template.to_spec(&vm.id, &state.flintlock_namespace(&pool.namespace));
-    match db.released(state.flintlock.create(&host.endpoint(), spec)).await {
+    let spec = pool.microvm_template.to_spec(&vm.id, &pass.deployment.namespace(&pool.namespace));
+    let Some(created) = db.released(pass.on_host(&host.name, state.flintlock.create(&host.endpoint(), spec))).await
+    else {
+        // The host turned sick since the placement: the row stays without a uid, and a later
+        // pass looks the id up before creating.
+        report.skipped += 1;
+        return Ok(());
+    };
+    match created {
         Ok(m) => {
             let uid = m.spec.as_ref().and_then(|s| s.uid.clone()).unwrap_or_default();
             if uid.is_empty() {
@@ -151,7 +159,7 @@ async fn create_vm(
         Err(e) => {
             // The create may have reached flintlock (a lost reply): the row stays without a
             // uid and the next pass looks the id up before creating again.
-            flintlock_failed(pass, report, vm, "CreateMicroVM", &e);
+            flintlock_failed(report, vm, "CreateMicroVM", &e);
             give_up_or_backoff(pass, db, vm).await
         }
     }
@@ -185,12 +193,21 @@ pub(super) async fn create_or_adopt(
     let Some(host) = hosts.get(&vm.flintlock_host) else {
         return drop_intent(db, vm, "its host is not registered").await;
     };
-    let ns = state.flintlock_namespace(&pool.namespace);
-    match db.released(state.flintlock.list(&host.endpoint(), &ns, Some(&vm.id))).await {
+    // By id in every namespace: the VM is in this deployment's namespace of the pool, or in
+    // the one poolmgr used before deployment ids (a create sent before that upgrade).
+    let Some(listed) =
+        db.released(pass.on_host(&host.name, state.flintlock.list(&host.endpoint(), "", Some(&vm.id)))).await
+    else {
+        report.skipped += 1;
+        return Ok(());
+    };
+    match listed {
         Ok(mut found) => {
             found.retain(|m| {
                 m.status.as_ref().is_none_or(|s| s.state != MicroVmState::Deleting as i32)
-                    && m.spec.as_ref().is_some_and(|s| s.id == vm.id && s.namespace == ns)
+                    && m.spec
+                        .as_ref()
+                        .is_some_and(|s| s.id == vm.id && pass.deployment.holds(&s.namespace, &pool.namespace))
             });
             // Several (a duplicate create): adopt the oldest uid; the orphan scan deletes the rest.
             found.sort_by_key(|m| m.spec.as_ref().and_then(|s| s.uid.clone()));
@@ -207,7 +224,7 @@ pub(super) async fn create_or_adopt(
             }
         }
         Err(e) => {
-            flintlock_failed(pass, report, vm, "ListMicroVMs", &e);
+            flintlock_failed(report, vm, "ListMicroVMs", &e);
             give_up_or_backoff(pass, db, vm).await
         }
     }
@@ -227,10 +244,14 @@ pub(super) async fn poll_provisioning(
         return fail_vm(pass, db, pool, vm, "its host is not registered", report).await;
     };
     let uid = vm.uid.as_deref().unwrap_or_default();
-    let m = match db.released(state.flintlock.get(&host.endpoint(), uid)).await {
+    let Some(got) = db.released(pass.on_host(&host.name, state.flintlock.get(&host.endpoint(), uid))).await else {
+        report.skipped += 1;
+        return Ok(());
+    };
+    let m = match got {
         Ok(m) => m,
         Err(e) => {
-            flintlock_failed(pass, report, vm, "GetMicroVM", &e);
+            flintlock_failed(report, vm, "GetMicroVM", &e);
             return pass.backoff(db, &vm.id).await;
         }
     };

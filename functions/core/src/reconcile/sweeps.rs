@@ -24,8 +24,14 @@ pub(super) async fn expire_leases(
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {
     let state = pass.state;
+    let expired = {
+        let conn = db.client_mut().await?;
+        let tx = conn.transaction().await?;
+        let expired = store::lease_expire_for_pool(&tx, pref, state.clock.now_param()).await?;
+        tx.commit().await?;
+        expired
+    };
     let c = db.client().await?;
-    let expired = store::lease_expire_for_pool(c, pref, state.clock.now_param()).await?;
     let now = Utc::now();
     for l in &expired {
         state.metrics.release(pref, "expiry", Some((now - l.claimed_at).as_seconds_f64()));
@@ -63,7 +69,12 @@ pub(super) async fn delete_vm(
 ) -> Result<(), ReconcileError> {
     let state = pass.state;
     // The teardown checks out its own connection once flintlock answered.
-    match db.released(teardown::finish_vm_delete(&state.flintlock, &state.db, vm, host)).await {
+    let teardown = teardown::finish_vm_delete(&state.flintlock, &state.db, vm, host);
+    let Some(finished) = db.released(pass.on_host(&vm.flintlock_host, teardown)).await else {
+        report.skipped += 1;
+        return Ok(());
+    };
+    match finished {
         Ok(VmFinish::Removed { lease, .. }) => {
             report.deleted += 1;
             if let Some(l) = lease {
@@ -75,7 +86,7 @@ pub(super) async fn delete_vm(
         }
         Ok(VmFinish::Gone) => Ok(()),
         Err(e) => {
-            pass.sick(&vm.flintlock_host);
+            // An unreachable host was marked sick by `on_host`.
             tracing::warn!(vm = %vm.id, error = %e, "delete failed; backing off");
             pass.backoff(db, &vm.id).await
         }

@@ -165,24 +165,51 @@ const LEASE_EXPIRE_REST: &str = ", v AS (
              SELECT to_jsonb(exp) AS lease FROM exp";
 
 /// Expires a pool's leases with `expires_at <= now()`: lease removed, VM → DELETING and
-/// VM_DELETED_DUE_TO_EXPIRY, in one statement. A concurrent heartbeat either commits first
-/// (and the lease is no longer expired when this re-checks it) or finds the lease gone.
+/// VM_DELETED_DUE_TO_EXPIRY. A concurrent heartbeat either commits first (and the lease is
+/// no longer expired when this re-checks it) or finds the lease gone.
+///
+/// Must run inside a transaction, in two statements, for the lock order: the expired
+/// leases' VM rows are locked first (by id), then the leases are deleted, the order of a
+/// forced pool delete ([`super::pool_delete_and_mark_vms`]: VMs, then leases). One statement
+/// deleting the leases and then updating their VMs took them the other way round, and a
+/// forced delete of the same pool deadlocked with it. A data-modifying CTE gives no order
+/// guarantee, hence the separate statement.
 pub async fn lease_expire_for_pool(
     c: &impl Executor,
     pool: &PoolRef,
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<LeaseRow>> {
+    let locked: Vec<String> = c
+        .timed_query(
+            "SELECT v.id FROM vms v JOIN leases l ON l.vm_id = v.id
+             -- $3: the clock's now (NULL: the database's).
+             WHERE l.pool_namespace = $1 AND l.pool_name = $2 AND l.expires_at <= coalesce($3, now())
+             ORDER BY v.id
+             FOR UPDATE OF v",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&now, Type::TIMESTAMPTZ)],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     let rows = c
         .timed_query(
             &format!(
                 "WITH exp AS (
-                     -- $3: the clock's now (NULL: the database's).
-                     DELETE FROM leases WHERE pool_namespace = $1 AND pool_name = $2
+                     -- Only leases whose VM row is locked above (or that have none): a lease that
+                     -- expired since would be taken before its VM.
+                     DELETE FROM leases l WHERE pool_namespace = $1 AND pool_name = $2
                        AND expires_at <= coalesce($3, now())
+                       AND (vm_id = ANY ($4) OR NOT EXISTS (SELECT 1 FROM vms v WHERE v.id = l.vm_id))
                      RETURNING *
                  ){LEASE_EXPIRE_REST}"
             ),
-            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&now, Type::TIMESTAMPTZ)],
+            &[
+                (&pool.namespace, Type::TEXT),
+                (&pool.name, Type::TEXT),
+                (&now, Type::TIMESTAMPTZ),
+                (&locked, Type::TEXT_ARRAY),
+            ],
         )
         .await?;
     rows.iter().map(|r| json_req(r, "lease")).collect()

@@ -187,6 +187,10 @@ pub enum PoolDelete {
 /// Deletes a pool and marks its VMs DELETING. Must run inside a transaction: the pool row and
 /// every VM row are locked first, so a claim cannot slip a lease in between the leased-VM
 /// check and the marking.
+///
+/// Lock order: the pool row, then its VM rows by id, then their leases. Every statement that
+/// locks a VM and its lease takes them in that order (VM first, lower ids first; see
+/// [`super::lease_expire_for_pool`]), so none of them can deadlock with this.
 pub async fn pool_delete_and_mark_vms(c: &impl Executor, pool: &PoolRef, force: bool) -> Result<PoolDelete> {
     let p: &[(&(dyn ToSql + Sync), Type)] = &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)];
     let deleted = c.timed_execute("DELETE FROM pools WHERE namespace = $1 AND name = $2", p).await?;
@@ -198,7 +202,10 @@ pub async fn pool_delete_and_mark_vms(c: &impl Executor, pool: &PoolRef, force: 
     let leased: i64 = c
         .timed_query_one(
             "WITH locked AS (
-                 SELECT id, phase FROM vms WHERE pool_namespace = $1 AND pool_name = $2 FOR UPDATE
+                 -- By id: the order every statement locking several VMs uses.
+                 SELECT id, phase FROM vms WHERE pool_namespace = $1 AND pool_name = $2
+                 ORDER BY id
+                 FOR UPDATE
              )
              SELECT count(*) FROM locked WHERE phase IN ('LEASED', 'PRE_LEASE_HOOK_RUNNING')",
             p,

@@ -215,7 +215,8 @@ pub async fn vm_list_for_pool(c: &impl Executor, pool: &PoolRef) -> Result<Vec<(
 }
 
 /// Inserts a PROVISIONING intent row on the least-loaded eligible host of the pool, in one
-/// statement. Eligible: named by the pool, registered, not cordoned, not in `skip`. Load:
+/// statement. Eligible: named by the pool, registered, not cordoned, not in `skip`, not found
+/// unreachable a moment ago (`unreachable_until`, [`super::host_mark_unreachable`]). Load:
 /// this pool's VMs on the host, DELETING and FAILED not counted; ties go to the host listed
 /// first. The chosen host row is share-locked, so a cordon committing meanwhile waits for
 /// this insert (and the next placement sees it). `None`: no eligible host.
@@ -236,6 +237,7 @@ pub async fn vm_place_and_insert(
                  SELECT h.name, array_position(p.flintlock_hosts, h.name) AS ord
                  FROM hosts h, p
                  WHERE h.name = ANY (p.flintlock_hosts) AND NOT h.cordoned AND NOT (h.name = ANY ($4))
+                   AND (h.unreachable_until IS NULL OR h.unreachable_until <= now())
                  FOR SHARE OF h
              ), pick AS (
                  SELECT e.name FROM eligible e

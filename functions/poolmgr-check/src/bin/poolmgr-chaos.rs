@@ -492,6 +492,7 @@ async fn passes(a: PassesArgs) -> anyhow::Result<bool> {
         database_url: a.database_url.clone(),
         flintlock_overrides: vec![],
         namespace_prefix: cfg.flintlock_namespace_prefix.clone(),
+        deployment_id: cfg.deployment_id.clone(),
         flintlock_timeout: Duration::from_secs(5),
     };
     let t0 = Instant::now();
