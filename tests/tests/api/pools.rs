@@ -956,3 +956,40 @@ async fn a_forced_pool_delete_racing_the_expiry_sweep_does_not_deadlock() {
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
     assert_eq!(app.phase_of(&vm_id).await, None, "the VM is deleted");
 }
+
+/// Issue 14 item 10: a claim that expires its request_id's dead lease (item 2) locks the
+/// lease's VM before the lease too, like the sweep and a forced pool delete. Forced here as
+/// for the sweep: the test holds the expired lease's row, so the retried claim stops at it;
+/// by then it must already hold the VM row (a `NOWAIT` lock on it fails). Taking the lease
+/// first, it could deadlock with a forced delete of the pool.
+#[tokio::test]
+async fn a_claim_expiring_its_dead_lease_locks_the_vm_before_the_lease() {
+    let app = Arc::new(TestApp::spawn().await);
+    app.create_pool("ci", 2).await;
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    let lease_id = app.claimed(CLIENT_A, "ci", Some("r-1")).await.lease.lease_id;
+    let spare = app.seed_vm("ci", Phase::Available).await;
+    app.advance_clock(Duration::from_secs(121));
+    let mut holder = app.db.client().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute("SELECT 1 FROM leases WHERE lease_id = $1 FOR UPDATE", &[&lease_id]).await.unwrap();
+
+    let retry = {
+        let app = app.clone();
+        tokio::spawn(async move { app.claim(CLIENT_A, "ci", Some("r-1")).await })
+    };
+    wait_for_lock_waiters(&app, 1).await;
+    let probe = app.db.client().await;
+    let err = probe
+        .query("SELECT 1 FROM vms WHERE id = $1 FOR UPDATE NOWAIT", &[&vm.id])
+        .await
+        .expect_err("the claim waiting for the lease must already hold its VM");
+    assert_eq!(err.code(), Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE), "{err}");
+
+    tx.rollback().await.unwrap();
+    let claimed: api::ClaimResponse = retry.await.unwrap().assert_ok_response(200).json();
+    assert!(!claimed.replayed);
+    assert_eq!(claimed.vm.id, spare.id, "a fresh VM, the dead lease's is being deleted");
+    assert_eq!(app.phase_of(&vm.id).await.as_deref(), Some("DELETING"));
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
+}

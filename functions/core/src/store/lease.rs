@@ -217,8 +217,13 @@ pub async fn lease_expire_for_pool(
 
 /// Expires one lease, if it is past `expires_at`, exactly as [`lease_expire_for_pool`] does
 /// for a pool (lease removed, VM → DELETING, VM_DELETED_DUE_TO_EXPIRY; same lock order: the
-/// lease row, then the VM row): for a claim whose request_id's lease expired before the sweep
+/// VM row, then the lease row): for a claim whose request_id's lease expired before the sweep
 /// came. `None` when it is no longer there (the sweep was first) or not expired.
+///
+/// One statement, the VM locked first all the same: the DELETE locks a lease row only once
+/// its scan has returned it, and the scan returns it only after checking it against `vm`,
+/// which has locked the VM row by then (`vm` is read, not data-modifying, so it runs when the
+/// DELETE asks for it).
 pub async fn lease_expire_one(
     c: &impl Executor,
     lease_id: &str,
@@ -227,9 +232,14 @@ pub async fn lease_expire_one(
     let row = c
         .timed_query_opt(
             &format!(
-                "WITH exp AS (
+                "WITH vm AS (
+                     SELECT v.id FROM leases l JOIN vms v ON v.id = l.vm_id
                      -- $2: the clock's now (NULL: the database's).
-                     DELETE FROM leases WHERE lease_id = $1 AND expires_at <= coalesce($2, now())
+                     WHERE l.lease_id = $1 AND l.expires_at <= coalesce($2, now())
+                     FOR UPDATE OF v
+                 ), exp AS (
+                     DELETE FROM leases l WHERE lease_id = $1 AND expires_at <= coalesce($2, now())
+                       AND (vm_id IN (SELECT id FROM vm) OR NOT EXISTS (SELECT 1 FROM vms v WHERE v.id = l.vm_id))
                      RETURNING *
                  ){LEASE_EXPIRE_REST}"
             ),
