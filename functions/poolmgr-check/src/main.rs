@@ -52,8 +52,16 @@ fn parse_override(s: &str) -> Result<(String, String), String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let db_tls = match poolmgr_core::db::DbTls::from_env() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("poolmgr-check: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let opts = Options {
         database_url: cli.database_url,
+        db_tls,
         flintlock_overrides: cli.flintlock,
         namespace_prefix: cli.namespace_prefix,
         flintlock_timeout: cli.flintlock_timeout,

@@ -96,8 +96,12 @@ pub fn interpret(e: tokio_postgres::Error) -> StoreError {
         return StoreError::Unavailable(e.to_string());
     }
     match e.code() {
-        // No SQLSTATE: an I/O or protocol failure talking to the server.
-        None => StoreError::Unavailable(e.to_string()),
+        // No SQLSTATE: an I/O, TLS or protocol failure talking to the server. Its source says
+        // which (tokio-postgres's own text is only "error performing TLS handshake").
+        None => StoreError::Unavailable(match std::error::Error::source(&e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        }),
         Some(c)
             if c.code().starts_with("08")
                 || *c == SqlState::ADMIN_SHUTDOWN
@@ -202,7 +206,8 @@ pub(crate) async fn timed<C: GenericClient + ?Sized, T>(
             if limits.cancel_on_timeout {
                 let cancel = c.client().cancel_token();
                 tokio::spawn(async move {
-                    if let Err(e) = cancel.cancel_query(tokio_postgres::NoTls).await {
+                    // Over TLS when the connection is (see `db_tls::cancel_connector`).
+                    if let Err(e) = cancel.cancel_query(crate::db_tls::cancel_connector()).await {
                         tracing::debug!(error = %e, "cancel request after a statement timeout failed");
                     }
                 });
