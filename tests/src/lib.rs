@@ -22,6 +22,11 @@
 //! `postgres://postgres@127.0.0.1:6432/{db}`), the app under test reaches its database through
 //! that pooler (`scripts/test-pgbouncer.sh`), while creating, migrating and dropping databases
 //! and the tests' own SQL go straight to PostgreSQL.
+//!
+//! TLS: [`tls`] makes the certificate authorities of the TLS tests; `scripts/test.sh` starts a
+//! second, TLS-only server for them ([`tls_server`]).
+
+pub mod tls;
 
 use std::time::Duration;
 
@@ -51,6 +56,17 @@ pub fn admin_url() -> String {
 }
 
 /// `url` with its database name replaced.
+/// The TLS test server that `scripts/test.sh` starts (`ssl = on`, TCP clients only over TLS):
+/// its port on 127.0.0.1 and the path of the CA that signed its certificate for
+/// [`tls::SERVER_NAME`] (`POOLMGR_TEST_TLS_PG_PORT`, `POOLMGR_TEST_TLS_CA_PEM`).
+pub fn tls_server() -> (u16, String) {
+    let port = std::env::var("POOLMGR_TEST_TLS_PG_PORT").expect(
+        "POOLMGR_TEST_TLS_PG_PORT is not set: run the tests with scripts/test.sh, which starts the TLS test server",
+    );
+    let ca = std::env::var("POOLMGR_TEST_TLS_CA_PEM").expect("POOLMGR_TEST_TLS_CA_PEM is not set: run scripts/test.sh");
+    (port.parse().expect("POOLMGR_TEST_TLS_PG_PORT is a port"), ca)
+}
+
 pub fn url_for(db_name: &str) -> String {
     let admin = admin_url();
     let (base, _) = admin.rsplit_once('/').expect("URL with a database name");
@@ -88,13 +104,13 @@ impl TestDb {
     /// Creates an empty database (no migrations).
     pub async fn create() -> TestDb {
         let name = format!("poolmgr_test_{}", ulid::Ulid::new().to_string().to_lowercase());
-        let admin = db::connect_one(&admin_url()).await.expect("connect to the test server");
+        let admin = db::connect_one(&admin_url(), &db::DbTls::default()).await.expect("connect to the test server");
         admin.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create test database");
         TestDb { url: url_for(&name), app_url: app_url_for(&name), name }
     }
 
     pub async fn client(&self) -> tokio_postgres::Client {
-        db::connect_one(&self.url).await.expect("connect to the test database")
+        db::connect_one(&self.url, &db::DbTls::default()).await.expect("connect to the test database")
     }
 }
 
@@ -105,7 +121,7 @@ impl Drop for TestDb {
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             rt.block_on(async {
-                if let Ok(c) = db::connect_one(&admin_url()).await {
+                if let Ok(c) = db::connect_one(&admin_url(), &db::DbTls::default()).await {
                     let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
                 }
             });

@@ -37,7 +37,7 @@ impl AppState {
             db,
             auth: Arc::new(cfg.auth.clone()),
             flintlock: Flintlock::new(cfg.flintlock_timeout),
-            metrics: Arc::new(Metrics::with_emf(cfg.metrics_emf)),
+            metrics: Arc::new(Metrics::with_emf(cfg.metrics_emf).in_namespace(&cfg.metrics_namespace)),
             config: Arc::new(cfg.clone()),
             clock: Clock::system(),
             deployment: Arc::default(),

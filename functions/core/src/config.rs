@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use crate::auth::{AuthConfig, Role, TokenEntry};
+use crate::db_tls::DbTls;
 
 #[derive(Debug, thiserror::Error)]
 #[error("configuration: {0}")]
@@ -16,6 +17,9 @@ pub struct ConfigError(pub String);
 pub struct Config {
     /// PostgreSQL URL (`DATABASE_URL`).
     pub database_url: String,
+    /// TLS to PostgreSQL: the `sslmode` of a URL that names none (`POOLMGR_DATABASE_SSLMODE`,
+    /// `prefer`) and the CA to trust (`POOLMGR_DATABASE_CA_PEM`, else the compiled-in roots).
+    pub db_tls: DbTls,
     /// Connections per process (`POOLMGR_DB_POOL_SIZE`). A Lambda instance serves one request
     /// at a time and needs 1-2; the local server shares one pool across all routes.
     pub db_pool_size: usize,
@@ -42,6 +46,9 @@ pub struct Config {
     /// Counters and histograms are also written as CloudWatch Embedded Metric Format lines on
     /// stdout (`POOLMGR_METRICS_FORMAT=emf`; the default on Lambda, else `prometheus`).
     pub metrics_emf: bool,
+    /// Their CloudWatch namespace (`POOLMGR_METRICS_NAMESPACE`, default `poolmgr`); the AWS
+    /// template sets `poolmgr/<stack name>` so two stacks in one region keep apart.
+    pub metrics_namespace: String,
     /// Timeout of every flintlock RPC (`POOLMGR_FLINTLOCK_TIMEOUT_SECONDS`).
     pub flintlock_timeout: Duration,
     pub auth: AuthConfig,
@@ -238,6 +245,19 @@ fn hook_config(
     Ok(hooks)
 }
 
+/// A CloudWatch namespace: 1-255 of letters, digits and `. - _ / # :` (and spaces), not
+/// starting with `AWS/` (reserved for AWS's own).
+fn check_metrics_namespace(ns: String) -> Result<String, ConfigError> {
+    let ok_chars = ns.chars().all(|c| c.is_ascii_alphanumeric() || ".-_/#: ".contains(c));
+    if ns.len() > 255 || !ok_chars || ns.starts_with("AWS/") {
+        return Err(ConfigError(format!(
+            "POOLMGR_METRICS_NAMESPACE={ns:?} is not a CloudWatch namespace: at most 255 letters, digits and \
+             . - _ / # : (not starting with AWS/), e.g. poolmgr/my-stack"
+        )));
+    }
+    Ok(ns)
+}
+
 impl Config {
     pub fn from_env() -> Result<Config, ConfigError> {
         Config::from_lookup(|k| std::env::var(k).ok())
@@ -286,12 +306,19 @@ impl Config {
                 return Err(ConfigError(format!("POOLMGR_METRICS_FORMAT={other:?}: use \"emf\" or \"prometheus\"")));
             }
         };
+        let metrics_namespace =
+            match lookup("POOLMGR_METRICS_NAMESPACE").map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()) {
+                None => crate::metrics::EMF_NAMESPACE.to_owned(),
+                Some(ns) => check_metrics_namespace(ns)?,
+            };
         let statement_timeout = parse_num(&lookup, "POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS", 10u64)?;
         let db_statement_timeout = (statement_timeout > 0).then(|| Duration::from_secs(statement_timeout));
         let db_connect_timeout = Duration::from_secs(parse_num(&lookup, "POOLMGR_DB_CONNECT_TIMEOUT_SECONDS", 5u64)?);
         let hooks = hook_config(&lookup, db_connect_timeout, db_statement_timeout)?;
+        let db_tls = DbTls::from_lookup(&lookup).map_err(ConfigError)?;
         Ok(Config {
             database_url,
+            db_tls,
             db_pool_size,
             db_connect_timeout,
             db_check_idle: Duration::from_secs(parse_num(&lookup, "POOLMGR_DB_CHECK_IDLE_SECONDS", 1u64)?),
@@ -310,6 +337,7 @@ impl Config {
             },
             on_lambda,
             metrics_emf,
+            metrics_namespace,
             flintlock_timeout: Duration::from_secs(parse_num(&lookup, "POOLMGR_FLINTLOCK_TIMEOUT_SECONDS", 10u64)?),
             auth: AuthConfig { disabled, tokens },
             flintlock_namespace_prefix: lookup("POOLMGR_FLINTLOCK_NAMESPACE_PREFIX")
@@ -541,6 +569,18 @@ mod tests {
         let c =
             with_tokens(&format!("ops.team_1:{T1}"), &format!("CI-2:{T2}!#$%&'()*+-./;<=>?@[]^_`{{|}}~,{T3}")).unwrap();
         assert_eq!(c.auth.tokens.len(), 3);
+    }
+
+    #[test]
+    fn the_metrics_namespace_defaults_to_poolmgr_and_must_be_a_cloudwatch_namespace() {
+        let base = [("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "disabled")];
+        assert_eq!(cfg(&base).unwrap().metrics_namespace, "poolmgr");
+        let c = cfg(&[base[0], base[1], ("POOLMGR_METRICS_NAMESPACE", "poolmgr/stack-a")]).unwrap();
+        assert_eq!(c.metrics_namespace, "poolmgr/stack-a");
+        for bad in ["AWS/Lambda", "pool{mgr}", &"x".repeat(256)] {
+            let err = cfg(&[base[0], base[1], ("POOLMGR_METRICS_NAMESPACE", bad)]).unwrap_err();
+            assert!(err.to_string().contains("not a CloudWatch namespace"), "{bad}: {err}");
+        }
     }
 
     #[test]

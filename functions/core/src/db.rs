@@ -9,6 +9,9 @@
 //!
 //! Lambda: the pool opens connections lazily and replaces ones that died while idle (see
 //! [`connect_pool`]); `Config` sizes it to one connection per execution environment.
+//!
+//! TLS: every connection here (pool, [`connect_one`]) takes its `sslmode` from the URL and its
+//! trust anchors from a [`DbTls`] ([`crate::db_tls`] says what each mode checks).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +23,7 @@ use deadpool_postgres::{
 use refinery::Target;
 
 use crate::config::Config;
+pub use crate::db_tls::{DbTls, SslMode};
 use crate::store::{Executor, Limits, StoreError};
 
 mod embedded {
@@ -34,6 +38,8 @@ pub enum DbError {
     Pool(String),
     #[error("cannot reach PostgreSQL: {0}; is it running and is DATABASE_URL right?")]
     Connect(String),
+    #[error("cannot connect to PostgreSQL over TLS (sslmode={mode}): {cause}; {hint}")]
+    Tls { mode: &'static str, cause: String, hint: &'static str },
     #[error(
         "the database schema is at version {database}, but this binary only knows versions up to {binary}: \
          a newer poolmgr migrated it. Deploy the newer binaries (or restore a backup taken before that migration)"
@@ -62,6 +68,8 @@ pub struct PoolOptions {
     pub statement_timeout: Option<Duration>,
     /// Send a cancel request for a statement past `statement_timeout`.
     pub cancel_on_timeout: bool,
+    /// Trust anchors and the `sslmode` of a URL that names none.
+    pub tls: DbTls,
 }
 
 impl PoolOptions {
@@ -72,6 +80,7 @@ impl PoolOptions {
             check_idle: cfg.db_check_idle,
             statement_timeout: cfg.db_statement_timeout,
             cancel_on_timeout: cfg.db_cancel_on_timeout,
+            tls: cfg.db_tls.clone(),
         }
     }
 }
@@ -93,8 +102,7 @@ const PING_TIMEOUT: Duration = Duration::from_secs(2);
 /// Schema check: the first connection the pool opens checks the schema version (once per
 /// pool, until it passes). A mismatch fails the checkout (503, logged) instead of the start.
 pub fn connect_pool(url: &str, opts: &PoolOptions) -> Result<Db, DbError> {
-    let mut pg: tokio_postgres::Config =
-        url.parse().map_err(|e: tokio_postgres::Error| DbError::BadUrl(e.to_string()))?;
+    let (mut pg, tls, _) = opts.tls.connect_config(url).map_err(DbError::BadUrl)?;
     if pg.get_connect_timeout().is_none() {
         pg.connect_timeout(opts.connect_timeout);
     }
@@ -103,8 +111,7 @@ pub fn connect_pool(url: &str, opts: &PoolOptions) -> Result<Db, DbError> {
     }
     let limits = Limits { statement_timeout: opts.statement_timeout, cancel_on_timeout: opts.cancel_on_timeout };
     // `Fast` recycling only checks the socket is open; the pre-recycle hook adds the ping.
-    let mgr =
-        Manager::from_config(pg, tokio_postgres::NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let mgr = Manager::from_config(pg, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     let check_idle = opts.check_idle;
     let schema_ok = Arc::new(AtomicBool::new(false));
     let pool = Pool::builder(mgr)
@@ -310,16 +317,40 @@ impl<'a> Executor for Tx<'a> {
     }
 }
 
-/// Opens one dedicated connection (migrations need `&mut Client`).
-pub async fn connect_one(url: &str) -> Result<tokio_postgres::Client, DbError> {
-    let (client, conn) =
-        tokio_postgres::connect(url, tokio_postgres::NoTls).await.map_err(|e| DbError::Connect(e.to_string()))?;
+/// Opens one dedicated connection (migrations need `&mut Client`; tools run their own SQL),
+/// with the `sslmode` of `url` and the trust anchors of `tls`.
+pub async fn connect_one(url: &str, tls: &DbTls) -> Result<tokio_postgres::Client, DbError> {
+    let (pg, connector, mode) = tls.connect_config(url).map_err(DbError::BadUrl)?;
+    let (client, conn) = pg.connect(connector).await.map_err(|e| connect_error(e, mode))?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "migration connection closed");
+            tracing::debug!(error = %e, "dedicated database connection closed");
         }
     });
     Ok(client)
+}
+
+/// A failed connect in words that say what to change: a TLS failure names the knob that
+/// governs it.
+fn connect_error(e: tokio_postgres::Error, mode: SslMode) -> DbError {
+    let cause = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| format!("{e}: {s}"));
+    let hint = if cause.contains("not valid for name") || cause.contains("NotValidForName") {
+        "the certificate is not issued for the host name in DATABASE_URL: connect by the name the certificate \
+         carries (RDS Proxy: its endpoint), or use sslmode=verify-ca to check the chain only"
+    } else if cause.contains("invalid peer certificate") {
+        "the server's certificate does not chain to a trusted root: set POOLMGR_DATABASE_CA_PEM to the CA that \
+         signed it (PEM text or a file path)"
+    } else if cause.contains("server does not support TLS") {
+        "the server has ssl = off: turn TLS on there, or lower sslmode (prefer) where plaintext is acceptable"
+    } else if cause.contains("no encryption") {
+        "the server accepts this client only over TLS (a hostssl line in pg_hba.conf, or RDS Proxy's RequireTLS): \
+         use sslmode=verify-full"
+    } else if mode == SslMode::Disable || !(cause.contains("TLS") || cause.contains("tls")) {
+        return DbError::Connect(cause);
+    } else {
+        "check sslmode in DATABASE_URL and POOLMGR_DATABASE_CA_PEM"
+    };
+    DbError::Tls { mode: mode.as_str(), cause, hint }
 }
 
 async fn applied_version(client: &mut tokio_postgres::Client) -> Result<i32, DbError> {
@@ -374,15 +405,15 @@ fn with_causes(e: &dyn std::error::Error) -> String {
 }
 
 /// Connects to `url` and migrates to the latest version.
-pub async fn migrate_url(url: &str) -> Result<Vec<i32>, DbError> {
-    let mut client = connect_one(url).await?;
+pub async fn migrate_url(url: &str, tls: &DbTls) -> Result<Vec<i32>, DbError> {
+    let mut client = connect_one(url, tls).await?;
     migrate(&mut client, None).await
 }
 
 /// Checks the database is at exactly the version this binary was built for. Functions that
 /// do not migrate call this at start so a version skew fails loudly instead of mid-request.
-pub async fn check_schema(url: &str) -> Result<(), DbError> {
-    let mut client = connect_one(url).await?;
+pub async fn check_schema(url: &str, tls: &DbTls) -> Result<(), DbError> {
+    let mut client = connect_one(url, tls).await?;
     let binary = latest_version();
     let database = applied_version(&mut client).await?;
     schema_matches(database, binary)

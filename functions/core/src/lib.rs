@@ -18,7 +18,8 @@
 //!   (`pool.rs`, `host.rs`, `vm.rs`, `lease.rs`, `event.rs`, and `claim.rs` for the claim
 //!   statements); runs on any [`store::Executor`].
 //! - [`db`]: the database handle [`db::Db`] (the pool and the statement limits its
-//!   connections carry), refinery migrations, schema version check.
+//!   connections carry), refinery migrations, schema version check; [`db_tls`]: the TLS of
+//!   every connection (`sslmode`, trust anchors, rustls verifiers).
 //! - [`clock`]: what "now" is for time comparisons (the database's, or a test's).
 //! - [`service`]: the operations behind the routes (claim, lease, pool, host, vm, event, ops);
 //!   answers in [`error::ApiError`].
@@ -39,6 +40,7 @@ pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod db;
+pub mod db_tls;
 pub mod deployment;
 pub mod domain;
 pub mod error;

@@ -8,7 +8,8 @@
 //!
 //! On Lambda nobody scrapes `/metrics`, so with EMF enabled (`Config::metrics_emf`) every
 //! observation is also buffered and [`Metrics::flush`] prints it as EMF JSON lines on stdout,
-//! which CloudWatch Logs turns into metrics: namespace `poolmgr`, the same metric names, the
+//! which CloudWatch Logs turns into metrics: namespace `poolmgr` (one per stack on AWS:
+//! `POOLMGR_METRICS_NAMESPACE`, [`Metrics::in_namespace`]), the same metric names, the
 //! Prometheus labels as dimensions. The HTTP functions flush after each request and the
 //! reconcile function after each pass (which also emits the pool gauges, see
 //! [`Metrics::pool_gauges`]).
@@ -55,7 +56,8 @@ pub fn render_pool_gauges(pools: &[(PoolRow, PoolStatus)]) -> String {
     text
 }
 
-/// The CloudWatch namespace of every EMF metric.
+/// The CloudWatch namespace of EMF metrics unless configured (`POOLMGR_METRICS_NAMESPACE`;
+/// the AWS template gives each stack its own, so two stacks in a region never mix series).
 pub const EMF_NAMESPACE: &str = "poolmgr";
 /// EMF allows at most 100 values per metric in one line.
 const EMF_MAX_VALUES: usize = 100;
@@ -72,6 +74,8 @@ pub struct Metrics {
     pub orphans: IntCounterVec,
     /// Observations not yet flushed as EMF lines; `None` when EMF is off.
     emf: Option<Mutex<EmfBuffer>>,
+    /// The CloudWatch namespace of the EMF lines.
+    emf_namespace: String,
 }
 
 /// Dimension names and values, in dimension order.
@@ -184,7 +188,14 @@ impl Metrics {
             orphans: counter(&r, "poolmgr_orphans_total", "flintlock VMs without a matching row.", &["action"]),
             registry: r,
             emf: emf.then(|| Mutex::new(EmfBuffer::default())),
+            emf_namespace: EMF_NAMESPACE.to_owned(),
         }
+    }
+
+    /// The same metrics, their EMF lines in CloudWatch namespace `namespace`
+    /// (`Config::metrics_namespace`).
+    pub fn in_namespace(self, namespace: &str) -> Metrics {
+        Metrics { emf_namespace: namespace.to_owned(), ..self }
     }
 
     /// Whether observations are also written as EMF lines.
@@ -318,10 +329,10 @@ impl Metrics {
                     }
                 })
                 .collect();
-            lines.push(emf_line(timestamp_ms, &dims, &first));
+            lines.push(emf_line(&self.emf_namespace, timestamp_ms, &dims, &first));
             for (name, values) in rest {
                 for chunk in values.chunks(EMF_MAX_VALUES) {
-                    lines.push(emf_line(timestamp_ms, &dims, &[(name, "Seconds", json!(chunk))]));
+                    lines.push(emf_line(&self.emf_namespace, timestamp_ms, &dims, &[(name, "Seconds", json!(chunk))]));
                 }
             }
         }
@@ -357,6 +368,7 @@ impl Metrics {
 /// One EMF document: the `_aws` metadata, the dimension values and the metric values as
 /// top-level members.
 fn emf_line(
+    namespace: &str,
     timestamp_ms: i64,
     dims: &[(&'static str, String)],
     metrics: &[(&'static str, &'static str, Value)],
@@ -368,7 +380,7 @@ fn emf_line(
         "_aws".into(),
         json!({
             "Timestamp": timestamp_ms,
-            "CloudWatchMetrics": [{"Namespace": EMF_NAMESPACE, "Dimensions": [names], "Metrics": defs}],
+            "CloudWatchMetrics": [{"Namespace": namespace, "Dimensions": [names], "Metrics": defs}],
         }),
     );
     for (k, v) in dims {
@@ -433,6 +445,14 @@ mod tests {
             m.render()
                 .contains("poolmgr_vm_claims_total{pool_name=\"ci\",pool_namespace=\"default\",replayed=\"false\"} 2")
         );
+    }
+
+    #[test]
+    fn emf_lines_carry_the_configured_namespace() {
+        let m = Metrics::with_emf(true).in_namespace("poolmgr/stack-a");
+        m.claim(&pool("ci"), false);
+        let docs = parse(&m.take_emf_lines(1));
+        assert_eq!(docs[0]["_aws"]["CloudWatchMetrics"][0]["Namespace"], json!("poolmgr/stack-a"));
     }
 
     #[test]

@@ -208,7 +208,7 @@ async fn reconcile_bench(pools: usize, vms: i32, max_passes: usize) -> anyhow::R
         "POOLMGR_RECONCILE_MAX_CREATES" => Some("1000".into()),
         k => std::env::var(k).ok(),
     })?;
-    db::migrate_url(&cfg.database_url).await?;
+    db::migrate_url(&cfg.database_url, &cfg.db_tls).await?;
     let state = AppState::new(&cfg, db::pool_from_config(&cfg)?);
     let sim = Sim::new(SimConfig {
         boot_delay: Duration::from_millis(50),
@@ -280,7 +280,7 @@ async fn hook_claims(clients: usize, per_client: usize, hook_ms: u64) -> anyhow:
         "POOLMGR_RECONCILE_MAX_CREATES" => Some("1000".into()),
         k => std::env::var(k).ok(),
     })?;
-    db::migrate_url(&cfg.database_url).await?;
+    db::migrate_url(&cfg.database_url, &cfg.db_tls).await?;
     let state = AppState::new(&cfg, db::pool_from_config(&cfg)?);
     let sim = Sim::new(SimConfig {
         boot_delay: Duration::from_millis(50),

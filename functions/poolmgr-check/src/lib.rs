@@ -41,6 +41,8 @@ use tokio_postgres::IsolationLevel;
 #[derive(Debug, Clone)]
 pub struct Options {
     pub database_url: String,
+    /// TLS to the database (`POOLMGR_DATABASE_SSLMODE`, `POOLMGR_DATABASE_CA_PEM`).
+    pub db_tls: poolmgr_core::db::DbTls,
     /// `(host name, address)`: list this address instead of the one in the hosts table (a host
     /// not in the table is listed too; every managed VM on it is then an orphan).
     pub flintlock_overrides: Vec<(String, String)>,
@@ -150,8 +152,9 @@ const LIVE_PHASES: &[&str] =
 /// row).
 pub async fn check_once(opts: &Options) -> Result<Outcome, CheckError> {
     let mut out = Outcome::default();
-    let mut client =
-        poolmgr_core::db::connect_one(&opts.database_url).await.map_err(|e| CheckError::Db(e.to_string()))?;
+    let mut client = poolmgr_core::db::connect_one(&opts.database_url, &opts.db_tls)
+        .await
+        .map_err(|e| CheckError::Db(e.to_string()))?;
 
     let deployment_id = match &opts.deployment_id {
         Some(id) => id.clone(),

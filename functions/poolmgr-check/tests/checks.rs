@@ -12,6 +12,7 @@ use poolmgr_tests::*;
 fn opts(app: &TestApp) -> Options {
     Options {
         database_url: app.db.url.clone(),
+        db_tls: Default::default(),
         flintlock_overrides: vec![],
         namespace_prefix: "poolmgr-".into(),
         deployment_id: None,

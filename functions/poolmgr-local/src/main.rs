@@ -9,7 +9,7 @@ async fn main() -> anyhow::Result<()> {
     telemetry::init();
     let cfg = Config::from_env()?;
     let addr = std::env::var("POOLMGR_HTTP_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
-    let applied = db::migrate_url(&cfg.database_url).await.context("migrating the database")?;
+    let applied = db::migrate_url(&cfg.database_url, &cfg.db_tls).await.context("migrating the database")?;
     tracing::info!(?applied, version = db::latest_version(), "schema ready");
     let pool = db::pool_from_config(&cfg)?;
     let state = AppState::new(&cfg, pool);

@@ -18,7 +18,7 @@ use tower::ServiceExt;
 /// Terminates every backend of the test database except the admin connection's own, and
 /// waits until they are gone. Returns how many there were.
 async fn terminate_backends(app: &TestApp) -> i64 {
-    let admin = db::connect_one(&admin_url()).await.expect("admin connection");
+    let admin = db::connect_one(&admin_url(), &db::DbTls::default()).await.expect("admin connection");
     admin
         .query_one(
             "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))
@@ -229,6 +229,22 @@ async fn emf_metrics_carry_request_counters_and_the_pool_gauges_of_a_reconcile_p
     assert_eq!(doc["poolmgr_pool_available"], json!(0));
 }
 
+/// Two stacks in one region write to namespaces of their own (the template sets
+/// `POOLMGR_METRICS_NAMESPACE` to `poolmgr/<stack>`), so their series never mix.
+#[tokio::test]
+async fn emf_metrics_go_to_the_namespace_the_configuration_names() {
+    let app = TestApp::spawn_with(|env| {
+        env.push(("POOLMGR_METRICS_FORMAT".into(), "emf".into()));
+        env.push(("POOLMGR_METRICS_NAMESPACE".into(), "poolmgr/stack-b".into()));
+    })
+    .await;
+    app.create_pool("ci", 1).await;
+    reconcile_fn::record_pool_gauges(&app.state).await.unwrap();
+    let lines = app.state.metrics.take_emf_lines(1_700_000_000_000);
+    let doc: Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(doc["_aws"]["CloudWatchMetrics"][0]["Namespace"], json!("poolmgr/stack-b"));
+}
+
 /// Regression (scripts/chaos.sh, pg-restart): a database outage that failed a pool's reconcile
 /// step also failed the release of its reconcile lease, so no pass touched the pool for the
 /// whole lease (~2 minutes) after the database was back, and claims answered 429 meanwhile.
@@ -258,7 +274,7 @@ async fn a_database_blip_during_a_pool_step_does_not_leave_the_reconcile_lease_b
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // The database "goes away": its name stops existing for new connections, open ones die.
-    let admin = db::connect_one(&admin_url()).await.expect("admin connection");
+    let admin = db::connect_one(&admin_url(), &db::DbTls::default()).await.expect("admin connection");
     let (name, away) = (app.db.name.clone(), format!("{}_away", app.db.name));
     let mut renamed = false;
     for _ in 0..50 {

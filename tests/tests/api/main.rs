@@ -15,6 +15,7 @@
 //! | `bad_input` | malformed, oversized and unauthenticated requests on every route |
 //! | `claims` | `POST /v1/claims` and its races |
 //! | `db_resilience` | dead connections, an unreachable database, schema mismatch, EMF |
+//! | `db_tls` | TLS to PostgreSQL: each `sslmode`, the CA, the host name (a TLS-only server) |
 //! | `events_metrics` | `GET /v1/events`, `GET /metrics`, `/healthz` |
 //! | `flintlock_client` | the flintlock client against flintlock-sim over gRPC |
 //! | `harness` | the typed reads of `TestResponse` are as strict as the wire |
@@ -26,10 +27,12 @@
 //! | `pools` | `/v1/pools…` and the delete races |
 //! | `reconcile` | the reconcile pass |
 //! | `statement_timeout` | the client-side statement timeout and its server-side cancel |
+//! | `template` | `infra/template.yaml`: what cfn-lint cannot judge (TLS, concurrency, alarms, …) |
 
 mod bad_input;
 mod claims;
 mod db_resilience;
+mod db_tls;
 mod events_metrics;
 mod flintlock_client;
 mod harness;
@@ -41,3 +44,4 @@ mod openapi;
 mod pools;
 mod reconcile;
 mod statement_timeout;
+mod template;

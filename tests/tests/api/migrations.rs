@@ -76,7 +76,7 @@ async fn a_database_migrated_by_a_newer_binary_is_refused() {
     let testdb = TestDb::create().await;
     let mut c = testdb.client().await;
     db::migrate(&mut c, None).await.unwrap();
-    db::check_schema(&testdb.url).await.expect("current schema passes the check");
+    db::check_schema(&testdb.url, &db::DbTls::default()).await.expect("current schema passes the check");
     // What a newer binary would have left behind.
     c.batch_execute(
         "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
@@ -88,7 +88,7 @@ async fn a_database_migrated_by_a_newer_binary_is_refused() {
     let err = db::migrate(&mut c, None).await.unwrap_err();
     assert!(matches!(err, DbError::SchemaTooNew { database: 99, .. }), "{err}");
     assert!(err.to_string().contains("newer"), "clear message: {err}");
-    let err = db::check_schema(&testdb.url).await.unwrap_err();
+    let err = db::check_schema(&testdb.url, &db::DbTls::default()).await.unwrap_err();
     assert!(matches!(err, DbError::SchemaTooNew { database: 99, .. }), "{err}");
 }
 
@@ -97,11 +97,11 @@ async fn a_database_behind_the_binary_is_refused_by_functions_until_migrated() {
     let testdb = TestDb::create().await;
     let mut c = testdb.client().await;
     db::migrate(&mut c, Some(1)).await.unwrap();
-    let err = db::check_schema(&testdb.url).await.unwrap_err();
+    let err = db::check_schema(&testdb.url, &db::DbTls::default()).await.unwrap_err();
     assert!(matches!(err, DbError::SchemaTooOld { database: 1, .. }), "{err}");
     assert!(err.to_string().contains("migrate"), "says what to do: {err}");
     db::migrate(&mut c, None).await.unwrap();
-    db::check_schema(&testdb.url).await.unwrap();
+    db::check_schema(&testdb.url, &db::DbTls::default()).await.unwrap();
 }
 
 /// Issue 14 item 9: V9 makes a host's address unique (without case). A database that already

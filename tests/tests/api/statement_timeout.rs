@@ -20,7 +20,7 @@ async fn a_statement_stuck_on_a_lock_answers_503_and_is_cancelled_on_the_server(
     app.create_pool("ci", 1).await;
 
     // Another session holds the pools table exclusively: listing pools waits on the lock.
-    let mut locker = db::connect_one(&app.db.url).await.expect("locker connection");
+    let mut locker = db::connect_one(&app.db.url, &db::DbTls::default()).await.expect("locker connection");
     let tx = locker.transaction().await.unwrap();
     tx.batch_execute("LOCK TABLE pools IN ACCESS EXCLUSIVE MODE").await.unwrap();
 
@@ -64,13 +64,14 @@ async fn two_database_handles_in_one_process_keep_their_own_statement_limits() {
         check_idle: Duration::from_secs(60),
         statement_timeout: limit,
         cancel_on_timeout: false,
+        tls: db::DbTls::default(),
     };
     let limited = db::connect_pool(&app.db.url, &opts(Some(Duration::from_millis(300)))).unwrap();
     let unlimited = db::connect_pool(&app.db.url, &opts(None)).unwrap();
     assert_eq!(limited.limits().statement_timeout, Some(Duration::from_millis(300)));
     assert_eq!(unlimited.limits().statement_timeout, None);
 
-    let mut locker = db::connect_one(&app.db.url).await.expect("locker connection");
+    let mut locker = db::connect_one(&app.db.url, &db::DbTls::default()).await.expect("locker connection");
     let tx = locker.transaction().await.unwrap();
     tx.batch_execute("LOCK TABLE pools IN ACCESS EXCLUSIVE MODE").await.unwrap();
 
@@ -109,6 +110,7 @@ async fn a_connection_whose_statement_timed_out_is_discarded_not_reused() {
         check_idle: Duration::from_secs(60),
         statement_timeout: Some(Duration::from_millis(300)),
         cancel_on_timeout: false,
+        tls: db::DbTls::default(),
     };
     let limited = db::connect_pool(&app.db.url, &opts).unwrap();
 
@@ -120,7 +122,7 @@ async fn a_connection_whose_statement_timed_out_is_discarded_not_reused() {
     let conn = limited.get().await.unwrap();
     assert_eq!(backend(&conn).await, first, "an idle connection is reused");
 
-    let mut locker = db::connect_one(&app.db.url).await.expect("locker connection");
+    let mut locker = db::connect_one(&app.db.url, &db::DbTls::default()).await.expect("locker connection");
     let tx = locker.transaction().await.unwrap();
     tx.batch_execute("LOCK TABLE pools IN ACCESS EXCLUSIVE MODE").await.unwrap();
     match store::pool_list(&conn, None).await {

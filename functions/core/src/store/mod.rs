@@ -118,8 +118,12 @@ pub fn interpret(e: tokio_postgres::Error) -> StoreError {
         return StoreError::Unavailable(e.to_string());
     }
     let Some(c) = e.code() else {
-        // No SQLSTATE: an I/O or protocol failure talking to the server.
-        return StoreError::Unavailable(e.to_string());
+        // No SQLSTATE: an I/O, TLS or protocol failure talking to the server. Its source says
+        // which (tokio-postgres's own text is only "error performing TLS handshake").
+        return StoreError::Unavailable(match std::error::Error::source(&e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        });
     };
     // The server's own text (`e.to_string()` is only "db error" for a server error).
     let message = e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_owned());
@@ -273,7 +277,8 @@ async fn timed_once<E: Executor + ?Sized, T>(
             if limits.cancel_on_timeout {
                 let cancel = e.pg().client().cancel_token();
                 tokio::spawn(async move {
-                    if let Err(e) = cancel.cancel_query(tokio_postgres::NoTls).await {
+                    // Over TLS when the connection is (see `db_tls::cancel_connector`).
+                    if let Err(e) = cancel.cancel_query(crate::db_tls::cancel_connector()).await {
                         tracing::debug!(error = %e, "cancel request after a statement timeout failed");
                     }
                 });
