@@ -22,6 +22,11 @@
 //! `postgres://postgres@127.0.0.1:6432/{db}`), the app under test reaches its database through
 //! that pooler (`scripts/test-pgbouncer.sh`), while creating, migrating and dropping databases
 //! and the tests' own SQL go straight to PostgreSQL.
+//!
+//! [`local::LocalServer`] runs a real `poolmgr-local` process instead of the in-process Router,
+//! for the tests of clients that talk to it over the network (`poolmgrctl`, `poolmgr-client`).
+
+pub mod local;
 
 use std::time::Duration;
 
