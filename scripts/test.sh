@@ -119,6 +119,17 @@ fi
 log "RUST_BACKTRACE=1 cargo test${workspace[*]:+ ${workspace[*]}} --all-targets${*:+ $*}"
 status=0
 RUST_BACKTRACE=1 cargo test "${workspace[@]}" --all-targets --no-fail-fast "$@" || status=$?
+# --all-targets leaves doctests out: compile the documentation examples meant to compile (the
+# client's crate-level example) when the whole workspace or that crate is tested.
+doc=(${workspace[*]:+poolmgr-client})
+for arg in "$@"; do
+    [[ $arg == -- ]] && break
+    [[ $arg == poolmgr-client || $arg == --package=poolmgr-client || $arg == -ppoolmgr-client ]] && doc=(poolmgr-client)
+done
+if [[ ${#doc[@]} -gt 0 ]]; then
+    log "cargo test --doc -p ${doc[*]}"
+    cargo test --doc -p "${doc[@]}" || status=$?
+fi
 if [[ $status -ne 0 ]]; then
     err "cargo test failed (exit $status); read the failures above and rerun e.g. scripts/test.sh -p CRATE TEST_NAME"
 fi

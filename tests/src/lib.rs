@@ -25,7 +25,11 @@
 //!
 //! TLS: [`tls`] makes the certificate authorities of the TLS tests; `scripts/test.sh` starts a
 //! second, TLS-only server for them ([`tls_server`]).
+//!
+//! [`local::LocalServer`] runs a real `poolmgr-local` process instead of the in-process Router,
+//! for the tests of clients that talk to it over the network (`poolmgrctl`, `poolmgr-client`).
 
+pub mod local;
 pub mod tls;
 
 use std::time::Duration;

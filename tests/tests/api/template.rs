@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 
 use poolmgr_core::config::Config;
 use poolmgr_core::db::SslMode;
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 fn template() -> Value {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/template.yaml")).unwrap();
-    serde_yaml::from_str(&text).expect("infra/template.yaml is YAML")
+    yaml_serde::from_str(&text).expect("infra/template.yaml is YAML")
 }
 
 fn resource<'a>(t: &'a Value, name: &str) -> &'a Value {
