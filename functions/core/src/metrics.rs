@@ -154,20 +154,27 @@ impl Families {
         c
     }
 
-    /// A counter with the pool labels and `extra`.
-    fn counter(&mut self, name: &str, help: &str, extra: &[&str]) -> IntCounterVec {
-        let labels: Vec<&str> = POOL_LABELS.iter().chain(extra).copied().collect();
-        self.add(IntCounterVec::new(Opts::new(name, help), &labels).expect("valid metric"), "counter")
+    fn counter(&mut self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"), "counter")
     }
 
-    /// A histogram with the pool labels and `extra`.
-    fn histogram(&mut self, name: &str, help: &str, extra: &[&str], buckets: Vec<f64>) -> HistogramVec {
-        let labels: Vec<&str> = POOL_LABELS.iter().chain(extra).copied().collect();
-        self.add(
-            HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), &labels).expect("valid metric"),
-            "histogram",
-        )
+    fn histogram(&mut self, name: &str, help: &str, labels: &[&str], buckets: Vec<f64>) -> HistogramVec {
+        let opts = HistogramOpts::new(name, help).buckets(buckets);
+        self.add(HistogramVec::new(opts, labels).expect("valid metric"), "histogram")
     }
+
+    fn gauge(&mut self, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+        self.add(GaugeVec::new(Opts::new(name, help), labels).expect("valid metric"), "gauge")
+    }
+
+    fn int_gauge(&mut self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        self.add(IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"), "gauge")
+    }
+}
+
+/// The pool labels, then `extra`.
+fn pool(extra: &[&'static str]) -> Vec<&'static str> {
+    POOL_LABELS.iter().chain(extra).copied().collect()
 }
 
 impl Default for Metrics {
@@ -203,68 +210,56 @@ impl Metrics {
         let claims = f.counter(
             "poolmgr_vm_claims_total",
             "Successful claims; replayed=true for request_id replays.",
-            &["replayed"],
+            &pool(&["replayed"]),
         );
-        let claim_failures =
-            f.counter("poolmgr_vm_claim_failures_total", "Claims that returned an error, by reason.", &["reason"]);
-        let releases =
-            f.counter("poolmgr_vm_releases_total", "VMs released, by reason (api, expiry, pool_delete).", &["reason"]);
+        let claim_failures = f.counter(
+            "poolmgr_vm_claim_failures_total",
+            "Claims that returned an error, by reason.",
+            &pool(&["reason"]),
+        );
+        let releases = f.counter(
+            "poolmgr_vm_releases_total",
+            "VMs released, by reason (api, expiry, pool_delete).",
+            &pool(&["reason"]),
+        );
         let provision_duration = f.histogram(
             "poolmgr_vm_provision_duration_seconds",
             "Time from VM row creation to AVAILABLE.",
-            &[],
+            &pool(&[]),
             secs.clone(),
         );
         let hook_duration =
-            f.histogram("poolmgr_hook_duration_seconds", "Duration of successful hooks.", &["hook"], secs);
-        let hook_failures = f.counter("poolmgr_hook_failures_total", "Hook failures.", &["hook"]);
+            f.histogram("poolmgr_hook_duration_seconds", "Duration of successful hooks.", &pool(&["hook"]), secs);
+        let hook_failures = f.counter("poolmgr_hook_failures_total", "Hook failures.", &pool(&["hook"]));
         let lease_duration =
-            f.histogram("poolmgr_lease_duration_seconds", "Time from claim to release or expiry.", &[], long);
-        let orphans = f.counter("poolmgr_orphans_total", "flintlock VMs without a matching row.", &["action"]);
+            f.histogram("poolmgr_lease_duration_seconds", "Time from claim to release or expiry.", &pool(&[]), long);
+        let orphans = f.counter("poolmgr_orphans_total", "flintlock VMs without a matching row.", &pool(&["action"]));
         let claim_duration = f.histogram(
             "poolmgr_vm_claim_duration_seconds",
             "Successful claims from request to answer (pre-lease hooks included); replayed=true for replays.",
-            &["replayed"],
+            &pool(&["replayed"]),
             claim,
         );
-        let reconcile_pass_duration = f.add(
-            HistogramVec::new(
-                HistogramOpts::new(
-                    "poolmgr_reconcile_pass_duration_seconds",
-                    "Duration of each reconcile pass this process ran.",
-                )
-                .buckets(pass),
-                &[],
-            )
-            .expect("valid metric"),
-            "histogram",
+        let reconcile_pass_duration = f.histogram(
+            "poolmgr_reconcile_pass_duration_seconds",
+            "Duration of each reconcile pass this process ran.",
+            &[],
+            pass,
         );
-        let reconcile_last_success = f.add(
-            GaugeVec::new(
-                Opts::new(
-                    "poolmgr_reconcile_last_success_timestamp_seconds",
-                    "Unix time at which the last reconcile pass of this process that visited every pool without an error ended.",
-                ),
-                &[],
-            )
-            .expect("valid metric"),
-            "gauge",
+        let reconcile_last_success = f.gauge(
+            "poolmgr_reconcile_last_success_timestamp_seconds",
+            "Unix time at which the last reconcile pass of this process that visited every pool without an error ended.",
+            &[],
         );
-        let flintlock_errors = f.add(
-            IntCounterVec::new(
-                Opts::new("poolmgr_flintlock_errors_total", "Failed flintlock calls, by host and gRPC method."),
-                &["host", "method"],
-            )
-            .expect("valid metric"),
-            "counter",
+        let flintlock_errors = f.counter(
+            "poolmgr_flintlock_errors_total",
+            "Failed flintlock calls, by host and gRPC method.",
+            &["host", "method"],
         );
-        let build_info = f.add(
-            IntGaugeVec::new(
-                Opts::new("poolmgr_build_info", "Always 1: this binary's version and the schema version it embeds."),
-                &["version", "schema_version"],
-            )
-            .expect("valid metric"),
-            "gauge",
+        let build_info = f.int_gauge(
+            "poolmgr_build_info",
+            "Always 1: this binary's version and the schema version it embeds.",
+            &["version", "schema_version"],
         );
         build_info.with_label_values(&[env!("CARGO_PKG_VERSION"), &crate::db::latest_version().to_string()]).set(1);
         Metrics {

@@ -29,12 +29,6 @@ fn kit_files() -> Vec<(String, String)> {
         .collect()
 }
 
-async fn scrape(app: &TestApp) -> String {
-    let r = app.get(ADMIN, "/metrics").await;
-    assert_eq!(r.status.as_u16(), 200, "{}", r.body);
-    r.body.as_str().unwrap_or_else(|| panic!("metrics body is text: {}", r.body)).to_owned()
-}
-
 /// Metric families of a Prometheus text exposition, by name: their TYPE.
 fn families(text: &str) -> BTreeMap<String, String> {
     text.lines()
@@ -54,7 +48,7 @@ struct Exported {
 
 impl Exported {
     async fn of(app: &TestApp) -> Exported {
-        let families = families(&scrape(app).await);
+        let families = families(&app.scrape().await);
         let mut labels: BTreeSet<String> = POOL_LABELS.iter().map(|l| l.to_string()).collect();
         for f in app.state.metrics.families() {
             labels.extend(f.labels.iter().cloned());
@@ -227,7 +221,7 @@ async fn the_kit_check_reports_a_wrong_metric_or_label() {
 #[tokio::test]
 async fn a_fresh_scrape_names_every_family_once_with_help_and_type_and_build_info() {
     let app = TestApp::spawn().await;
-    let text = scrape(&app).await;
+    let text = app.scrape().await;
     let fams = families(&text);
     for f in app.state.metrics.families() {
         assert_eq!(fams.get(&f.name).map(String::as_str), Some(f.kind), "{} in:\n{text}", f.name);
@@ -260,7 +254,7 @@ async fn successful_claims_are_timed_by_replayed_and_failed_ones_are_not() {
     app.claim(CLIENT_A, "ci", Some("job-2")).await.assert_error(429, "RESOURCE_EXHAUSTED");
     app.claim(CLIENT_A, "nope", None).await.assert_error(404, "NOT_FOUND");
     assert_eq!((count("false"), count("true")), (1.0, 2.0));
-    let text = scrape(&app).await;
+    let text = app.scrape().await;
     assert!(
         text.contains(
             r#"poolmgr_vm_claim_duration_seconds_bucket{pool_name="ci",pool_namespace="default",replayed="false",le="+Inf"} 1"#
@@ -278,7 +272,7 @@ fn sample(text: &str, name: &str) -> Option<f64> {
 #[tokio::test]
 async fn every_pass_is_timed_and_only_a_successful_one_stamps_the_last_success() {
     let app = TestApp::spawn().await;
-    let text = scrape(&app).await;
+    let text = app.scrape().await;
     assert_eq!(sample(&text, "poolmgr_reconcile_last_success_timestamp_seconds"), None, "no pass yet:\n{text}");
     assert_eq!(sample(&text, "poolmgr_reconcile_pass_duration_seconds_count"), None);
 
@@ -287,7 +281,7 @@ async fn every_pass_is_timed_and_only_a_successful_one_stamps_the_last_success()
     let report = app.pass().await;
     let after = chrono::Utc::now().timestamp_millis() as f64 / 1000.0;
     assert!(report.errors.is_empty() && !report.deadline_reached, "{report:?}");
-    let text = scrape(&app).await;
+    let text = app.scrape().await;
     let stamp = sample(&text, "poolmgr_reconcile_last_success_timestamp_seconds").expect("stamped");
     assert!(before <= stamp && stamp <= after, "{before} <= {stamp} <= {after}");
     assert_eq!(sample(&text, "poolmgr_reconcile_pass_duration_seconds_count"), Some(1.0));
@@ -299,7 +293,7 @@ async fn every_pass_is_timed_and_only_a_successful_one_stamps_the_last_success()
     let report = app.pass().await;
     app.conn().await.batch_execute("ALTER TABLE vms_away RENAME TO vms").await.unwrap();
     assert!(!report.errors.is_empty(), "{report:?}");
-    let text = scrape(&app).await;
+    let text = app.scrape().await;
     assert_eq!(sample(&text, "poolmgr_reconcile_last_success_timestamp_seconds"), Some(stamp));
     assert_eq!(sample(&text, "poolmgr_reconcile_pass_duration_seconds_count"), Some(2.0));
 }
@@ -310,7 +304,7 @@ async fn a_pass_stopped_by_its_deadline_is_not_a_success() {
     app.create_pool("ci", 1).await;
     let report = app.pass().await;
     assert!(report.deadline_reached, "{report:?}");
-    let text = scrape(&app).await;
+    let text = app.scrape().await;
     assert_eq!(sample(&text, "poolmgr_reconcile_pass_duration_seconds_count"), Some(1.0));
     assert_eq!(sample(&text, "poolmgr_reconcile_last_success_timestamp_seconds"), None, "{text}");
 }
@@ -319,10 +313,7 @@ async fn a_pass_stopped_by_its_deadline_is_not_a_success() {
 async fn failed_flintlock_calls_are_counted_by_host_and_method_and_answers_are_not() {
     let app = TestApp::spawn().await;
     // A host whose port nothing listens on.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = unused_port();
     app.post(
         ADMIN,
         "/v1/hosts",
@@ -417,11 +408,7 @@ async fn readyz_and_healthz_need_the_database_to_carry_this_binarys_newest_migra
 
 #[tokio::test]
 async fn livez_answers_without_a_database_and_readyz_does_not() {
-    // A port nothing listens on.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = unused_port();
     let env = [
         ("DATABASE_URL".to_owned(), format!("postgres://postgres@127.0.0.1:{port}/poolmgr")),
         ("POOLMGR_ADMIN_TOKENS".to_owned(), format!("admin:{ADMIN}")),

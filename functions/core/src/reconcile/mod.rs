@@ -157,7 +157,7 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     };
     let pass = Arc::new(Pass {
         state,
-        owner: format!("pass-{}", ulid::Ulid::new()),
+        owner: format!("pass-{}", ulid::Ulid::generate()),
         started_db,
         deadline: t0 + rc.deadline,
         sick_hosts: Mutex::default(),
