@@ -343,6 +343,21 @@ async fn failed_flintlock_calls_are_counted_by_host_and_method_and_answers_are_n
     app.state.flintlock.delete(&sim, UNKNOWN).await.unwrap();
     assert_eq!((errors(SIM_HOST, "GetMicroVM"), errors(SIM_HOST, "DeleteMicroVM")), (0.0, 0.0));
 
+    // Nor are a command's non-zero exit code and a guest agent that is not up yet.
+    app.sim.set_exec_exit_code("exit-three", 3);
+    let vm = app.seed_vm("ci", poolmgr_core::domain::Phase::Available).await;
+    let uid = vm.uid.as_deref().unwrap();
+    let t0 = std::time::Instant::now();
+    while !app.state.flintlock.wait_ready(&sim, uid, Duration::from_secs(2)).await.unwrap() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the simulated VM never booted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let out = app.state.flintlock.exec(&sim, uid, "exit-three", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(out.exit_code, 3);
+    app.sim.set_guest_agent_delay(Duration::from_secs(600));
+    assert!(!app.state.flintlock.wait_ready(&sim, uid, Duration::from_secs(2)).await.unwrap());
+    assert_eq!(errors(SIM_HOST, "ExecCommand"), 0.0);
+
     // A failure on a live host is counted under its method.
     let err = app.state.flintlock.exec(&sim, UNKNOWN, "true", Duration::from_secs(5)).await;
     assert!(err.is_err(), "{err:?}");
