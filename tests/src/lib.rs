@@ -107,7 +107,7 @@ pub struct TestDb {
 impl TestDb {
     /// Creates an empty database (no migrations).
     pub async fn create() -> TestDb {
-        let name = format!("poolmgr_test_{}", ulid::Ulid::new().to_string().to_lowercase());
+        let name = format!("poolmgr_test_{}", ulid::Ulid::generate().to_string().to_lowercase());
         let admin = db::connect_one(&admin_url(), &db::DbTls::default()).await.expect("connect to the test server");
         admin.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create test database");
         TestDb { url: url_for(&name), app_url: app_url_for(&name), name }
@@ -228,6 +228,12 @@ pub fn pool_spec(name: &str, size: i32) -> Value {
         "heartbeat_interval_seconds": 30,
         "heartbeat_expiry_seconds": 120
     })
+}
+
+/// A port on 127.0.0.1 that nothing listens on (bound once, then released).
+pub fn unused_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local address").port()
 }
 
 pub fn pool(name: &str) -> PoolRef {
@@ -566,7 +572,7 @@ impl TestApp {
     /// Creates a VM in the simulator and its row in `phase`, as provisioning would.
     pub async fn seed_vm(&self, pool_name: &str, phase: Phase) -> store::VmRow {
         let pool = pool(pool_name);
-        let id = format!("{pool_name}-{}", ulid::Ulid::new().to_string().to_lowercase());
+        let id = format!("{pool_name}-{}", ulid::Ulid::generate().to_string().to_lowercase());
         let host = {
             let conn = self.conn().await;
             store::host_get(&**conn, SIM_HOST).await.unwrap().unwrap().0
@@ -617,6 +623,15 @@ impl TestApp {
 
     pub async fn count_events(&self, kind: &str) -> i64 {
         self.conn().await.query_one("SELECT count(*) FROM events WHERE type = $1", &[&kind]).await.unwrap().get(0)
+    }
+
+    /// `GET /metrics` with the admin token: the Prometheus text (200, `text/plain`).
+    pub async fn scrape(&self) -> String {
+        let r = self.get(ADMIN, "/metrics").await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.body);
+        let ct = r.headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+        assert!(ct.starts_with("text/plain"), "Prometheus text, got content-type {ct:?}");
+        r.body.as_str().unwrap_or_else(|| panic!("metrics body is text: {}", r.body)).to_owned()
     }
 
     /// Value of a counter line in the Prometheus text, 0 if absent.

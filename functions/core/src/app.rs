@@ -33,11 +33,15 @@ impl AppState {
                 "POOLMGR_AUTH=disabled: every request is served as admin without a token; never do this outside local development"
             );
         }
+        let metrics = Arc::new(Metrics::with_emf(cfg.metrics_emf).in_namespace(&cfg.metrics_namespace));
+        let observer = metrics.clone();
+        let flintlock = Flintlock::new(cfg.flintlock_timeout)
+            .with_error_observer(Arc::new(move |host, method| observer.flintlock_error(host, method)));
         AppState {
             db,
             auth: Arc::new(cfg.auth.clone()),
-            flintlock: Flintlock::new(cfg.flintlock_timeout),
-            metrics: Arc::new(Metrics::with_emf(cfg.metrics_emf).in_namespace(&cfg.metrics_namespace)),
+            flintlock,
+            metrics,
             config: Arc::new(cfg.clone()),
             clock: Clock::system(),
             deployment: Arc::default(),

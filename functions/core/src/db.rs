@@ -47,6 +47,11 @@ pub enum DbError {
     SchemaTooNew { database: i32, binary: i32 },
     #[error("the database schema is at version {database}, this binary needs {binary}: run the migrate step first")]
     SchemaTooOld { database: i32, binary: i32 },
+    #[error(
+        "the database's newest migration V{version} is {database:?}, but this binary's V{version} is {binary:?}: \
+         a different build of poolmgr migrated it. Deploy the binaries that match the database"
+    )]
+    SchemaDiverged { version: i32, database: String, binary: String },
     #[error("migration failed: {0}")]
     Migrate(String),
 }
@@ -54,6 +59,37 @@ pub enum DbError {
 /// The newest schema version this binary carries.
 pub fn latest_version() -> i32 {
     embedded::migrations::runner().get_migrations().iter().map(|m| m.version()).max().unwrap_or(0)
+}
+
+/// The newest migration this binary embeds: version, name and checksum as refinery records
+/// them in `refinery_schema_history`.
+pub fn latest_migration() -> Option<(i32, String, String)> {
+    embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .max_by_key(|m| m.version())
+        .map(|m| (m.version(), m.name().to_owned(), m.checksum().to_string()))
+}
+
+/// Whether a database whose newest applied migration is `applied`
+/// ([`crate::store::schema_latest_applied`]) has the schema this binary was built for: the
+/// same newest migration, by version, name and checksum. The readiness check (`/readyz`).
+pub fn schema_current(applied: Option<(i32, String, String)>) -> Result<(), DbError> {
+    let binary = latest_migration();
+    let (database_version, binary_version) = (applied.as_ref().map_or(0, |a| a.0), binary.as_ref().map_or(0, |b| b.0));
+    schema_matches(database_version, binary_version)?;
+    match (applied, binary) {
+        (Some((version, db_name, db_sum)), Some((_, bin_name, bin_sum)))
+            if (&db_name, &db_sum) != (&bin_name, &bin_sum) =>
+        {
+            Err(DbError::SchemaDiverged {
+                version,
+                database: format!("{db_name} (checksum {db_sum})"),
+                binary: format!("{bin_name} (checksum {bin_sum})"),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// How [`connect_pool`] builds a pool; [`PoolOptions::from_config`] reads it from `Config`.

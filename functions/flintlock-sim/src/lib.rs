@@ -499,7 +499,8 @@ impl Sim {
             }],
             ..Default::default()
         };
-        let mut vm = create::build_microvm(Some(spec), || ulid::Ulid::new().to_string()).expect("seed spec is valid");
+        let mut vm =
+            create::build_microvm(Some(spec), || ulid::Ulid::generate().to_string()).expect("seed spec is valid");
         let uid = vm_uid(&vm).to_string();
         if let Some(spec) = vm.spec.as_mut() {
             spec.id = id.to_string();

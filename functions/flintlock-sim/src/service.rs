@@ -121,7 +121,7 @@ impl MicroVm for SimService {
     ) -> Result<Response<CreateMicroVmResponse>, Status> {
         self.precheck(METHOD_CREATE, request.metadata())?;
         let req = request.into_inner();
-        let vm = create::build_microvm(req.microvm, || ulid::Ulid::new().to_string())?;
+        let vm = create::build_microvm(req.microvm, || ulid::Ulid::generate().to_string())?;
         let uid = vm_uid(&vm).to_string();
 
         let (boot_delay, ends_failed, lose_reply) = {

@@ -54,7 +54,7 @@ async fn run() -> Result<Value, String> {
 }
 
 async fn handle(event: LambdaEvent<Value>) -> Result<Value, lambda_runtime::Error> {
-    match custom_resource::Request::from_event(&event.payload) {
+    match custom_resource::from_event(&event.payload) {
         None => Ok(run().await?),
         Some(Err(e)) => Err(e.into()),
         Some(Ok(req)) => Ok(serde_json::to_value(custom_resource::handle(req, run).await?)?),

@@ -175,7 +175,7 @@ async fn claim_latency(endpoint: &str, token: &str, pool: &str, n: usize, reques
     for i in 0..n {
         let mut body = json!({"pool": {"namespace": ns, "name": name}});
         if request_ids {
-            body["request_id"] = json!(format!("bench-{}", ulid::Ulid::new()));
+            body["request_id"] = json!(format!("bench-{}", ulid::Ulid::generate()));
         }
         let t = Instant::now();
         let resp = client.post(&url).bearer_auth(token).json(&body).send().await?;
@@ -325,7 +325,7 @@ async fn hook_claims(clients: usize, per_client: usize, hook_ms: u64) -> anyhow:
         async move {
             let mut lat = vec![];
             for _ in 0..per_client {
-                let body = json!({"pool": {"namespace": "default", "name": "hook"}, "request_id": ulid::Ulid::new().to_string()});
+                let body = json!({"pool": {"namespace": "default", "name": "hook"}, "request_id": ulid::Ulid::generate().to_string()});
                 let t = Instant::now();
                 let resp = client.post(&url).bearer_auth(HOOK_BENCH_TOKEN).json(&body).send().await?;
                 let status = resp.status();

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::Rng;
+use rand::RngExt;
 use tokio::time::Instant;
 
 use crate::client::{Call, Client, Reply, check_request_id};
@@ -39,7 +39,7 @@ impl Backoff {
 
     /// The wait after failed attempt `attempt`: jittered in `[ceiling/2, ceiling]`, at least
     /// `retry_after`.
-    pub fn delay(&self, attempt: u32, retry_after: Option<Duration>, rng: &mut impl Rng) -> Duration {
+    pub fn delay(&self, attempt: u32, retry_after: Option<Duration>, rng: &mut impl RngExt) -> Duration {
         let c = self.ceiling(attempt);
         let half = c / 2;
         let extra = if c > half { rng.random_range(Duration::ZERO..=c - half) } else { Duration::ZERO };

@@ -125,7 +125,7 @@ async fn a_pool_refuses_a_server_it_cannot_verify_and_its_error_says_why() {
 #[tokio::test]
 async fn the_pool_migrations_and_statement_cancels_run_over_verified_tls() {
     let tls = trusting_the_test_ca().with_default_mode(SslMode::VerifyFull);
-    let name = format!("poolmgr_test_tls_{}", ulid::Ulid::new().to_string().to_lowercase());
+    let name = format!("poolmgr_test_tls_{}", ulid::Ulid::generate().to_string().to_lowercase());
     let admin = db::connect_one(&url(SERVER_NAME, "postgres", None), &tls).await.unwrap();
     assert!(encrypted(&admin).await);
     admin.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();

@@ -23,6 +23,7 @@
 //! | `hosts` | `/v1/hosts…` and `/v1/vms…` |
 //! | `leases` | `/v1/leases…`: get, heartbeat, release, list, and their races |
 //! | `migrations` | schema upgrades and version checks |
+//! | `monitoring` | `infra/monitoring` against the real `/metrics`, the metrics it reads, `/livez`, `/readyz` |
 //! | `openapi` | `/openapi.json` against the Routers, the SAM template and real answers |
 //! | `pools` | `/v1/pools…` and the delete races |
 //! | `reconcile` | the reconcile pass |
@@ -40,6 +41,7 @@ mod hooks;
 mod hosts;
 mod leases;
 mod migrations;
+mod monitoring;
 mod openapi;
 mod pools;
 mod reconcile;

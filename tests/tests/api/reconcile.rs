@@ -539,7 +539,7 @@ async fn a_pass_on_one_connection_steps_many_pools_without_any_waiting_for_it() 
 /// never saw (the host cannot be asked anyway).
 async fn row_on(app: &TestApp, pool: &str, host: &str, phase: Phase) -> String {
     let id = poolmgr_core::reconcile::new_vm_id(pool);
-    let uid = ulid::Ulid::new().to_string();
+    let uid = ulid::Ulid::generate().to_string();
     let pref = poolmgr_tests::pool(pool);
     poolmgr_core::store::vm_insert(
         &**app.conn().await,

@@ -42,7 +42,7 @@ pub const BEARER: &str = "bearer";
         (name = "pools", description = "Pools (the pools function)"),
         (name = "hosts", description = "flintlock hosts and VMs (the hosts function)"),
         (name = "events", description = "The event feed (the events function)"),
-        (name = "operations", description = "Health, metrics and this document (every function)"),
+        (name = "operations", description = "Probes, health, metrics and this document (every function)"),
     )
 )]
 pub struct ApiDoc;
@@ -140,9 +140,9 @@ error_responses!(
 );
 
 error_responses!(
-    /// `/healthz`: no token, so only the server-side failures.
+    /// `/readyz` and `/healthz`: no token, so only the server-side failures.
     HealthErrors {
         "500" => ("INTERNAL: an unexpected server error", false),
-        "503" => ("UNAVAILABLE: the database could not be reached", true),
+        "503" => ("UNAVAILABLE: the database could not be reached, or its schema is not this binary's (the message says which and what to do)", true),
     }
 );

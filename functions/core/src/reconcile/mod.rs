@@ -270,7 +270,7 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     };
     let pass = Arc::new(Pass {
         state,
-        owner: format!("pass-{}", ulid::Ulid::new()),
+        owner: format!("pass-{}", ulid::Ulid::generate()),
         started_db,
         deadline: t0 + rc.deadline,
         deployment: state.deployment().await?,
@@ -289,6 +289,11 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     report.merge(retention::prune_events(&pass).await);
     report.deadline_reached |= pass.past_deadline();
     report.duration_ms = t0.elapsed().as_millis();
+    // A pass succeeded when it visited every pool and no step failed; only then does
+    // `poolmgr_reconcile_last_success_timestamp_seconds` move (wall-clock time, for alerts).
+    let succeeded = report.errors.is_empty() && !report.deadline_reached;
+    let end = Utc::now().timestamp_millis() as f64 / 1000.0;
+    state.metrics.reconcile_pass(t0.elapsed().as_secs_f64(), succeeded, end);
     tracing::info!(
         pools = report.pools,
         created = report.created,

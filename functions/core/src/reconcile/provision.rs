@@ -22,7 +22,7 @@ use crate::store::{self, HostRow, PoolRow, VmRow};
 
 /// A new VM id: `<pool name>-<lowercase ULID>`, unique across pools and time.
 pub fn new_vm_id(pool: &str) -> String {
-    format!("{pool}-{}", ulid::Ulid::new().to_string().to_lowercase())
+    format!("{pool}-{}", ulid::Ulid::generate().to_string().to_lowercase())
 }
 
 fn nics_json(vm: &flintlock_proto::types::MicroVm) -> serde_json::Value {

@@ -52,7 +52,8 @@
 //! - `rows.rs`: [`LeaseRow`], kept below `vm.rs` and `lease.rs` because each of those returns
 //!   the other's row (no import circle).
 //! - this file: [`StoreError`] and [`interpret`], [`Executor`], [`Limits`], [`Timed`] and
-//!   [`retry_once`], the jsonb row decoding, [`ping`].
+//!   [`retry_once`], the jsonb row decoding, [`ping`], and [`schema_latest_applied`]
+//!   (refinery's history table, which `db` owns, read for the readiness check).
 
 use std::future::Future;
 use std::time::Duration;
@@ -364,4 +365,21 @@ pub async fn database_now(c: &impl Executor) -> Result<chrono::DateTime<chrono::
 pub async fn ping(c: &impl Executor) -> Result<()> {
     c.timed_query("SELECT 1", &[]).await?;
     Ok(())
+}
+
+/// The newest migration applied to the database, as refinery recorded it: version, name and
+/// checksum. `None` for a database never migrated (no history table, or an empty one).
+pub async fn schema_latest_applied(c: &impl Executor) -> Result<Option<(i32, String, String)>> {
+    let exists: bool =
+        c.timed_query_one("SELECT to_regclass('refinery_schema_history') IS NOT NULL", &[]).await?.get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let row = c
+        .timed_query_opt(
+            "SELECT version, name, checksum FROM refinery_schema_history ORDER BY version DESC LIMIT 1",
+            &[],
+        )
+        .await?;
+    Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
 }
