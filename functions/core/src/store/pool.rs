@@ -289,7 +289,10 @@ pub async fn pool_list_with_work(
     let rows = c
         .timed_query(
             &format!(
-                "SELECT to_jsonb(w) AS work FROM (
+                // MATERIALIZED: a subquery in FROM is flattened, and each use of `counts`
+                // below then ran the correlated count again (eight times per pool: 1 s at
+                // 1000 pools, JIT compiling included; 70 ms once computed once).
+                "WITH w AS MATERIALIZED (
                      SELECT p.namespace, p.name, p.strategy, p.size, p.min_size, p.below_target_reason,
                             p.reconcile_until, c.counts,
                             p.updated_at > p.reconcile_until AS changed,
@@ -308,7 +311,8 @@ pub async fn pool_list_with_work(
                                       AND v.hook_started_at < coalesce($2, now()) - make_interval(secs => $4)) AS vms_due
                      FROM pools p, LATERAL (SELECT {VM_COUNTS_OF_POOL_P} AS counts) c
                      WHERE p.reconcile_until < least(now(), $1)
-                 ) w
+                 )
+                 SELECT to_jsonb(w) AS work FROM w
                  WHERE w.changed OR w.leases_due OR w.vms_due OR w.below_target_reason IS NOT NULL
                     OR (w.counts->>'leased')::bigint > 0
                     OR (w.counts->>'available')::bigint + (w.counts->>'claiming')::bigint
