@@ -27,6 +27,7 @@
 //! | `openapi` | `/openapi.json` against the Routers, the SAM template and real answers |
 //! | `pools` | `/v1/pools…` and the delete races |
 //! | `reconcile` | the reconcile pass |
+//! | `selection` | which pools a pass steps (issue 15), overlapping passes over them, creates across hosts |
 //! | `statement_timeout` | the client-side statement timeout and its server-side cancel |
 //! | `template` | `infra/template.yaml`: what cfn-lint cannot judge (TLS, concurrency, alarms, …) |
 
@@ -45,5 +46,6 @@ mod monitoring;
 mod openapi;
 mod pools;
 mod reconcile;
+mod selection;
 mod statement_timeout;
 mod template;

@@ -70,13 +70,14 @@ mod hooks;
 mod orphans;
 mod provision;
 mod retention;
+pub mod select;
 pub mod strategy;
 mod sweeps;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
@@ -93,11 +94,20 @@ use conn::StepConn;
 
 pub use error::ReconcileError;
 pub use provision::new_vm_id;
+pub use select::{needs_step, pools_with_work};
 pub use strategy::{desired_new, surplus};
+
+/// How many pools a pass leases (and sweeps: expiry, warnings, abandoned claims) in one go.
+/// A few per worker: enough that the batch statements replace many per-pool round trips,
+/// few enough that a pass leaves the rest of a long selection to an overlapping pass.
+const LEASE_BATCH: usize = 32;
 
 /// What one pass did, for logs, the Lambda's answer and tests.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct PassReport {
+    /// Pools the selection found work in (`select`); the others cost the pass nothing.
+    pub selected: usize,
+    /// Pools stepped (their reconcile lease taken by this pass).
     pub pools: usize,
     pub created: usize,
     pub adopted: usize,
@@ -117,10 +127,27 @@ pub struct PassReport {
     /// The deadline stopped the pass before every pool was visited.
     pub deadline_reached: bool,
     pub duration_ms: u128,
+    /// Per flintlock host: the MicroVM calls this pass made to it and how fast it created.
+    pub hosts: BTreeMap<String, HostPassStats>,
+}
+
+/// One host's share of a pass: what a filling pass is limited by once the database is not.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct HostPassStats {
+    /// MicroVM calls made (create, get, list, delete), and how many of them failed.
+    pub calls: usize,
+    pub failed: usize,
+    /// VMs created (CreateMicroVM answered with a uid).
+    pub created: usize,
+    /// Time spent in calls to this host, summed over the calls in flight side by side.
+    pub busy_ms: u128,
+    /// `created` over the pass's duration.
+    pub creates_per_s: f64,
 }
 
 impl PassReport {
     fn merge(&mut self, o: PassReport) {
+        self.selected += o.selected;
         self.pools += o.pools;
         self.created += o.created;
         self.adopted += o.adopted;
@@ -134,6 +161,13 @@ impl PassReport {
         self.skipped += o.skipped;
         self.errors.extend(o.errors);
         self.deadline_reached |= o.deadline_reached;
+        for (host, h) in o.hosts {
+            let mine = self.hosts.entry(host).or_default();
+            mine.calls += h.calls;
+            mine.failed += h.failed;
+            mine.created += h.created;
+            mine.busy_ms += h.busy_ms;
+        }
     }
 }
 
@@ -153,6 +187,17 @@ struct Pass<'a> {
     /// Hosts whose row says "unreachable" (`unreachable_until`, no placements): cleared by
     /// the first call of this pass that reaches the host.
     marked_unreachable: Mutex<HashSet<String>>,
+    /// How long a pool lease of this pass lasts: past the deadline plus a hook command
+    /// started just before it, so a pool is never worked past its lease.
+    lease_secs: f64,
+    /// The selected pools whose leases are not taken yet, oldest lease first.
+    pending: Mutex<VecDeque<PoolRef>>,
+    /// Pools leased (and swept) by this pass and not yet stepped.
+    leased: Mutex<VecDeque<PoolRow>>,
+    /// Held by the worker taking the next batch of leases, so one batch is taken at a time.
+    taking: tokio::sync::Mutex<()>,
+    /// Per host, the calls of this pass so far (the report's `hosts`).
+    host_stats: Mutex<BTreeMap<String, HostPassStats>>,
 }
 
 /// A failed flintlock call that says its host could not be reached (not that the host
@@ -214,7 +259,9 @@ impl Pass<'_> {
         if self.is_sick(host) {
             return None;
         }
+        let t = Instant::now();
         let r = call.await;
+        self.count_call(host, t.elapsed(), r.is_err());
         let unreachable = matches!(&r, Err(e) if e.host_unreachable());
         if unreachable && self.sick(host) {
             tracing::warn!(host, "flintlock host unreachable: skipping its VMs for the rest of this pass");
@@ -229,6 +276,18 @@ impl Pass<'_> {
             self.record_reachability(host, None).await;
         }
         Some(r)
+    }
+
+    fn count_call(&self, host: &str, took: Duration, failed: bool) {
+        let mut stats = self.host_stats.lock().expect("host stats");
+        let h = stats.entry(host.to_owned()).or_default();
+        h.calls += 1;
+        h.failed += usize::from(failed);
+        h.busy_ms += took.as_millis();
+    }
+
+    fn count_create(&self, host: &str) {
+        self.host_stats.lock().expect("host stats").entry(host.to_owned()).or_default().created += 1;
     }
 
     /// Marks `host` unreachable for `window` seconds in its row, or clears that (`None`).
@@ -253,9 +312,10 @@ impl Pass<'_> {
     }
 }
 
-/// Runs one reconcile pass over every pool whose lease it can take, then the cross-pool
-/// work (stragglers of deleted pools, orphan scans). Fails only when the pass cannot start
-/// (the database's clock cannot be read); per-pool failures are in the report.
+/// Runs one reconcile pass: selects the pools with work in one statement, steps each of them
+/// whose lease it can take (leased and swept in batches), then the cross-pool work
+/// (stragglers of deleted pools, orphan scans). Fails only when the pass cannot start (the
+/// database's clock cannot be read); per-pool failures are in the report.
 pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     let t0 = Instant::now();
     let rc = &state.config.reconcile;
@@ -268,6 +328,7 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
             .filter_map(|(h, _)| h.unreachable_until.is_some_and(|t| t > now).then_some(h.name));
         (now, marked.collect())
     };
+    let cfg = &state.config;
     let pass = Arc::new(Pass {
         state,
         owner: format!("pass-{}", ulid::Ulid::generate()),
@@ -277,24 +338,43 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
         sick_hosts: Mutex::default(),
         host_slots: Mutex::default(),
         marked_unreachable: Mutex::new(marked_unreachable),
+        lease_secs: rc.deadline.as_secs_f64() + cfg.hooks.command_timeout.as_secs_f64() + 30.0,
+        pending: Mutex::default(),
+        leased: Mutex::default(),
+        taking: tokio::sync::Mutex::new(()),
+        host_stats: Mutex::default(),
     });
 
-    let workers = (0..rc.concurrency).map(|_| pool_worker(&pass));
     let mut report = PassReport::default();
+    match select::pools_with_work(state, started_db).await {
+        Ok(pools) => {
+            report.selected = pools.len();
+            *pass.pending.lock().expect("pending pools") = pools.into();
+        }
+        Err(e) => report.errors.push(format!("selecting the pools with work: {e}")),
+    }
+    let workers = (0..rc.concurrency).map(|_| pool_worker(&pass));
     for r in futures::future::join_all(workers).await {
         report.merge(r);
     }
+    release_unstepped(&pass, &mut report).await;
     report.merge(sweeps::finish_deleted_pools(&pass).await);
     report.merge(orphans::scan_orphans(&pass).await);
     report.merge(retention::prune_events(&pass).await);
     report.deadline_reached |= pass.past_deadline();
-    report.duration_ms = t0.elapsed().as_millis();
+    let elapsed = t0.elapsed();
+    report.duration_ms = elapsed.as_millis();
+    for (host, mut h) in std::mem::take(&mut *pass.host_stats.lock().expect("host stats")) {
+        h.creates_per_s = h.created as f64 / elapsed.as_secs_f64().max(1e-3);
+        report.hosts.insert(host, h);
+    }
     // A pass succeeded when it visited every pool and no step failed; only then does
     // `poolmgr_reconcile_last_success_timestamp_seconds` move (wall-clock time, for alerts).
     let succeeded = report.errors.is_empty() && !report.deadline_reached;
     let end = Utc::now().timestamp_millis() as f64 / 1000.0;
-    state.metrics.reconcile_pass(t0.elapsed().as_secs_f64(), succeeded, end);
+    state.metrics.reconcile_pass(elapsed.as_secs_f64(), succeeded, end);
     tracing::info!(
+        selected = report.selected,
         pools = report.pools,
         created = report.created,
         available = report.available,
@@ -308,28 +388,13 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     Ok(report)
 }
 
-/// Takes pool leases one at a time until none is left for this pass or the deadline.
+/// Steps leased pools one at a time until none is left for this pass or the deadline.
 async fn pool_worker(pass: &Pass<'_>) -> PassReport {
     let mut report = PassReport::default();
     let mut db = StepConn::new(&pass.state.db);
-    // The lease outlives the deadline plus a hook command started just before it, so a pool
-    // is never worked past its lease.
-    let cfg = &pass.state.config;
-    let lease_secs = cfg.reconcile.deadline.as_secs_f64() + cfg.hooks.command_timeout.as_secs_f64() + 30.0;
     while !pass.past_deadline() {
-        let pool = match db.client().await {
-            Ok(c) => store::pool_take_reconcile_lease(c, &pass.owner, pass.started_db, lease_secs)
-                .await
-                .map_err(ReconcileError::from),
-            Err(e) => Err(e),
-        };
-        let pool = match pool {
-            Ok(Some(p)) => p,
-            Ok(None) => break,
-            Err(e) => {
-                report.errors.push(format!("taking a pool lease: {e}"));
-                break;
-            }
+        let Some(pool) = next_pool(pass, &mut db, &mut report).await else {
+            break;
         };
         let pref = pool.pool_ref();
         report.pools += 1;
@@ -347,16 +412,85 @@ async fn pool_worker(pass: &Pass<'_>) -> PassReport {
     report
 }
 
+/// The next pool this pass leased and has not stepped; when none is left, takes the leases of
+/// the next `LEASE_BATCH` selected pools in one statement and sweeps them together
+/// (`sweeps::sweep_batch`). `None`: nothing left, the deadline, or the leases could not be
+/// taken (in the report).
+async fn next_pool(pass: &Pass<'_>, db: &mut StepConn<'_>, report: &mut PassReport) -> Option<PoolRow> {
+    // Never wait for the batch lock holding a connection: its holder may need that one
+    // (a one-connection pool on Lambda).
+    db.release();
+    let _taking = pass.taking.lock().await;
+    loop {
+        if let Some(pool) = pass.leased.lock().expect("leased pools").pop_front() {
+            return Some(pool);
+        }
+        if pass.past_deadline() {
+            report.deadline_reached = true;
+            return None;
+        }
+        let batch: Vec<PoolRef> = {
+            let mut pending = pass.pending.lock().expect("pending pools");
+            let n = LEASE_BATCH.min(pending.len());
+            pending.drain(..n).collect()
+        };
+        if batch.is_empty() {
+            return None;
+        }
+        let taken = match db.client().await {
+            Ok(c) => store::pool_take_reconcile_leases(c, &pass.owner, pass.started_db, pass.lease_secs, &batch)
+                .await
+                .map_err(ReconcileError::from),
+            Err(e) => Err(e),
+        };
+        let taken = match taken {
+            Ok(t) => t,
+            Err(e) => {
+                report.errors.push(format!("taking pool leases: {e}"));
+                return None;
+            }
+        };
+        // Pools another pass took since the selection are simply not in `taken`.
+        let refs: Vec<PoolRef> = taken.iter().map(PoolRow::pool_ref).collect();
+        if !refs.is_empty()
+            && let Err(e) = sweeps::sweep_batch(pass, db, &refs, report).await
+        {
+            tracing::warn!(pools = refs.len(), error = %e, "sweeping a batch of pools failed; the next pass retries");
+            report.errors.push(format!("sweeping {} pools: {e}", refs.len()));
+        }
+        pass.leased.lock().expect("leased pools").extend(taken);
+    }
+}
+
+/// Gives back, in one statement, the leases of pools this pass took but did not step (the
+/// deadline stopped it first), so the next pass need not wait out the lease.
+async fn release_unstepped(pass: &Pass<'_>, report: &mut PassReport) {
+    let left: Vec<PoolRef> = pass.leased.lock().expect("leased pools").drain(..).map(|p| p.pool_ref()).collect();
+    if left.is_empty() {
+        return;
+    }
+    report.deadline_reached = true;
+    let released = match pass.state.db.get().await {
+        Ok(c) => store::pool_release_reconcile_leases(&c, &left, &pass.owner).await.map_err(ReconcileError::from),
+        Err(e) => Err(e.into()),
+    };
+    if let Err(e) = released {
+        report.errors.push(format!("releasing {} unstepped pool leases: {e}; they expire by themselves", left.len()));
+    }
+}
+
 /// Gives a pool's reconcile lease back, retrying until the pass deadline. A lease left behind
 /// keeps every pass away from the pool for the whole lease (deadline + hook timeout + 30 s,
 /// close to two minutes by default), so a database blip of a few seconds that failed the
 /// pool's step must not also leave the lease: that stalled replenishment long after the
 /// database was back (found by scripts/chaos.sh, scenario pg-restart).
 async fn release_reconcile_lease(pass: &Pass<'_>, db: &mut StepConn<'_>, pref: &PoolRef, report: &mut PassReport) {
-    let mut delay = std::time::Duration::from_millis(100);
+    let mut delay = Duration::from_millis(100);
     loop {
         let released = match db.client().await {
-            Ok(c) => store::pool_release_reconcile_lease(c, pref, &pass.owner).await.map_err(ReconcileError::from),
+            Ok(c) => store::pool_release_reconcile_leases(c, std::slice::from_ref(pref), &pass.owner)
+                .await
+                .map_err(ReconcileError::from),
             Err(e) => Err(e),
         };
         match released {
@@ -370,7 +504,7 @@ async fn release_reconcile_lease(pass: &Pass<'_>, db: &mut StepConn<'_>, pref: &
                 // Never sleep on a connection; the next attempt checks out a fresh one.
                 db.release();
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(2));
+                delay = (delay * 2).min(Duration::from_secs(2));
             }
         }
     }
@@ -384,8 +518,9 @@ fn due(vm: &VmRow, now: DateTime<Utc>) -> bool {
     vm.next_attempt_at.is_none_or(|t| t <= now)
 }
 
-/// One pool: expiry and abandoned claims, then its VMs stepped (one step each: deletions,
-/// provisioning progress, create hooks) and, beside them, new VMs for what is missing.
+/// One pool (its expiry and abandoned claims swept with its batch): its VMs stepped (one step
+/// each: deletions, provisioning progress, create hooks) and, beside them, new VMs for what
+/// is missing.
 async fn reconcile_pool(
     pass: &Pass<'_>,
     db: &mut StepConn<'_>,
@@ -393,9 +528,6 @@ async fn reconcile_pool(
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {
     let pref = pool.pool_ref();
-    sweeps::expire_leases(pass, db, &pref, report).await?;
-    sweeps::recover_abandoned_claims(pass, db, &pref).await?;
-
     let hosts = hosts_by_name(db).await?;
     let vms = store::vm_list_for_pool(db.client().await?, &pref).await?;
     // Counted before the VM steps, which run beside the replenishment: a VM that fails in

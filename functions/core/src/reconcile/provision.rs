@@ -42,7 +42,7 @@ fn nics_json(vm: &flintlock_proto::types::MicroVm) -> serde_json::Value {
 }
 
 /// Why a pool's quarantined VMs stop its replenishment (`POOL_SIZE_BELOW_TARGET`'s reason).
-const BELOW_TARGET_QUARANTINE_FULL: &str = "quarantined VMs fill the pool (quarantined >= size): \
+pub(super) const BELOW_TARGET_QUARANTINE_FULL: &str = "quarantined VMs fill the pool (quarantined >= size): \
      replenishment stopped until they are discarded (DELETE /v1/vms/{id}, poolmgrctl vm delete) or the size is raised";
 /// Why a pool gets no new VM while every host it names is cordoned, unregistered or failing.
 const BELOW_TARGET_NO_HOST: &str = "no eligible flintlock host";
@@ -66,8 +66,11 @@ async fn below_target(
 }
 
 /// Tops the pool up: as many new VMs as its strategy asks for (`counts` taken before this
-/// pass's VM steps, which run beside this), at most `max_creates_per_pool`, each placed, then
-/// created. Nothing while its quarantined VMs fill it (the bound of [`quarantine_full`]).
+/// pass's VM steps, which run beside this), at most `max_creates_per_pool`: all placed first
+/// (one statement each, so each placement sees the last), then created side by side, each
+/// waiting for a slot of its host (`Pass::on_host`), so a pool filling on several hosts is
+/// limited by the hosts, not by one create after another. Nothing while its quarantined VMs
+/// fill it (the bound of [`quarantine_full`]).
 /// Placement skips the hosts that are sick in this pass and those an earlier pass found
 /// unreachable a moment ago (`hosts.unreachable_until`), since this runs before the VM steps
 /// could find out.
@@ -101,21 +104,53 @@ pub(super) async fn replenish(
         )
         .await?;
     }
+    let mut placed = Vec::new();
+    let mut held_back = None;
     for _ in 0..want {
         if pass.past_deadline() {
             report.deadline_reached = true;
-            return Ok(()); // The next pass goes on; what held the pool back is unknown yet.
+            break;
         }
         let id = new_vm_id(&pool.name);
-        let placed = store::vm_place_and_insert(db.client().await?, &pref, &id, &pass.sick_list()).await?;
-        let Some(vm) = placed else {
-            tracing::info!(pool = %pref, "no eligible flintlock host: every host is cordoned, unregistered or failing");
-            return below_target(db, pool, Some(BELOW_TARGET_NO_HOST), counts).await;
-        };
-        create_vm(pass, db, pool, &vm, hosts.get(&vm.flintlock_host), report).await?;
+        match store::vm_place_and_insert(db.client().await?, &pref, &id, &pass.sick_list()).await? {
+            Some(vm) => placed.push(vm),
+            None => {
+                tracing::info!(pool = %pref, "no eligible flintlock host: every host is cordoned, unregistered or failing");
+                held_back = Some(BELOW_TARGET_NO_HOST);
+                break;
+            }
+        }
+    }
+    // Each create checks out its own connection once flintlock answered.
+    db.release();
+    let mut creates = Vec::with_capacity(placed.len());
+    for vm in &placed {
+        creates.push(create_placed(pass, pool, vm, hosts.get(&vm.flintlock_host)));
+    }
+    let mut result = Ok(());
+    for (r, res) in futures::future::join_all(creates).await {
+        report.merge(r);
+        result = result.and(res);
+    }
+    result?;
+    if report.deadline_reached && held_back.is_none() {
+        return Ok(()); // The next pass goes on; what held the pool back is unknown yet.
     }
     // Placed what it wanted (or wanted nothing): nothing holds the pool back now.
-    below_target(db, pool, None, counts).await
+    below_target(db, pool, held_back, counts).await
+}
+
+/// [`create_vm`] on a connection of its own, for the creates of a pool running side by side.
+async fn create_placed(
+    pass: &Pass<'_>,
+    pool: &PoolRow,
+    vm: &VmRow,
+    host: Option<&HostRow>,
+) -> (PassReport, Result<(), ReconcileError>) {
+    let mut report = PassReport::default();
+    let mut db = StepConn::new(&pass.state.db);
+    let res = create_vm(pass, &mut db, pool, vm, host, &mut report).await;
+    (report, res)
 }
 
 /// A failed call for one VM, reported; an unreachable host was marked sick by `Pass::on_host`.
@@ -153,6 +188,7 @@ async fn create_vm(
                 return pass.backoff(db, &vm.id).await;
             }
             store::vm_set_uid(db.client().await?, &vm.id, &uid, EventType::VmProvisioned).await?;
+            pass.count_create(&host.name);
             report.created += 1;
             Ok(())
         }

@@ -30,7 +30,7 @@
 //! One file per table: its row type and every statement named after it, whoever calls the
 //! statement (`vm_*` is in `vm.rs`, whether the HTTP API or the reconciler runs it). A
 //! statement that touches several tables lives with the entity it is named after
-//! (`pool_delete_and_mark_vms` in `pool.rs`, `lease_expire_for_pool` in `lease.rs`).
+//! (`pool_delete_and_mark_vms` in `pool.rs`, `lease_expire_for_pools` in `lease.rs`).
 //!
 //! - `pool.rs`: `pools`. [`PoolRow`], [`PoolStatus`]; create, update, get, list, delete; the
 //!   reconcile lease a pass takes on a pool, and why the pass holds it below its target.
