@@ -7,9 +7,11 @@ use crate::auth::AuthConfig;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::db::{Conn, Db};
+use crate::deployment::Deployment;
 use crate::error::ApiError;
 use crate::flintlock::Flintlock;
 use crate::metrics::Metrics;
+use crate::store::StoreError;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -20,6 +22,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// What "now" is for time comparisons: the database's clock, or a test's ([`Clock`]).
     pub clock: Clock,
+    /// This deployment's namespaces, once known ([`AppState::deployment`]).
+    deployment: Arc<tokio::sync::OnceCell<Deployment>>,
 }
 
 impl AppState {
@@ -29,13 +33,18 @@ impl AppState {
                 "POOLMGR_AUTH=disabled: every request is served as admin without a token; never do this outside local development"
             );
         }
+        let metrics = Arc::new(Metrics::with_emf(cfg.metrics_emf).in_namespace(&cfg.metrics_namespace));
+        let observer = metrics.clone();
+        let flintlock = Flintlock::new(cfg.flintlock_timeout)
+            .with_error_observer(Arc::new(move |host, method| observer.flintlock_error(host, method)));
         AppState {
             db,
             auth: Arc::new(cfg.auth.clone()),
-            flintlock: Flintlock::new(cfg.flintlock_timeout),
-            metrics: Arc::new(Metrics::with_emf(cfg.metrics_emf)),
+            flintlock,
+            metrics,
             config: Arc::new(cfg.clone()),
             clock: Clock::system(),
+            deployment: Arc::default(),
         }
     }
 
@@ -44,9 +53,25 @@ impl AppState {
         AppState { clock, ..self }
     }
 
+    /// This deployment's flintlock namespaces: its id from `POOLMGR_DEPLOYMENT_ID`, else the
+    /// one the database generated (read once per process; it never changes).
+    pub async fn deployment(&self) -> Result<Deployment, StoreError> {
+        let d = self
+            .deployment
+            .get_or_try_init(|| async {
+                let id = match &self.config.deployment_id {
+                    Some(id) => id.clone(),
+                    None => crate::store::deployment_get_id(&self.db.get().await?).await?,
+                };
+                Deployment::new(&self.config.flintlock_namespace_prefix, &id).map_err(StoreError::Db)
+            })
+            .await?;
+        Ok(d.clone())
+    }
+
     /// The flintlock namespace that holds a pool namespace's VMs.
-    pub fn flintlock_namespace(&self, pool_namespace: &str) -> String {
-        format!("{}{pool_namespace}", self.config.flintlock_namespace_prefix)
+    pub async fn flintlock_namespace(&self, pool_namespace: &str) -> Result<String, StoreError> {
+        Ok(self.deployment().await?.namespace(pool_namespace))
     }
 
     /// A pooled connection; an unreachable database is UNAVAILABLE (503, retry). A connection

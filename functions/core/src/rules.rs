@@ -276,14 +276,14 @@ schema_only! {
 mod tests {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-    use rand::{Rng, SeedableRng};
+    use rand::{RngExt, SeedableRng};
 
     use super::*;
 
     /// Candidate addresses around the valid forms: groups of 0-5 hex digits, zero to two
     /// `::`, IPv4 tails with leading zeros and big octets, stray separators.
-    fn candidates(rng: &mut impl Rng) -> String {
-        let octet = |rng: &mut dyn rand::RngCore| match rng.random_range(0..6) {
+    fn candidates(rng: &mut impl RngExt) -> String {
+        let octet = |rng: &mut dyn rand::Rng| match rng.random_range(0..6) {
             0 => format!("0{}", rng.random_range(0..10)),
             1 => rng.random_range(250..260).to_string(),
             _ => rng.random_range(0..256).to_string(),

@@ -17,6 +17,7 @@
 
 use std::time::{Duration, Instant};
 
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -49,18 +50,13 @@ pub enum SecretsError {
     Parse { var: &'static str, arn: String, msg: String },
 }
 
+/// Every byte but RFC 3986 unreserved characters (`A-Z a-z 0-9 - . _ ~`).
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
 /// Percent-encodes everything but RFC 3986 unreserved characters: safe in a URL's userinfo,
 /// path and query alike.
 pub fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(s, NOT_UNRESERVED).to_string()
 }
 
 fn non_empty(lookup: &impl Fn(&str) -> Option<String>, key: &str) -> Option<String> {

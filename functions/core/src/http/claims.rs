@@ -4,6 +4,8 @@
 //! both, calls `service::claim` and maps the answer (with `Idempotent-Replayed` on a replay).
 //! It must never touch the store or decide anything about the claim itself.
 
+use std::time::Instant;
+
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
@@ -71,8 +73,10 @@ async fn claim_vm(
     // Order matters: an over-long request_id is refused before the pool is looked up.
     let request_id = RequestId::parse(&raw).map_err(ApiError::InvalidArgument)?;
     let pool = pool_ref(&body.pool.namespace, &body.pool.name)?;
-    let resp = claim::claim(&state, &p, claim::ClaimRequest { pool, request_id }).await?;
+    let started = Instant::now();
+    let resp = claim::claim(&state, &p, claim::ClaimRequest { pool: pool.clone(), request_id }).await?;
     let replayed = resp.replayed;
+    state.metrics.claim_duration(&pool, replayed, started.elapsed().as_secs_f64());
     let mut r = Json(resp).into_response();
     if replayed {
         r.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));

@@ -15,7 +15,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, body_error, optional_name, parse_json};
-use super::openapi::{AdminOnly, AlreadyExists, Common, NotFound};
+use super::openapi::{AddressTaken, AdminOnly, AlreadyExists, Common, NotFound};
 use crate::api;
 use crate::app::AppState;
 use crate::domain::{Name, NameFilter, Phase, PhaseFilter};
@@ -33,7 +33,7 @@ struct HostPath {
     name: String,
 }
 
-/// Registers a flintlock host.
+/// Registers a flintlock host: once per name and once per address (one record per flintlockd).
 #[utoipa::path(
     post, path = "/v1/hosts", tag = "hosts", operation_id = "create_host",
     security(("bearer" = [])), request_body = host::HostCreate,
@@ -71,11 +71,12 @@ async fn get_host(
     Ok(Json(host::get(&state, &name).await?).into_response())
 }
 
-/// Replaces a host's address, TLS and credentials; a `name` in the body must match the path.
+/// Replaces a host's address, TLS and credentials; a `name` in the body must match the path,
+/// and the address must not be another host's.
 #[utoipa::path(
     put, path = "/v1/hosts/{name}", tag = "hosts", operation_id = "update_host",
     security(("bearer" = [])), params(HostPath), request_body = host::HostSpec,
-    responses((status = 200, description = "The updated host", body = api::Host), Common, AdminOnly, NotFound)
+    responses((status = 200, description = "The updated host", body = api::Host), Common, AdminOnly, NotFound, AddressTaken)
 )]
 async fn update_host(
     State(state): State<AppState>,

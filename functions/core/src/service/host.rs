@@ -13,7 +13,7 @@ use crate::rules::{
     BasicAuthToken, HOST_ADDRESS, HostAddress, MAX_BASIC_AUTH_TOKEN_CHARS, MAX_HOST_ADDRESS_CHARS, MAX_PEM_CHARS,
     NO_CONTROL, PEM, Pem, null, reference, schema_only, string,
 };
-use crate::store::{self, HostDelete, HostWrite};
+use crate::store::{self, HostDelete, HostWrite, StoreError};
 
 /// How to reach a flintlockd: plaintext (`insecure`), or TLS with a CA and optionally a
 /// client certificate (see [`TlsRules`]).
@@ -148,12 +148,36 @@ fn write<'a>(name: &'a str, spec: &'a HostSpec, tls: &'a HostTls) -> HostWrite<'
     }
 }
 
+/// A write refused because another host has the address: ALREADY_EXISTS, naming that host.
+/// One record per flintlockd: two would each take the other's VMs for VMs "on another host"
+/// and delete them as orphans.
+async fn address_taken(state: &AppState, e: StoreError, address: &str) -> ApiError {
+    match e {
+        StoreError::UniqueViolation { constraint, .. } if constraint == store::HOSTS_ADDRESS_KEY => {
+            let owner = match state.conn().await {
+                Ok(conn) => store::host_name_by_address(&conn, address).await.ok().flatten(),
+                Err(_) => None,
+            };
+            ApiError::AlreadyExists(format!(
+                "address {address} is already registered as host {}: register each flintlockd once",
+                owner.as_deref().unwrap_or("(another host)")
+            ))
+        }
+        e => e.into(),
+    }
+}
+
 pub async fn create(state: &AppState, spec: HostSpec) -> Result<Host, ApiError> {
     let name = spec.name.clone().ok_or_else(|| ApiError::InvalidArgument("name is required".into()))?;
     validate_name("name", &name).map_err(ApiError::InvalidArgument)?;
     let tls = spec.validate()?;
-    let conn = state.conn().await?;
-    let (row, n) = store::host_insert(&conn, &write(&name, &spec, &tls)).await?.ok_or_else(|| {
+    // The connection goes back before `address_taken` takes one (a pool may have only one).
+    let inserted = store::host_insert(&state.conn().await?, &write(&name, &spec, &tls)).await;
+    let inserted = match inserted {
+        Ok(r) => r,
+        Err(e) => return Err(address_taken(state, e, &spec.address).await),
+    };
+    let (row, n) = inserted.ok_or_else(|| {
         ApiError::AlreadyExists(format!("host {name} already exists: use PUT /v1/hosts/{name} to change it"))
     })?;
     tracing::info!(host = %name, address = %row.address, exec = %row.exec, "host registered");
@@ -170,8 +194,12 @@ pub async fn update(state: &AppState, name: &str, spec: HostSpec) -> Result<Host
         )));
     }
     let tls = spec.validate()?;
-    let conn = state.conn().await?;
-    let (row, n) = store::host_update(&conn, &write(name, &spec, &tls)).await?.ok_or_else(|| not_found(name))?;
+    let updated = store::host_update(&state.conn().await?, &write(name, &spec, &tls)).await;
+    let updated = match updated {
+        Ok(r) => r,
+        Err(e) => return Err(address_taken(state, e, &spec.address).await),
+    };
+    let (row, n) = updated.ok_or_else(|| not_found(name))?;
     tracing::info!(host = %name, address = %row.address, exec = %row.exec, "host updated");
     Ok(Host::new(&row, n))
 }

@@ -74,7 +74,7 @@ macro_rules! pick_available_vm {
 /// planned at most a few times per connection instead of on every claim.
 pub async fn lease_claim_prepare(c: &crate::db::Conn) -> Result<Statement> {
     let cached = c.wrapper();
-    timed(c.limits(), c.pg(), cached.prepare_typed_cached(LEASE_CLAIM_SQL, &[Type::TEXT; 5])).await
+    timed(c, || cached.prepare_typed_cached(LEASE_CLAIM_SQL, &[Type::TEXT; 5])).await
 }
 
 /// The claim: replay lookup, pick, lease insert, VM update and event in one statement.
@@ -150,12 +150,9 @@ pub async fn lease_claim(
 ) -> Result<ClaimOutcome> {
     let row = match prepared {
         Some(stmt) => {
-            timed(
-                c.limits(),
-                c.pg(),
-                c.pg().query_one(stmt, &[&pool.namespace, &pool.name, &lease_id, &request_id, &principal]),
-            )
-            .await?
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+                [&pool.namespace, &pool.name, &lease_id, &request_id, &principal];
+            timed(c, || c.pg().query_one(stmt, &params)).await?
         }
         None => {
             c.timed_query_one(

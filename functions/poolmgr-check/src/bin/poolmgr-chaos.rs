@@ -401,7 +401,9 @@ async fn claims(a: ClaimsArgs) -> anyhow::Result<bool> {
     }
 
     // What the database says this principal holds on this pool.
-    let db = db::connect_one(&a.database_url).await.context("connecting to the database to compare leases")?;
+    let db = db::connect_one(&a.database_url, &db::DbTls::from_env().map_err(anyhow::Error::msg)?)
+        .await
+        .context("connecting to the database to compare leases")?;
     let rows = db
         .query(
             "SELECT l.lease_id, coalesce(l.request_id, ''), coalesce(v.phase, 'NO ROW') FROM leases l
@@ -509,8 +511,10 @@ async fn passes(a: PassesArgs) -> anyhow::Result<bool> {
     );
     let check_opts = Options {
         database_url: a.database_url.clone(),
+        db_tls: cfg.db_tls.clone(),
         flintlock_overrides: vec![],
         namespace_prefix: cfg.flintlock_namespace_prefix.clone(),
+        deployment_id: cfg.deployment_id.clone(),
         flintlock_timeout: Duration::from_secs(5),
     };
     let t0 = Instant::now();
