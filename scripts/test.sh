@@ -13,6 +13,9 @@
 #   scripts/test.sh -p poolmgr-core
 #   scripts/test.sh -- --nocapture
 # When you select packages with -p/--package, --workspace is not added.
+#
+# When the run includes the integration suite (poolmgr-tests), the claims and reconcile
+# function binaries are built first: its lambda_lifecycle tests run them.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -56,14 +59,26 @@ fi
 
 # -p/--package selects packages explicitly; otherwise test the whole workspace.
 workspace=(--workspace)
+integration=0
+profile=()
 for arg in "$@"; do
     case "$arg" in
         --) break ;;
         -p | --package | -p?* | --package=*) workspace=() ;;
+        --release) profile=(--release) ;;
     esac
+    if [[ $arg == *poolmgr-tests* ]]; then integration=1; fi
 done
+if [[ ${#workspace[@]} -gt 0 ]]; then integration=1; fi
 
 cd "$ROOT"
+# The integration suite's lambda_lifecycle tests run the claims and reconcile binaries as Lambda
+# does; `cargo test` builds no other package's binaries, so build them first.
+if [[ $integration == 1 ]]; then
+    log "cargo build${profile[*]:+ ${profile[*]}} --bin claims --bin reconcile (run by the lambda_lifecycle tests)"
+    cargo build "${profile[@]}" --bin claims --bin reconcile ||
+        die "building the claims and reconcile functions failed; fix the errors above"
+fi
 log "RUST_BACKTRACE=1 cargo test${workspace[*]:+ ${workspace[*]}} --all-targets${*:+ $*}"
 status=0
 RUST_BACKTRACE=1 cargo test "${workspace[@]}" --all-targets --no-fail-fast "$@" || status=$?

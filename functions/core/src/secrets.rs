@@ -1,5 +1,7 @@
-//! Secrets named by AWS Secrets Manager ARN, fetched at start through the AWS Parameters and
-//! Secrets Lambda Extension (a local HTTP cache running beside the function; no AWS SDK).
+//! Secrets named by AWS Secrets Manager ARN, fetched through the AWS Parameters and Secrets
+//! Lambda Extension (a local HTTP cache running beside the function; no AWS SDK). AWS answers
+//! the extension only in the INVOKE phase: functions read their secrets on their first
+//! invocation (`app::Instance`), never before the runtime asked for an event.
 //!
 //! - `POOLMGR_DATABASE_SECRET_ARN`: either a PostgreSQL URL, or the RDS JSON shape
 //!   `{"username", "password", "host", "port", "dbname"}`; becomes `DATABASE_URL`.
@@ -24,7 +26,7 @@ pub const DATABASE_SECRET_ARN: &str = "POOLMGR_DATABASE_SECRET_ARN";
 pub const TOKENS_SECRET_ARN: &str = "POOLMGR_TOKENS_SECRET_ARN";
 /// The extension's port (its own variable, default 2773).
 pub const EXTENSION_PORT: &str = "PARAMETERS_SECRETS_EXTENSION_HTTP_PORT";
-/// How long to keep trying the extension at start (milliseconds, default 5000).
+/// How long one invocation keeps trying the extension (milliseconds, default 5000).
 pub const WAIT_MS: &str = "POOLMGR_SECRETS_WAIT_MS";
 
 const DEFAULT_PORT: u16 = 2773;
@@ -208,10 +210,10 @@ impl Extension {
         Ok(Extension { client, base: format!("http://localhost:{port}"), token, wait })
     }
 
-    /// One secret's `SecretString`. AWS documents the extension as usable in the invoke phase,
-    /// and a function reads its secrets before serving (in the init phase), when the extension
-    /// may still be starting: connection failures and error answers are retried, with backoff,
-    /// for up to `POOLMGR_SECRETS_WAIT_MS`.
+    /// One secret's `SecretString`. Connection failures and error answers (Secrets Manager
+    /// slow or throttling behind the extension) are retried, with backoff, for up to
+    /// `POOLMGR_SECRETS_WAIT_MS` within the invocation; past it the invocation fails and the
+    /// next one tries again.
     async fn get(&self, var: &'static str, arn: &str) -> Result<String, SecretsError> {
         let url = format!("{}/secretsmanager/get?secretId={}", self.base, percent_encode(arn));
         let fetch_err =

@@ -42,8 +42,8 @@ const KEPT_LINES: usize = 400;
 pub enum Outcome {
     /// `POST /2018-06-01/runtime/invocation/{id}/response`: the function's result.
     Response(Bytes),
-    /// `POST /2018-06-01/runtime/invocation/{id}/error`: `errorType` (from the
-    /// `Lambda-Runtime-Function-Error-Type` header or the body) and the body.
+    /// `POST /2018-06-01/runtime/invocation/{id}/error`: `errorType` (the body's, else the
+    /// `Lambda-Runtime-Function-Error-Type` header) and the body.
     Error { error_type: String, body: Value },
 }
 
@@ -196,11 +196,11 @@ async fn response(State(s): State<Arc<RuntimeShared>>, UrlPath(id): UrlPath<Stri
 fn error_body(headers: &HeaderMap, body: &Bytes) -> (String, Value) {
     let body: Value =
         serde_json::from_slice(body).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(body).into_owned()));
-    let error_type = headers
-        .get("lambda-runtime-function-error-type")
-        .and_then(|v| v.to_str().ok())
+    // The body's `errorType` is what the invoker sees; the header is often just "unhandled".
+    let error_type = body["errorType"]
+        .as_str()
         .map(str::to_owned)
-        .or_else(|| body["errorType"].as_str().map(str::to_owned))
+        .or_else(|| headers.get("lambda-runtime-function-error-type").and_then(|v| v.to_str().ok()).map(str::to_owned))
         .unwrap_or_default();
     (error_type, body)
 }
