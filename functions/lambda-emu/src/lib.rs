@@ -80,6 +80,8 @@ struct RuntimeShared {
     inflight: Mutex<HashMap<String, oneshot::Sender<Answer>>>,
     /// How many times `/next` was called: 0 while the function is still in INIT.
     next_calls: watch::Sender<u64>,
+    /// When `/next` was first called: the end of INIT.
+    first_next: Mutex<Option<Instant>>,
     init_errors: Mutex<Vec<Value>>,
     /// Each invocation's deadline, from when `/next` hands it out.
     timeout: Duration,
@@ -118,6 +120,7 @@ impl RuntimeApi {
             queue_rx: tokio::sync::Mutex::new(queue_rx),
             inflight: Mutex::new(HashMap::new()),
             next_calls: watch::Sender::new(0),
+            first_next: Mutex::new(None),
             init_errors: Mutex::new(vec![]),
             timeout: Duration::from_secs(60),
         });
@@ -153,6 +156,7 @@ fn now_ms() -> u128 {
 
 async fn next(State(s): State<Arc<RuntimeShared>>) -> Response {
     // From here on the environment is in INVOKE: the extension serves.
+    s.first_next.lock().unwrap().get_or_insert_with(Instant::now);
     s.next_calls.send_modify(|n| *n += 1);
     let Some(p) = s.queue_rx.lock().await.recv().await else {
         return (StatusCode::INTERNAL_SERVER_ERROR, "the emulator is shutting down").into_response();
@@ -446,6 +450,11 @@ impl Function {
     /// When the process was started.
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// When the function first asked for an event (the end of its INIT phase), if it did.
+    pub fn init_done(&self) -> Option<Instant> {
+        *self.runtime.first_next.lock().unwrap()
     }
 
     /// The last lines the function wrote to stderr (its logs).
