@@ -514,8 +514,8 @@ mod tests {
         let db_secret = r#"{"username": "poolmgr", "password": "s3cr:t/", "host": "instance.rds", "port": 5432}"#;
         let tokens_secret = r#"{"admin_tokens": "ops:adm1", "client_tokens": "ci:cli1"}"#;
         let (port, seen) = fake_extension(vec![
-            // The extension may still be starting during the function's init phase.
-            (400, "not ready to serve traffic, please wait".into()),
+            // An error answer first (Secrets Manager throttling behind the extension): retried.
+            (400, r#"{"__type": "ThrottlingException", "message": "Rate exceeded"}"#.into()),
             (200, get_secret_value(DB_ARN, db_secret)),
             (200, get_secret_value(TOKENS_ARN, tokens_secret)),
         ])
