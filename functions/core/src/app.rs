@@ -129,9 +129,15 @@ impl<T> Instance<T> {
             .get_or_try_init(|| async {
                 let started = Instant::now();
                 let cfg = Config::from_lookup(crate::secrets::env_lookup().await?)?;
+                let read = started.elapsed();
                 let pool = crate::db::pool_from_config(&cfg)?;
-                tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "function state built");
-                Ok((self.make)(AppState::new(&cfg, pool)))
+                let built = (self.make)(AppState::new(&cfg, pool));
+                tracing::info!(
+                    config_us = read.as_micros() as u64,
+                    total_us = started.elapsed().as_micros() as u64,
+                    "function state built (configuration and secrets, then the pool and the handler)"
+                );
+                Ok(built)
             })
             .await
     }
