@@ -87,27 +87,33 @@ struct RuntimeShared {
     timeout: Duration,
 }
 
-/// Serves `app` on a free loopback port until the handle is aborted.
-async fn serve(app: Router) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Ok((addr, server))
+/// An HTTP server on a free loopback port, stopped when dropped.
+struct Server {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Server {
+    async fn start(app: Router) -> std::io::Result<Server> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Server { addr, task })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// The emulated Lambda Runtime API of one execution environment.
 pub struct RuntimeApi {
-    addr: SocketAddr,
+    server: Server,
     shared: Arc<RuntimeShared>,
-    server: JoinHandle<()>,
-}
-
-impl Drop for RuntimeApi {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
 }
 
 impl RuntimeApi {
@@ -130,13 +136,12 @@ impl RuntimeApi {
             .route("/2018-06-01/runtime/invocation/{id}/error", post(invocation_error))
             .route("/2018-06-01/runtime/init/error", post(init_error))
             .with_state(shared.clone());
-        let (addr, server) = serve(app).await?;
-        Ok(RuntimeApi { addr, shared, server })
+        Ok(RuntimeApi { server: Server::start(app).await?, shared })
     }
 
     /// `host:port`, the value of `AWS_LAMBDA_RUNTIME_API`.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr
     }
 
     /// How many times the function asked for an event (0: it is still in INIT).
@@ -248,15 +253,8 @@ struct ExtensionShared {
 
 /// The emulated AWS Parameters and Secrets Lambda Extension (its Secrets Manager part).
 pub struct SecretsExtension {
-    addr: SocketAddr,
+    server: Server,
     shared: Arc<ExtensionShared>,
-    server: JoinHandle<()>,
-}
-
-impl Drop for SecretsExtension {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
 }
 
 impl SecretsExtension {
@@ -270,12 +268,11 @@ impl SecretsExtension {
             next_calls: runtime.shared.next_calls.subscribe(),
         });
         let app = Router::new().route("/secretsmanager/get", get(get_secret)).with_state(shared.clone());
-        let (addr, server) = serve(app).await?;
-        Ok(SecretsExtension { addr, shared, server })
+        Ok(SecretsExtension { server: Server::start(app).await?, shared })
     }
 
     pub fn port(&self) -> u16 {
-        self.addr.port()
+        self.server.addr.port()
     }
 
     /// Stores (or replaces) secret `arn` with `secret_string`.

@@ -95,14 +95,21 @@ fn claim_event(request_id: &str) -> Vec<u8> {
     http_event("POST", "/v1/claims", &[("authorization", &auth)], Some(&body)).to_string().into_bytes()
 }
 
-#[tokio::test]
-async fn an_http_function_reads_its_secrets_in_the_invoke_phase_and_keeps_its_state() {
+/// Pool default/ci with `vms` AVAILABLE VMs, and the claims function's emulated environment
+/// with the database secret in its extension (the tokens secret is the test's to add).
+async fn claims_setup(vms: usize) -> (TestApp, Emulator, Vec<(String, String)>) {
     let app = TestApp::spawn().await;
-    app.create_pool("ci", 2).await;
-    app.seed_available("ci", 2).await;
+    app.create_pool("ci", vms as i32).await;
+    app.seed_available("ci", vms).await;
     let emu = Emulator::start("claims").await.unwrap();
     let (db_secret, env) = lambda_setup(&app);
     emu.extension.put_secret(DB_ARN, &db_secret);
+    (app, emu, env)
+}
+
+#[tokio::test]
+async fn an_http_function_reads_its_secrets_in_the_invoke_phase_and_keeps_its_state() {
+    let (app, emu, env) = claims_setup(2).await;
     emu.extension.put_secret(TOKENS_ARN, &tokens_secret());
     let mut claims = emu.spawn(&function_bin("claims"), &env).unwrap();
 
@@ -128,13 +135,8 @@ async fn an_http_function_reads_its_secrets_in_the_invoke_phase_and_keeps_its_st
 
 #[tokio::test]
 async fn an_http_function_answers_503_while_its_secret_cannot_be_read_and_reads_it_on_the_next_invocation() {
-    let app = TestApp::spawn().await;
-    app.create_pool("ci", 1).await;
-    app.seed_available("ci", 1).await;
-    let emu = Emulator::start("claims").await.unwrap();
-    let (db_secret, mut env) = lambda_setup(&app);
+    let (app, emu, mut env) = claims_setup(1).await;
     env.push(("POOLMGR_SECRETS_WAIT_MS".into(), "0".into()));
-    emu.extension.put_secret(DB_ARN, &db_secret);
     // The tokens secret does not exist yet (a role that may not read it answers alike).
     let mut claims = emu.spawn(&function_bin("claims"), &env).unwrap();
 
