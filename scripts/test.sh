@@ -19,6 +19,9 @@
 #   scripts/test.sh -p poolmgr-core
 #   scripts/test.sh -- --nocapture
 # When you select packages with -p/--package, --workspace is not added.
+#
+# When the run includes the integration suite (poolmgr-tests), the claims and reconcile
+# function binaries are built first: its lambda_lifecycle tests run them.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -114,6 +117,16 @@ HBA
         stack_pg_fresh "$TLS_DIR/pg" "or set POOLMGR_TEST_TLS_PG_PORT and POOLMGR_TEST_TLS_CA_PEM to use another TLS server" 8>&- 9>&-
     export POOLMGR_TEST_TLS_PG_PORT=$PG_PORT POOLMGR_TEST_TLS_CA_PEM=$certs/ca.pem
     log "POOLMGR_TEST_TLS_PG_PORT=$POOLMGR_TEST_TLS_PG_PORT POOLMGR_TEST_TLS_CA_PEM=$POOLMGR_TEST_TLS_CA_PEM"
+fi
+
+# The integration suite's lambda_lifecycle tests run the claims and reconcile binaries as Lambda
+# does; `cargo test` builds no other package's binaries, so build them first.
+if [[ $tls_tests == 1 ]]; then
+    profile=()
+    [[ " ${cargo_args[*]} " == *" --release "* ]] && profile=(--release)
+    log "cargo build${profile[*]:+ ${profile[*]}} --bin claims --bin reconcile (run by the lambda_lifecycle tests)"
+    cargo build "${profile[@]}" --bin claims --bin reconcile ||
+        die "building the claims and reconcile functions failed; fix the errors above"
 fi
 
 log "RUST_BACKTRACE=1 cargo test${workspace[*]:+ ${workspace[*]}} --all-targets${*:+ $*}"

@@ -21,6 +21,7 @@
 //! | `harness` | the typed reads of `TestResponse` are as strict as the wire |
 //! | `hooks` | create and pre-lease hooks, the two-phase claim |
 //! | `hosts` | `/v1/hosts…` and `/v1/vms…` |
+//! | `lambda_lifecycle` | the claims and reconcile binaries under an emulated Lambda Runtime API and secrets extension |
 //! | `leases` | `/v1/leases…`: get, heartbeat, release, list, and their races |
 //! | `migrations` | schema upgrades and version checks |
 //! | `monitoring` | `infra/monitoring` against the real `/metrics`, the metrics it reads, `/livez`, `/readyz` |
@@ -41,6 +42,7 @@ mod flintlock_client;
 mod harness;
 mod hooks;
 mod hosts;
+mod lambda_lifecycle;
 mod leases;
 mod migrations;
 mod monitoring;

@@ -422,8 +422,9 @@ async fn the_scheduled_event_decodes_and_runs_one_pass() {
     let raw = include_str!("../../../functions/reconcile/events/scheduled.json");
     let event: aws_lambda_events::eventbridge::EventBridgeEvent<serde_json::Value> = serde_json::from_str(raw).unwrap();
     assert_eq!(event.detail_type, "Scheduled Event");
+    let payload: serde_json::Value = serde_json::from_str(raw).unwrap();
     let report =
-        reconcile_fn::handle(&app.state, lambda_runtime::LambdaEvent::new(event, Default::default())).await.unwrap();
+        reconcile_fn::handle(&app.state, lambda_runtime::LambdaEvent::new(payload, Default::default())).await.unwrap();
     assert_eq!(report.pools, 1);
     assert_eq!(report.created, 2);
     assert_eq!(app.count_phase("ci", "PROVISIONING").await, 2);
