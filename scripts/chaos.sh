@@ -11,6 +11,9 @@
 #                    restarted on the same port and state file: pools reach size, no orphan.
 #   4 overlap        rounds of 8 overlapping in-process reconcile passes fill and grow pools:
 #                    never above size, pools reach size, no orphan.
+#   5 lost-answer    poolmgr-local restarted with its fault point on: every 3rd fresh claim on
+#                    a pool with a pre-lease hook loses its answer after it committed; clients
+#                    retry with the same ids and each loss comes back as a replay of its lease.
 #
 # Starts its own PostgreSQL under .dev/chaos (wiped first), flintlock-sim and poolmgr-local on
 # free ports, and stops all of them on exit. Prints one summary line per scenario; exits 1 if
@@ -37,10 +40,12 @@ for arg in "$@"; do
 done
 
 if [[ $SHORT == 1 ]]; then
-    CLIENTS=6 DURATION=9s DOWN=3 POOL_SIZE=24 PROV_POOLS=2 PROV_SIZE=6 OV_POOLS=3 OV_SIZE=3 OV_GROW=6
+    CLIENTS=6 DURATION=9s DOWN=3 POOL_SIZE=24 PROV_POOLS=2 PROV_SIZE=6 OV_POOLS=3 OV_SIZE=3 OV_GROW=6 HOOK_SIZE=12
 else
-    CLIENTS=16 DURATION=20s DOWN=6 POOL_SIZE=60 PROV_POOLS=4 PROV_SIZE=10 OV_POOLS=6 OV_SIZE=5 OV_GROW=10
+    CLIENTS=16 DURATION=20s DOWN=6 POOL_SIZE=60 PROV_POOLS=4 PROV_SIZE=10 OV_POOLS=6 OV_SIZE=5 OV_GROW=10 HOOK_SIZE=32
 fi
+# Scenario 5: the answer of every LOSE_EVERY-th fresh claim is lost after it committed.
+LOSE_EVERY=3
 
 DIR=$ROOT/.dev/chaos
 LOGS=$DIR/logs
@@ -90,8 +95,8 @@ api() { # METHOD PATH [JSON]
     curl "${args[@]}"
 }
 
-create_pool() { # NAME SIZE
-    api POST /v1/pools '{"namespace": "default", "name": "'"$1"'", "size": '"$2"', "flintlock_hosts": ["sim"],
+create_pool() { # NAME SIZE [EXTRA_FIELDS]  (EXTRA_FIELDS: more PoolSpec JSON fields, e.g. hooks)
+    api POST /v1/pools '{"namespace": "default", "name": "'"$1"'", "size": '"$2"', "flintlock_hosts": ["sim"],'"${3:+ $3,}"'
       "replenishment": {"strategy": "REPLACE_ON_DELETE"}, "heartbeat_interval_seconds": 300, "heartbeat_expiry_seconds": 600,
       "microvm_template": {"root_volume": {"id": "root", "source": {"container_source": "ghcr.io/liquidmetal-dev/ubuntu:22.04"}},
                            "interfaces": [{"device_id": "eth1", "type": "TAP"}]}}' >/dev/null
@@ -136,6 +141,22 @@ record() { # NAME STATUS(0=pass) DETAILS
 # kv KEY LINE: the value of KEY=value in a summary line.
 kv() { printf '%s\n' "$2" | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n 1; }
 
+# seen_by_load LOG KEY TIMEOUT_S: waits until the load's progress lines in LOG (one every 2 s)
+# count KEY above 0, so a fault is undone only once the load has met it; 1 after TIMEOUT_S.
+seen_by_load() {
+    local t0=$SECONDS
+    while ((SECONDS - t0 < $3)); do
+        grep -Eq " $2=[1-9]" "$1" && return 0
+        sleep 0.2
+    done
+    log "the load saw no $2 in $3 s; see $1"
+    return 1
+}
+
+# The loads run until the script says its fault is over (this file exists) and at least their
+# --duration: a fault can never land after the load has finished, however slow the machine.
+STOP_LOAD=$DIR/load.stop
+
 log "starting flintlock-sim (state file $DIR/sim.state) and poolmgr-local"
 start_sim
 start_app
@@ -146,22 +167,27 @@ wait_available chaos "$POOL_SIZE" 60 || die "pool default/chaos never filled; se
 
 # ---- 1: PostgreSQL restart under claim load ------------------------------------------------
 log "scenario 1: PostgreSQL stopped for ${DOWN}s under claim load"
+rm -f "$STOP_LOAD"
 stack_spawn poolmgr-chaos "$LOGS/s1.out" "$LOGS/s1.log" \
     "$BIN/poolmgr-chaos" claims --endpoint "$ENDPOINT" --token "$CLIENT" --principal chaos --pool default/chaos \
-    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --expect-503 --id-prefix s1
+    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --until-file "$STOP_LOAD" --expect-503 --id-prefix s1
 LOAD_PID=$SPAWNED_PID
 sleep 2
 APP_PID_BEFORE=$APP_PID
+s1=0
+T_DOWN=$SECONDS
 pg_stop "$DIR/pg" >>"$LOGS/pg.log" 2>&1
 sleep 1
 HEALTH_DOWN=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "$ENDPOINT/healthz" || true)
 RETRY_AFTER=$(curl -s -o /dev/null -D - --max-time 10 -X POST "$ENDPOINT/v1/claims" -H "Authorization: Bearer $CLIENT" \
     -H 'content-type: application/json' -d '{"pool": {"namespace": "default", "name": "chaos"}}' |
     tr -d '\r' | sed -n 's/^[Rr]etry-[Aa]fter: //p')
-sleep $((DOWN - 1))
+# Force the moment: PostgreSQL comes back only once the load has met the outage (a 503).
+seen_by_load "$LOGS/s1.log" 503s 60 || s1=1
+while ((SECONDS - T_DOWN < DOWN)); do sleep 0.2; done
 PG_WANT_PORT=$PG_PORT PG_FAST=1 pg_start "$DIR/pg" >>"$LOGS/pg.log" 2>&1 || die "PostgreSQL did not come back on port $PG_PORT; see $DIR/pg/postgres.log"
-s1=0
-stack_wait "$LOAD_PID" || s1=$?
+touch "$STOP_LOAD"
+stack_wait "$LOAD_PID" || s1=1
 LOAD=$(tail -n 1 "$LOGS/s1.out")
 grep FAIL "$LOGS/s1.log" >&2 || true
 notes=""
@@ -182,21 +208,25 @@ record "1 pg-restart" "$s1" "claims=$(kv claims_ok "$LOAD") 503s=$(kv 503s "$LOA
 
 # ---- 2: SIGKILL of poolmgr-local under claims with request_ids -------------------------------
 log "scenario 2: poolmgr-local killed with SIGKILL under claims, restarted"
+rm -f "$STOP_LOAD"
 stack_spawn poolmgr-chaos "$LOGS/s2.out" "$LOGS/s2.log" \
     "$BIN/poolmgr-chaos" claims --endpoint "$ENDPOINT" --token "$CLIENT" --principal chaos --pool default/chaos \
-    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --expect-conn-errors --id-prefix s2
+    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --until-file "$STOP_LOAD" --expect-conn-errors --id-prefix s2
 LOAD_PID=$SPAWNED_PID
 sleep 2
 KILLS=0
+s2=0
 for _ in 1 $([[ $SHORT == 1 ]] || echo 2); do
     stack_stop "$APP_PID" KILL
     KILLS=$((KILLS + 1))
     sleep 1.5
+    # Force the moment: the restart waits until the load has met the dead server.
+    seen_by_load "$LOGS/s2.log" conn_errors 60 || s2=1
     start_app
     sleep 2
 done
-s2=0
-stack_wait "$LOAD_PID" || s2=$?
+touch "$STOP_LOAD"
+stack_wait "$LOAD_PID" || s2=1
 LOAD=$(tail -n 1 "$LOGS/s2.out")
 grep FAIL "$LOGS/s2.log" >&2 || true
 # s1's clients kept their leases too: every chaos lease is one of s1's or s2's, one per client.
@@ -242,6 +272,45 @@ LOAD=$(tail -n 1 "$LOGS/s4.out")
 grep FAIL "$LOGS/s4.log" >&2 || true
 run_check s4 || s4=1
 record "4 overlap" "$s4" "passes=$(kv passes "$LOAD") rounds=$(kv rounds "$LOAD") created=$(kv created "$LOAD") max_over_size=$(kv max_over_size "$LOAD") pass_errors=$(kv pass_errors "$LOAD") pools=${OV_POOLS}x${OV_GROW} | check: $CHECK_LINE"
+
+# ---- 5: claim answers lost after commit, on a pool with a pre-lease hook ---------------------
+log "scenario 5: every ${LOSE_EVERY}rd fresh claim loses its answer after commit (pool with a pre-lease hook)"
+# poolmgr-local's fault point (functions/poolmgr-local/src/fault.rs): off unless this variable
+# is set, and absent from the Lambda functions.
+LOST_BEFORE=$(grep -c 'claim answer lost on purpose' "$LOGS/poolmgr-local.log" || true)
+POOLMGR_LOCAL_FAULT_LOSE_CLAIM_ANSWER_EVERY=$LOSE_EVERY start_app
+create_pool hooked "$HOOK_SIZE" '"pre_lease_commands": ["rm -rf /tmp/job && mkdir /tmp/job"]'
+s5=0
+wait_available hooked "$HOOK_SIZE" 60 || s5=1
+stack_spawn poolmgr-chaos "$LOGS/s5.out" "$LOGS/s5.log" \
+    "$BIN/poolmgr-chaos" claims --endpoint "$ENDPOINT" --token "$CLIENT" --principal chaos --pool default/hooked \
+    --clients "$CLIENTS" --keep 1 --duration "$DURATION" --expect-conn-errors --id-prefix s5
+LOAD_PID=$SPAWNED_PID
+stack_wait "$LOAD_PID" || s5=$?
+LOAD=$(tail -n 1 "$LOGS/s5.out")
+grep FAIL "$LOGS/s5.log" >&2 || true
+LOST=$(($(grep -c 'claim answer lost on purpose' "$LOGS/poolmgr-local.log" || true) - LOST_BEFORE))
+REPLAYED=$(kv replayed_after_error "$LOAD")
+HOOKED_VMS=$(sql "SELECT count(*) FROM events WHERE type = 'VM_CLAIMED' AND pool_name = 'hooked'")
+notes=""
+# Every lost answer must come back as exactly one replay: a retry that claimed anew would
+# show as a fresh claim (and a lease no client holds, which poolmgr-chaos reports).
+if [[ $LOST -lt 1 ]]; then
+    notes+=" no-answer-was-lost"
+    s5=1
+fi
+if [[ $REPLAYED != "$LOST" ]]; then
+    notes+=" replays($REPLAYED)!=lost($LOST)"
+    s5=1
+fi
+# One VM_CLAIMED per logical claim: answered fresh, or lost and replayed; never one per attempt.
+FRESH=$(kv fresh "$LOAD")
+if [[ -z $FRESH || $HOOKED_VMS -ne $((FRESH + LOST)) ]]; then
+    notes+=" vm_claimed_events($HOOKED_VMS)!=fresh+lost($FRESH+$LOST)"
+    s5=1
+fi
+run_check s5 || s5=1
+record "5 lost-answer" "$s5" "lost_answers=$LOST replayed_after_error=$REPLAYED claims=$(kv claims_ok "$LOAD") fresh=$FRESH vm_claimed_events=$HOOKED_VMS conn_errors=$(kv conn_errors "$LOAD") 429s=$(kv exhausted_429 "$LOAD") leases=$(kv leases_in_db "$LOAD")/$(kv leases_held "$LOAD") unexpected=$(kv unexpected "$LOAD")${notes} | check: $CHECK_LINE"
 
 printf '\n'
 printf 'chaos summary (%s, %ss):\n' "$([[ $SHORT == 1 ]] && echo short || echo full)" "$((SECONDS - T_START))"

@@ -213,20 +213,27 @@ v = sorted(float(x) for x in sys.argv[1:])
 print(f"median {statistics.median(v):.1f} ms, p90 {v[int(len(v) * 0.9) - 1]:.1f} ms, min {v[0]:.1f} ms")' "${REPLAYS[@]}")
 
 # --- EMF metrics on the functions' stdout ---------------------------------------------------------------
-python3 - "$WATCH_LOG" <<'PY' || die "no CloudWatch EMF line for poolmgr_vm_claims_total in the watch log"
-import json, sys
-found = False
-for line in open(sys.argv[1], errors="replace"):
-    line = line.strip()
-    if not line.startswith("{") or '"_aws"' not in line:
-        continue
-    doc = json.loads(line)
-    d = doc["_aws"]["CloudWatchMetrics"][0]
-    if d["Namespace"] == "poolmgr" and any(m["Name"] == "poolmgr_vm_claims_total" for m in d["Metrics"]):
-        assert d["Dimensions"] == [["pool_namespace", "pool_name", "replayed"]], d
-        assert isinstance(doc["_aws"]["Timestamp"], int)
-        found = True
-sys.exit(0 if found else 1)
+# cargo lambda watch copies the functions' stdout into its log on its own schedule: wait (bounded) for
+# the line instead of reading the log at one moment.
+python3 - "$WATCH_LOG" <<'PY' || die "no CloudWatch EMF line for poolmgr_vm_claims_total in the watch log within 30 s"
+import json, sys, time
+def found():
+    for line in open(sys.argv[1], errors="replace"):
+        line = line.strip()
+        if not line.startswith("{") or '"_aws"' not in line:
+            continue
+        doc = json.loads(line)
+        d = doc["_aws"]["CloudWatchMetrics"][0]
+        if d["Namespace"] == "poolmgr" and any(m["Name"] == "poolmgr_vm_claims_total" for m in d["Metrics"]):
+            assert d["Dimensions"] == [["pool_namespace", "pool_name", "replayed"]], d
+            assert isinstance(doc["_aws"]["Timestamp"], int)
+            return True
+    return False
+deadline = time.monotonic() + 30
+while not found():
+    if time.monotonic() > deadline:
+        sys.exit(1)
+    time.sleep(0.2)
 PY
 log "EMF: claims metrics found on the functions' stdout"
 if grep -q 'Compiling' <(sed -n '/starting Runtime server/,$p' "$WATCH_LOG"); then

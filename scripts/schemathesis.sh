@@ -3,7 +3,8 @@
 #
 # Starts a private stack on free ports — PostgreSQL under .dev/schemathesis-pg (wiped first),
 # flintlock-sim, poolmgr-local — seeds it (admin and client tokens, the simulator as host
-# "local", pool default/ci with AVAILABLE VMs and one lease), then runs schemathesis
+# "local", pool default/ci with AVAILABLE VMs and one lease, host "put-target" held by the
+# empty pool default/hold for fuzzed PUTs), then runs schemathesis
 # (pinned, installed into .dev/schemathesis-venv on first use; settings in
 # scripts/schemathesis.toml) against http://127.0.0.1:PORT/openapi.json with the admin token. Fails on any 5xx, any answer the
 # document does not describe (status, content type, headers, body schema), bad data that is
@@ -103,6 +104,16 @@ for _ in $(seq 1 120); do
 done
 [[ "$available" == 3 ]] || { show_log_tail "$APP_LOG" 30; die "pool default/ci did not reach 3 AVAILABLE VMs (has $available)"; }
 api "$CLIENT_TOKEN" POST /v1/claims '{"pool": {"namespace": "default", "name": "ci"}, "request_id": "seed-1"}' >/dev/null
+# The host fuzzed PUTs update (scripts/schemathesis.toml), kept from fuzzed deletes by an empty
+# pool naming it; nothing ever dials its address.
+api "$ADMIN_TOKEN" POST /v1/hosts '{"name": "put-target", "address": "127.0.0.1:1", "tls": {"insecure": true}}' >/dev/null
+api "$ADMIN_TOKEN" POST /v1/pools '{
+  "namespace": "default", "name": "hold", "size": 0, "flintlock_hosts": ["put-target"],
+  "replenishment": {"strategy": "REPLACE_ON_DELETE"},
+  "microvm_template": {
+    "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/liquidmetal-dev/ubuntu:22.04"}},
+    "interfaces": [{"device_id": "eth1", "type": "TAP"}]
+  }}' >/dev/null
 
 # The fuzzer registers hosts at whatever addresses it makes up. Restart with the reconciler
 # parked (one pass at start, over the seeded state only) so nothing ever dials them: the

@@ -9,10 +9,19 @@
 # With POOLMGR_TEST_DATABASE_URL set (an admin/superuser URL), leftover
 # poolmgr_test_* databases there are dropped first and that server is used.
 #
+# A second private server, TLS-only (ssl = on, a certificate for localhost signed by a CA
+# generated for this run, a pg_hba.conf with hostssl lines only), is started under
+# .dev/test-pg-tls for the TLS tests (tests/tests/api/db_tls.rs) when poolmgr-tests is among
+# the packages tested; its port and CA are exported as POOLMGR_TEST_TLS_PG_PORT and
+# POOLMGR_TEST_TLS_CA_PEM. Set both yourself to use another such server.
+#
 # Extra arguments are passed to `cargo test`, e.g.
 #   scripts/test.sh -p poolmgr-core
 #   scripts/test.sh -- --nocapture
 # When you select packages with -p/--package, --workspace is not added.
+#
+# When the run includes the integration suite (poolmgr-tests), the claims and reconcile
+# function binaries are built first: its lambda_lifecycle tests run them.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -56,17 +65,84 @@ fi
 
 # -p/--package selects packages explicitly; otherwise test the whole workspace.
 workspace=(--workspace)
+packages=()
+cargo_args=()
+prev=
 for arg in "$@"; do
+    [[ $arg == -- ]] && break
+    cargo_args+=("$arg")
     case "$arg" in
-        --) break ;;
-        -p | --package | -p?* | --package=*) workspace=() ;;
+        -p | --package) workspace=() ;;
+        -p?*) workspace=() packages+=("${arg#-p}") ;;
+        --package=*) workspace=() packages+=("${arg#--package=}") ;;
+        *) [[ $prev == -p || $prev == --package ]] && packages+=("$arg") ;;
     esac
+    prev=$arg
 done
+tls_tests=0
+if [[ ${#workspace[@]} -gt 0 || " ${packages[*]} " == *" poolmgr-tests "* ]]; then
+    tls_tests=1
+fi
 
 cd "$ROOT"
+# Built first (the same selection, so nothing is built twice): the TLS server's certificates
+# come from one of the test binaries (tests/src/bin/pg-test-certs.rs).
+log "building: cargo test${workspace[*]:+ ${workspace[*]}} --all-targets --no-run${cargo_args[*]:+ ${cargo_args[*]}}"
+cargo test "${workspace[@]}" --all-targets --no-run "${cargo_args[@]}" ||
+    die "the build failed; fix the errors above and rerun scripts/test.sh"
+
+if [[ $tls_tests == 1 && -z "${POOLMGR_TEST_TLS_PG_PORT:-}" ]]; then
+    TLS_DIR=$ROOT/.dev/test-pg-tls
+    exec 8>"$ROOT/.dev/test-pg-tls.lock"
+    if command -v flock >/dev/null 2>&1 && ! flock -n 8; then
+        TLS_DIR=$ROOT/.dev/test-pg-tls-$$
+        log "another scripts/test.sh is running here; using $TLS_DIR for the TLS server"
+        at_exit rm -rf "$TLS_DIR"
+    fi
+    certs=$TLS_DIR/certs
+    rm -rf "$certs"
+    log "generating a CA and a certificate for localhost in $certs"
+    "${CARGO_TARGET_DIR:-$ROOT/target}/debug/pg-test-certs" "$certs" ||
+        die "could not generate the TLS test certificates (see above)"
+    cat >"$certs/pg_hba.conf" <<'HBA'
+# TCP clients only over TLS: no `host` line, so a plaintext client finds no entry.
+hostssl all all 127.0.0.1/32 trust
+hostssl all all ::1/128 trust
+HBA
+    if [[ $(id -u) -eq 0 ]]; then
+        pg_own_dir "$certs" || die "cannot hand $certs to the postgres user"
+    fi
+    log "starting the TLS-only test server (ssl = on, hostssl only)"
+    PG_FAST=1 PG_OPTS="-c ssl=on -c ssl_cert_file='$certs/server.crt' -c ssl_key_file='$certs/server.key' -c hba_file='$certs/pg_hba.conf'" \
+        stack_pg_fresh "$TLS_DIR/pg" "or set POOLMGR_TEST_TLS_PG_PORT and POOLMGR_TEST_TLS_CA_PEM to use another TLS server" 8>&- 9>&-
+    export POOLMGR_TEST_TLS_PG_PORT=$PG_PORT POOLMGR_TEST_TLS_CA_PEM=$certs/ca.pem
+    log "POOLMGR_TEST_TLS_PG_PORT=$POOLMGR_TEST_TLS_PG_PORT POOLMGR_TEST_TLS_CA_PEM=$POOLMGR_TEST_TLS_CA_PEM"
+fi
+
+# The integration suite's lambda_lifecycle tests run the claims and reconcile binaries as Lambda
+# does; `cargo test` builds no other package's binaries, so build them first.
+if [[ $tls_tests == 1 ]]; then
+    profile=()
+    [[ " ${cargo_args[*]} " == *" --release "* ]] && profile=(--release)
+    log "cargo build${profile[*]:+ ${profile[*]}} --bin claims --bin reconcile (run by the lambda_lifecycle tests)"
+    cargo build "${profile[@]}" --bin claims --bin reconcile ||
+        die "building the claims and reconcile functions failed; fix the errors above"
+fi
+
 log "RUST_BACKTRACE=1 cargo test${workspace[*]:+ ${workspace[*]}} --all-targets${*:+ $*}"
 status=0
 RUST_BACKTRACE=1 cargo test "${workspace[@]}" --all-targets --no-fail-fast "$@" || status=$?
+# --all-targets leaves doctests out: compile the documentation examples meant to compile (the
+# client's crate-level example) when the whole workspace or that crate is tested.
+doc=(${workspace[*]:+poolmgr-client})
+for arg in "$@"; do
+    [[ $arg == -- ]] && break
+    [[ $arg == poolmgr-client || $arg == --package=poolmgr-client || $arg == -ppoolmgr-client ]] && doc=(poolmgr-client)
+done
+if [[ ${#doc[@]} -gt 0 ]]; then
+    log "cargo test --doc -p ${doc[*]}"
+    cargo test --doc -p "${doc[@]}" || status=$?
+fi
 if [[ $status -ne 0 ]]; then
     err "cargo test failed (exit $status); read the failures above and rerun e.g. scripts/test.sh -p CRATE TEST_NAME"
 fi

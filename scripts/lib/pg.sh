@@ -24,6 +24,7 @@
 #
 # Environment:
 #   PG_FAST=1            start with fsync/synchronous_commit/full_page_writes off
+#   PG_OPTS="-c k=v ..." more server options (test.sh's TLS server: ssl, hba_file)
 #   PG_WANT_PORT=P       pg_start listens on port P instead of a free one (to restart a
 #                        stopped cluster where its clients expect it)
 #   PG_BINDIR            override the PostgreSQL bin directory
@@ -127,6 +128,9 @@ pg_start() {
         opts="-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories='$sockdir' -c max_connections=400"
         if [[ "${PG_FAST:-}" == 1 ]]; then
             opts+=" -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        fi
+        if [[ -n "${PG_OPTS:-}" ]]; then
+            opts+=" $PG_OPTS"
         fi
         log "starting PostgreSQL in $dir on 127.0.0.1:$port${PG_FAST:+ (PG_FAST=$PG_FAST)}"
         if pg_as_owner "$PG_BINDIR/pg_ctl" -w -t 60 -D "$data" -l "$log" -o "$opts" start >&2; then

@@ -22,6 +22,15 @@
 //! `postgres://postgres@127.0.0.1:6432/{db}`), the app under test reaches its database through
 //! that pooler (`scripts/test-pgbouncer.sh`), while creating, migrating and dropping databases
 //! and the tests' own SQL go straight to PostgreSQL.
+//!
+//! TLS: [`tls`] makes the certificate authorities of the TLS tests; `scripts/test.sh` starts a
+//! second, TLS-only server for them ([`tls_server`]).
+//!
+//! [`local::LocalServer`] runs a real `poolmgr-local` process instead of the in-process Router,
+//! for the tests of clients that talk to it over the network (`poolmgrctl`, `poolmgr-client`).
+
+pub mod local;
+pub mod tls;
 
 use std::time::Duration;
 
@@ -51,6 +60,17 @@ pub fn admin_url() -> String {
 }
 
 /// `url` with its database name replaced.
+/// The TLS test server that `scripts/test.sh` starts (`ssl = on`, TCP clients only over TLS):
+/// its port on 127.0.0.1 and the path of the CA that signed its certificate for
+/// [`tls::SERVER_NAME`] (`POOLMGR_TEST_TLS_PG_PORT`, `POOLMGR_TEST_TLS_CA_PEM`).
+pub fn tls_server() -> (u16, String) {
+    let port = std::env::var("POOLMGR_TEST_TLS_PG_PORT").expect(
+        "POOLMGR_TEST_TLS_PG_PORT is not set: run the tests with scripts/test.sh, which starts the TLS test server",
+    );
+    let ca = std::env::var("POOLMGR_TEST_TLS_CA_PEM").expect("POOLMGR_TEST_TLS_CA_PEM is not set: run scripts/test.sh");
+    (port.parse().expect("POOLMGR_TEST_TLS_PG_PORT is a port"), ca)
+}
+
 pub fn url_for(db_name: &str) -> String {
     let admin = admin_url();
     let (base, _) = admin.rsplit_once('/').expect("URL with a database name");
@@ -87,14 +107,14 @@ pub struct TestDb {
 impl TestDb {
     /// Creates an empty database (no migrations).
     pub async fn create() -> TestDb {
-        let name = format!("poolmgr_test_{}", ulid::Ulid::new().to_string().to_lowercase());
-        let admin = db::connect_one(&admin_url()).await.expect("connect to the test server");
+        let name = format!("poolmgr_test_{}", ulid::Ulid::generate().to_string().to_lowercase());
+        let admin = db::connect_one(&admin_url(), &db::DbTls::default()).await.expect("connect to the test server");
         admin.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create test database");
         TestDb { url: url_for(&name), app_url: app_url_for(&name), name }
     }
 
     pub async fn client(&self) -> tokio_postgres::Client {
-        db::connect_one(&self.url).await.expect("connect to the test database")
+        db::connect_one(&self.url, &db::DbTls::default()).await.expect("connect to the test database")
     }
 }
 
@@ -105,7 +125,7 @@ impl Drop for TestDb {
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             rt.block_on(async {
-                if let Ok(c) = db::connect_one(&admin_url()).await {
+                if let Ok(c) = db::connect_one(&admin_url(), &db::DbTls::default()).await {
                     let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await;
                 }
             });
@@ -208,6 +228,12 @@ pub fn pool_spec(name: &str, size: i32) -> Value {
         "heartbeat_interval_seconds": 30,
         "heartbeat_expiry_seconds": 120
     })
+}
+
+/// A port on 127.0.0.1 that nothing listens on (bound once, then released).
+pub fn unused_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local address").port()
 }
 
 pub fn pool(name: &str) -> PoolRef {
@@ -513,16 +539,28 @@ impl TestApp {
             .get(0)
     }
 
-    /// Live (not DELETING) simulator VMs in poolmgr's namespace for `default` pools.
+    /// Live (not DELETING) simulator VMs in a deployment's namespace for `default` pools
+    /// (`poolmgr-<deployment id>-default`, whichever deployment: a test's simulator serves one).
     pub fn sim_live(sim: &Sim) -> Vec<flintlock_proto::types::MicroVm> {
         use flintlock_proto::types::micro_vm_status::MicroVmState;
+        let of_default_pools = |ns: &str| {
+            ns.strip_prefix("poolmgr-").and_then(|rest| rest.split_once('-')).is_some_and(|(id, pool_ns)| {
+                poolmgr_core::deployment::validate_deployment_id(id).is_ok() && pool_ns == "default"
+            })
+        };
         sim.vms()
             .into_iter()
             .filter(|m| {
-                m.spec.as_ref().is_some_and(|s| s.namespace == "poolmgr-default")
+                m.spec.as_ref().is_some_and(|s| of_default_pools(&s.namespace))
                     && m.status.as_ref().is_some_and(|s| s.state != MicroVmState::Deleting as i32)
             })
             .collect()
+    }
+
+    /// The flintlock namespace this app's deployment creates pool namespace `pool_namespace`'s
+    /// VMs in (`poolmgr-<deployment id>-<pool namespace>`).
+    pub async fn flintlock_namespace(&self, pool_namespace: &str) -> String {
+        self.state.flintlock_namespace(pool_namespace).await.expect("the deployment id")
     }
 
     /// A pooled connection for direct SQL (straight to PostgreSQL, even when the app goes
@@ -534,7 +572,7 @@ impl TestApp {
     /// Creates a VM in the simulator and its row in `phase`, as provisioning would.
     pub async fn seed_vm(&self, pool_name: &str, phase: Phase) -> store::VmRow {
         let pool = pool(pool_name);
-        let id = format!("{pool_name}-{}", ulid::Ulid::new().to_string().to_lowercase());
+        let id = format!("{pool_name}-{}", ulid::Ulid::generate().to_string().to_lowercase());
         let host = {
             let conn = self.conn().await;
             store::host_get(&**conn, SIM_HOST).await.unwrap().unwrap().0
@@ -543,7 +581,7 @@ impl TestApp {
         let created = self
             .state
             .flintlock
-            .create(&host.endpoint(), tpl.to_spec(&id, &self.state.flintlock_namespace("default")))
+            .create(&host.endpoint(), tpl.to_spec(&id, &self.flintlock_namespace("default").await))
             .await
             .expect("sim create");
         let uid = created.spec.and_then(|s| s.uid).expect("uid");
@@ -585,6 +623,15 @@ impl TestApp {
 
     pub async fn count_events(&self, kind: &str) -> i64 {
         self.conn().await.query_one("SELECT count(*) FROM events WHERE type = $1", &[&kind]).await.unwrap().get(0)
+    }
+
+    /// `GET /metrics` with the admin token: the Prometheus text (200, `text/plain`).
+    pub async fn scrape(&self) -> String {
+        let r = self.get(ADMIN, "/metrics").await;
+        assert_eq!(r.status.as_u16(), 200, "{}", r.body);
+        let ct = r.headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+        assert!(ct.starts_with("text/plain"), "Prometheus text, got content-type {ct:?}");
+        r.body.as_str().unwrap_or_else(|| panic!("metrics body is text: {}", r.body)).to_owned()
     }
 
     /// Value of a counter line in the Prometheus text, 0 if absent.

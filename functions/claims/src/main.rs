@@ -1,7 +1,8 @@
-//! The `claims` HTTP function: `poolmgr_core::http::claims_router` on AWS Lambda.
+//! The `claims` HTTP function: `poolmgr_core::http::claims_router` on AWS Lambda, built by the
+//! first request (`poolmgr_core::app::LazyRouter`).
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
-    let state = poolmgr_core::app::boot_function().await?;
-    lambda_http::run(poolmgr_core::http::claims_router(state)).await
+    poolmgr_core::telemetry::init();
+    lambda_http::run(poolmgr_core::app::LazyRouter::new(poolmgr_core::http::claims_router)).await
 }

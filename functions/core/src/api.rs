@@ -315,10 +315,10 @@ pub struct EventList {
     pub next_after: i64,
 }
 
-/// `GET /healthz`.
+/// `GET /livez`, `/readyz`, `/healthz`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Health {
-    /// Always `ok`: an unreachable database answers 503 instead.
+    /// Always `ok`: a failed check answers 503 instead.
     #[schema(value_type = String, pattern = "^ok$")]
     pub status: String,
 }

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use crate::auth::{AuthConfig, Role, TokenEntry};
+use crate::db_tls::DbTls;
 
 #[derive(Debug, thiserror::Error)]
 #[error("configuration: {0}")]
@@ -16,6 +17,9 @@ pub struct ConfigError(pub String);
 pub struct Config {
     /// PostgreSQL URL (`DATABASE_URL`).
     pub database_url: String,
+    /// TLS to PostgreSQL: the `sslmode` of a URL that names none (`POOLMGR_DATABASE_SSLMODE`,
+    /// `prefer`) and the CA to trust (`POOLMGR_DATABASE_CA_PEM`, else the compiled-in roots).
+    pub db_tls: DbTls,
     /// Connections per process (`POOLMGR_DB_POOL_SIZE`). A Lambda instance serves one request
     /// at a time and needs 1-2; the local server shares one pool across all routes.
     pub db_pool_size: usize,
@@ -43,12 +47,22 @@ pub struct Config {
     /// Counters and histograms are also written as CloudWatch Embedded Metric Format lines on
     /// stdout (`POOLMGR_METRICS_FORMAT=emf`; the default on Lambda, else `prometheus`).
     pub metrics_emf: bool,
+    /// Their CloudWatch namespace (`POOLMGR_METRICS_NAMESPACE`, default `poolmgr`); the AWS
+    /// template sets `poolmgr/<stack name>` so two stacks in one region keep apart.
+    pub metrics_namespace: String,
     /// Timeout of every flintlock RPC (`POOLMGR_FLINTLOCK_TIMEOUT_SECONDS`).
     pub flintlock_timeout: Duration,
     pub auth: AuthConfig,
-    /// flintlock namespaces poolmgr owns are `<prefix><pool namespace>`
-    /// (`POOLMGR_FLINTLOCK_NAMESPACE_PREFIX`). VMs in other namespaces are never touched.
+    /// flintlock namespaces poolmgr owns start with this
+    /// (`POOLMGR_FLINTLOCK_NAMESPACE_PREFIX`, `poolmgr-`); a deployment's are
+    /// `<prefix><deployment id>-<pool namespace>`. VMs in other namespaces are never touched.
     pub flintlock_namespace_prefix: String,
+    /// This deployment's id (`POOLMGR_DEPLOYMENT_ID`: 1-20 lowercase letters and digits).
+    /// Unset (the default): the id the database generated once (migration V9), which every
+    /// function of the deployment reads and no other deployment (another database) shares.
+    /// Set it only to choose a readable id; every reconcile function of the deployment must
+    /// then use the same one.
+    pub deployment_id: Option<String>,
     pub reconcile: ReconcileConfig,
     pub hooks: HookConfig,
 }
@@ -103,6 +117,7 @@ pub struct ReconcileConfig {
     pub warning_window: Duration,
     /// First retry delay of a failing VM step, doubled per attempt up to `backoff_cap`
     /// (`POOLMGR_RECONCILE_BACKOFF_MS`, 1000; `POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS`, 60).
+    /// A host a pass found unreachable also gets no new VMs for `backoff_cap`.
     pub backoff_base: Duration,
     pub backoff_cap: Duration,
     /// Failed attempts after which a uid-less intent row on an unreachable host is dropped
@@ -112,6 +127,11 @@ pub struct ReconcileConfig {
     pub max_creates_per_pool: usize,
     /// Interval between orphan scans of a host (`POOLMGR_ORPHAN_SCAN_SECONDS`, 10).
     pub orphan_scan_interval: Duration,
+    /// flintlock MicroVM calls (create, get, list, delete) one pass has in flight per host at
+    /// most, across its pool workers (`POOLMGR_RECONCILE_HOST_CONCURRENCY`, 4). A host that
+    /// stops answering holds at most this many calls until the flintlock timeout; the first
+    /// to fail marks it sick for the rest of the pass and the calls queued behind are skipped.
+    pub host_concurrency: usize,
     /// `poolmgr-local`'s ticker interval (`POOLMGR_RECONCILE_INTERVAL_SECONDS`, 2).
     pub interval: Duration,
     /// Events older than this are deleted by the reconcile pass, in batches
@@ -226,6 +246,19 @@ fn hook_config(
     Ok(hooks)
 }
 
+/// A CloudWatch namespace: 1-255 of letters, digits and `. - _ / # :` (and spaces), not
+/// starting with `AWS/` (reserved for AWS's own).
+fn check_metrics_namespace(ns: String) -> Result<String, ConfigError> {
+    let ok_chars = ns.chars().all(|c| c.is_ascii_alphanumeric() || ".-_/#: ".contains(c));
+    if ns.len() > 255 || !ok_chars || ns.starts_with("AWS/") {
+        return Err(ConfigError(format!(
+            "POOLMGR_METRICS_NAMESPACE={ns:?} is not a CloudWatch namespace: at most 255 letters, digits and \
+             . - _ / # : (not starting with AWS/), e.g. poolmgr/my-stack"
+        )));
+    }
+    Ok(ns)
+}
+
 impl Config {
     pub fn from_env() -> Result<Config, ConfigError> {
         Config::from_lookup(|k| std::env::var(k).ok())
@@ -274,12 +307,19 @@ impl Config {
                 return Err(ConfigError(format!("POOLMGR_METRICS_FORMAT={other:?}: use \"emf\" or \"prometheus\"")));
             }
         };
+        let metrics_namespace =
+            match lookup("POOLMGR_METRICS_NAMESPACE").map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()) {
+                None => crate::metrics::EMF_NAMESPACE.to_owned(),
+                Some(ns) => check_metrics_namespace(ns)?,
+            };
         let statement_timeout = parse_num(&lookup, "POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS", 10u64)?;
         let db_statement_timeout = (statement_timeout > 0).then(|| Duration::from_secs(statement_timeout));
         let db_connect_timeout = Duration::from_secs(parse_num(&lookup, "POOLMGR_DB_CONNECT_TIMEOUT_SECONDS", 5u64)?);
         let hooks = hook_config(&lookup, db_connect_timeout, db_statement_timeout)?;
+        let db_tls = DbTls::from_lookup(&lookup).map_err(ConfigError)?;
         Ok(Config {
             database_url,
+            db_tls,
             db_pool_size,
             db_connect_timeout,
             db_check_idle: Duration::from_secs(parse_num(&lookup, "POOLMGR_DB_CHECK_IDLE_SECONDS", 1u64)?),
@@ -298,11 +338,21 @@ impl Config {
             },
             on_lambda,
             metrics_emf,
+            metrics_namespace,
             flintlock_timeout: Duration::from_secs(parse_num(&lookup, "POOLMGR_FLINTLOCK_TIMEOUT_SECONDS", 10u64)?),
             auth: AuthConfig { disabled, tokens },
             flintlock_namespace_prefix: lookup("POOLMGR_FLINTLOCK_NAMESPACE_PREFIX")
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "poolmgr-".into()),
+            deployment_id: match lookup("POOLMGR_DEPLOYMENT_ID").map(|s| s.trim().to_owned()) {
+                None => None,
+                Some(id) if id.is_empty() => None,
+                Some(id) => {
+                    crate::deployment::validate_deployment_id(&id)
+                        .map_err(|e| ConfigError(format!("POOLMGR_DEPLOYMENT_ID: {e}")))?;
+                    Some(id)
+                }
+            },
             hooks,
             reconcile: ReconcileConfig {
                 deadline: Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_DEADLINE_SECONDS", 50u64)?),
@@ -318,6 +368,7 @@ impl Config {
                 max_create_attempts: parse_num(&lookup, "POOLMGR_PROVISION_MAX_ATTEMPTS", 5i32)?,
                 max_creates_per_pool: parse_num(&lookup, "POOLMGR_RECONCILE_MAX_CREATES", 50usize)?,
                 orphan_scan_interval: Duration::from_secs(parse_num(&lookup, "POOLMGR_ORPHAN_SCAN_SECONDS", 10u64)?),
+                host_concurrency: parse_num(&lookup, "POOLMGR_RECONCILE_HOST_CONCURRENCY", 4usize)?.max(1),
                 interval: Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_INTERVAL_SECONDS", 2u64)?.max(1)),
                 events_retention: parse_retention(
                     &lookup,
@@ -522,6 +573,18 @@ mod tests {
     }
 
     #[test]
+    fn the_metrics_namespace_defaults_to_poolmgr_and_must_be_a_cloudwatch_namespace() {
+        let base = [("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "disabled")];
+        assert_eq!(cfg(&base).unwrap().metrics_namespace, "poolmgr");
+        let c = cfg(&[base[0], base[1], ("POOLMGR_METRICS_NAMESPACE", "poolmgr/stack-a")]).unwrap();
+        assert_eq!(c.metrics_namespace, "poolmgr/stack-a");
+        for bad in ["AWS/Lambda", "pool{mgr}", &"x".repeat(256)] {
+            let err = cfg(&[base[0], base[1], ("POOLMGR_METRICS_NAMESPACE", bad)]).unwrap_err();
+            assert!(err.to_string().contains("not a CloudWatch namespace"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn events_retention_defaults_to_seven_days_and_takes_a_unit_or_off() {
         let base = [("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "disabled")];
         let retention =
@@ -538,5 +601,23 @@ mod tests {
             let e = retention(bad).unwrap_err().to_string();
             assert!(e.contains("POOLMGR_EVENTS_RETENTION"), "{bad:?}: {e}");
         }
+    }
+
+    /// Issue 14 item 9: the deployment id is optional (the database has one) and must be
+    /// letters and digits, since a `-` would make the flintlock namespace ambiguous.
+    #[test]
+    fn the_deployment_id_is_optional_and_refused_when_ambiguous() {
+        let base = [("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "disabled")];
+        assert_eq!(cfg(&base).unwrap().deployment_id, None);
+        assert_eq!(cfg(&[base[0], base[1], ("POOLMGR_DEPLOYMENT_ID", " ")]).unwrap().deployment_id, None);
+        assert_eq!(
+            cfg(&[base[0], base[1], ("POOLMGR_DEPLOYMENT_ID", "prod1")]).unwrap().deployment_id.as_deref(),
+            Some("prod1")
+        );
+        for bad in ["prod-1", "Prod", "a_b"] {
+            let err = cfg(&[base[0], base[1], ("POOLMGR_DEPLOYMENT_ID", bad)]).unwrap_err();
+            assert!(err.to_string().contains("POOLMGR_DEPLOYMENT_ID"), "{err}");
+        }
+        assert_eq!(cfg(&base).unwrap().reconcile.host_concurrency, 4);
     }
 }

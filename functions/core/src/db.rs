@@ -9,6 +9,9 @@
 //!
 //! Lambda: the pool opens connections lazily and replaces ones that died while idle (see
 //! [`connect_pool`]); `Config` sizes it to one connection per execution environment.
+//!
+//! TLS: every connection here (pool, [`connect_one`]) takes its `sslmode` from the URL and its
+//! trust anchors from a [`DbTls`] ([`crate::db_tls`] says what each mode checks).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +23,7 @@ use deadpool_postgres::{
 use refinery::Target;
 
 use crate::config::Config;
+pub use crate::db_tls::{DbTls, SslMode};
 use crate::store::{Executor, Limits, StoreError};
 
 mod embedded {
@@ -34,6 +38,8 @@ pub enum DbError {
     Pool(String),
     #[error("cannot reach PostgreSQL: {0}; is it running and is DATABASE_URL right?")]
     Connect(String),
+    #[error("cannot connect to PostgreSQL over TLS (sslmode={mode}): {cause}; {hint}")]
+    Tls { mode: &'static str, cause: String, hint: &'static str },
     #[error(
         "the database schema is at version {database}, but this binary only knows versions up to {binary}: \
          a newer poolmgr migrated it. Deploy the newer binaries (or restore a backup taken before that migration)"
@@ -41,6 +47,11 @@ pub enum DbError {
     SchemaTooNew { database: i32, binary: i32 },
     #[error("the database schema is at version {database}, this binary needs {binary}: run the migrate step first")]
     SchemaTooOld { database: i32, binary: i32 },
+    #[error(
+        "the database's newest migration V{version} is {database:?}, but this binary's V{version} is {binary:?}: \
+         a different build of poolmgr migrated it. Deploy the binaries that match the database"
+    )]
+    SchemaDiverged { version: i32, database: String, binary: String },
     #[error("migration failed: {0}")]
     Migrate(String),
 }
@@ -48,6 +59,37 @@ pub enum DbError {
 /// The newest schema version this binary carries.
 pub fn latest_version() -> i32 {
     embedded::migrations::runner().get_migrations().iter().map(|m| m.version()).max().unwrap_or(0)
+}
+
+/// The newest migration this binary embeds: version, name and checksum as refinery records
+/// them in `refinery_schema_history`.
+pub fn latest_migration() -> Option<(i32, String, String)> {
+    embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .max_by_key(|m| m.version())
+        .map(|m| (m.version(), m.name().to_owned(), m.checksum().to_string()))
+}
+
+/// Whether a database whose newest applied migration is `applied`
+/// ([`crate::store::schema_latest_applied`]) has the schema this binary was built for: the
+/// same newest migration, by version, name and checksum. The readiness check (`/readyz`).
+pub fn schema_current(applied: Option<(i32, String, String)>) -> Result<(), DbError> {
+    let binary = latest_migration();
+    let (database_version, binary_version) = (applied.as_ref().map_or(0, |a| a.0), binary.as_ref().map_or(0, |b| b.0));
+    schema_matches(database_version, binary_version)?;
+    match (applied, binary) {
+        (Some((version, db_name, db_sum)), Some((_, bin_name, bin_sum)))
+            if (&db_name, &db_sum) != (&bin_name, &bin_sum) =>
+        {
+            Err(DbError::SchemaDiverged {
+                version,
+                database: format!("{db_name} (checksum {db_sum})"),
+                binary: format!("{bin_name} (checksum {bin_sum})"),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// How [`connect_pool`] builds a pool; [`PoolOptions::from_config`] reads it from `Config`.
@@ -62,6 +104,8 @@ pub struct PoolOptions {
     pub statement_timeout: Option<Duration>,
     /// Send a cancel request for a statement past `statement_timeout`.
     pub cancel_on_timeout: bool,
+    /// Trust anchors and the `sslmode` of a URL that names none.
+    pub tls: DbTls,
 }
 
 impl PoolOptions {
@@ -72,6 +116,7 @@ impl PoolOptions {
             check_idle: cfg.db_check_idle,
             statement_timeout: cfg.db_statement_timeout,
             cancel_on_timeout: cfg.db_cancel_on_timeout,
+            tls: cfg.db_tls.clone(),
         }
     }
 }
@@ -93,8 +138,7 @@ const PING_TIMEOUT: Duration = Duration::from_secs(2);
 /// Schema check: the first connection the pool opens checks the schema version (once per
 /// pool, until it passes). A mismatch fails the checkout (503, logged) instead of the start.
 pub fn connect_pool(url: &str, opts: &PoolOptions) -> Result<Db, DbError> {
-    let mut pg: tokio_postgres::Config =
-        url.parse().map_err(|e: tokio_postgres::Error| DbError::BadUrl(e.to_string()))?;
+    let (mut pg, tls, _) = opts.tls.connect_config(url).map_err(DbError::BadUrl)?;
     if pg.get_connect_timeout().is_none() {
         pg.connect_timeout(opts.connect_timeout);
     }
@@ -103,8 +147,7 @@ pub fn connect_pool(url: &str, opts: &PoolOptions) -> Result<Db, DbError> {
     }
     let limits = Limits { statement_timeout: opts.statement_timeout, cancel_on_timeout: opts.cancel_on_timeout };
     // `Fast` recycling only checks the socket is open; the pre-recycle hook adds the ping.
-    let mgr =
-        Manager::from_config(pg, tokio_postgres::NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let mgr = Manager::from_config(pg, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     let check_idle = opts.check_idle;
     let schema_ok = Arc::new(AtomicBool::new(false));
     let pool = Pool::builder(mgr)
@@ -200,7 +243,7 @@ impl Db {
     /// A pooled connection carrying this handle's limits. An unreachable database is
     /// `Unavailable`; a connection that died while idle is replaced (see [`connect_pool`]).
     pub async fn get(&self) -> Result<Conn, StoreError> {
-        Ok(Conn { client: self.pool.get().await?, limits: self.limits })
+        Ok(Conn { client: Some(self.pool.get().await?), limits: self.limits, discarded: AtomicBool::new(false) })
     }
 
     pub fn limits(&self) -> Limits {
@@ -214,38 +257,69 @@ impl Db {
     }
 }
 
-/// One pooled connection of a [`Db`]; back to the pool when dropped.
+/// One pooled connection of a [`Db`]; back to the pool when dropped, unless a statement on it
+/// was abandoned at the statement timeout ([`Executor::discard`]): then it is taken out of
+/// the pool and closed, and the pool opens a fresh one when it needs one. The abandoned
+/// statement may still run on the server, and the cancel request sent for it may arrive
+/// late: on a connection handed out again it would cancel someone else's statement.
 pub struct Conn {
-    client: deadpool_postgres::Object,
+    /// Always `Some` until the drop.
+    client: Option<deadpool_postgres::Object>,
     limits: Limits,
+    discarded: AtomicBool,
 }
 
 impl Conn {
+    fn object(&self) -> &deadpool_postgres::Object {
+        self.client.as_ref().expect("a connection is held until dropped")
+    }
+
     /// A transaction on this connection, with the same limits. Dropped without
     /// [`Tx::commit`], it rolls back.
     pub async fn transaction(&mut self) -> Result<Tx<'_>, StoreError> {
         let limits = self.limits;
-        Ok(Tx { tx: self.client.transaction().await?, limits })
+        let client = self.client.as_mut().expect("a connection is held until dropped");
+        Ok(Tx { tx: client.transaction().await?, limits, discarded: &self.discarded })
     }
 
     /// The socket is known closed (the database restarted, the connection was dropped).
     pub fn is_closed(&self) -> bool {
-        self.client.is_closed()
+        self.object().is_closed()
+    }
+
+    /// A statement on it was abandoned at the timeout: it must not run another one.
+    pub fn is_discarded(&self) -> bool {
+        self.discarded.load(Ordering::Acquire)
     }
 
     /// deadpool's wrapper, for its per-connection statement cache.
     pub(crate) fn wrapper(&self) -> &ClientWrapper {
-        &self.client
+        self.object()
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.is_discarded()
+            && let Some(object) = self.client.take()
+        {
+            // Out of the pool for good; dropping the client closes the connection.
+            drop(deadpool_postgres::Object::take(object));
+            tracing::info!("closed a database connection whose statement timed out");
+        }
     }
 }
 
 impl Executor for Conn {
     type Client = tokio_postgres::Client;
     fn pg(&self) -> &Self::Client {
-        &self.client
+        self.object()
     }
     fn limits(&self) -> Limits {
         self.limits
+    }
+    fn discard(&self) {
+        self.discarded.store(true, Ordering::Release);
     }
 }
 
@@ -253,6 +327,8 @@ impl Executor for Conn {
 pub struct Tx<'a> {
     tx: deadpool_postgres::Transaction<'a>,
     limits: Limits,
+    /// The connection's flag: a statement timeout inside the transaction discards it too.
+    discarded: &'a AtomicBool,
 }
 
 impl Tx<'_> {
@@ -269,18 +345,48 @@ impl<'a> Executor for Tx<'a> {
     fn limits(&self) -> Limits {
         self.limits
     }
+    fn in_transaction(&self) -> bool {
+        true
+    }
+    fn discard(&self) {
+        self.discarded.store(true, Ordering::Release);
+    }
 }
 
-/// Opens one dedicated connection (migrations need `&mut Client`).
-pub async fn connect_one(url: &str) -> Result<tokio_postgres::Client, DbError> {
-    let (client, conn) =
-        tokio_postgres::connect(url, tokio_postgres::NoTls).await.map_err(|e| DbError::Connect(e.to_string()))?;
+/// Opens one dedicated connection (migrations need `&mut Client`; tools run their own SQL),
+/// with the `sslmode` of `url` and the trust anchors of `tls`.
+pub async fn connect_one(url: &str, tls: &DbTls) -> Result<tokio_postgres::Client, DbError> {
+    let (pg, connector, mode) = tls.connect_config(url).map_err(DbError::BadUrl)?;
+    let (client, conn) = pg.connect(connector).await.map_err(|e| connect_error(e, mode))?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "migration connection closed");
+            tracing::debug!(error = %e, "dedicated database connection closed");
         }
     });
     Ok(client)
+}
+
+/// A failed connect in words that say what to change: a TLS failure names the knob that
+/// governs it.
+fn connect_error(e: tokio_postgres::Error, mode: SslMode) -> DbError {
+    let cause = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| format!("{e}: {s}"));
+    let hint = if cause.contains("not valid for name") || cause.contains("NotValidForName") {
+        "the certificate is not issued for the host name in DATABASE_URL: connect by the name the certificate \
+         carries (RDS Proxy: its endpoint), or use sslmode=verify-ca to check the chain only"
+    } else if cause.contains("invalid peer certificate") {
+        "the server's certificate does not chain to a trusted root: set POOLMGR_DATABASE_CA_PEM to the CA that \
+         signed it (PEM text or a file path)"
+    } else if cause.contains("server does not support TLS") {
+        "the server has ssl = off: turn TLS on there, or lower sslmode (prefer) where plaintext is acceptable"
+    } else if cause.contains("no encryption") {
+        "the server accepts this client only over TLS (a hostssl line in pg_hba.conf, or RDS Proxy's RequireTLS): \
+         use sslmode=verify-full"
+    } else if mode == SslMode::Disable || !(cause.contains("TLS") || cause.contains("tls")) {
+        return DbError::Connect(cause);
+    } else {
+        "check sslmode in DATABASE_URL and POOLMGR_DATABASE_CA_PEM"
+    };
+    DbError::Tls { mode: mode.as_str(), cause, hint }
 }
 
 async fn applied_version(client: &mut tokio_postgres::Client) -> Result<i32, DbError> {
@@ -312,7 +418,7 @@ pub async fn migrate(client: &mut tokio_postgres::Client, target: Option<i32>) -
         .set_abort_divergent(true)
         .set_abort_missing(true)
         .set_target(target.map_or(Target::Latest, Target::Version));
-    let report = runner.run_async(client).await.map_err(|e| DbError::Migrate(e.to_string()))?;
+    let report = runner.run_async(client).await.map_err(|e| DbError::Migrate(with_causes(&e)))?;
     let applied: Vec<i32> = report.applied_migrations().iter().map(|m| m.version()).collect();
     for m in report.applied_migrations() {
         tracing::info!(version = m.version(), name = m.name(), "migration applied");
@@ -320,16 +426,30 @@ pub async fn migrate(client: &mut tokio_postgres::Client, target: Option<i32>) -
     Ok(applied)
 }
 
+/// An error with its chain of causes: refinery's own text is only "`error applying
+/// migration …`, `db error`", and what the operator needs (the server's message, a
+/// migration's RAISE with its hint) is in the causes.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// Connects to `url` and migrates to the latest version.
-pub async fn migrate_url(url: &str) -> Result<Vec<i32>, DbError> {
-    let mut client = connect_one(url).await?;
+pub async fn migrate_url(url: &str, tls: &DbTls) -> Result<Vec<i32>, DbError> {
+    let mut client = connect_one(url, tls).await?;
     migrate(&mut client, None).await
 }
 
 /// Checks the database is at exactly the version this binary was built for. Functions that
 /// do not migrate call this at start so a version skew fails loudly instead of mid-request.
-pub async fn check_schema(url: &str) -> Result<(), DbError> {
-    let mut client = connect_one(url).await?;
+pub async fn check_schema(url: &str, tls: &DbTls) -> Result<(), DbError> {
+    let mut client = connect_one(url, tls).await?;
     let binary = latest_version();
     let database = applied_version(&mut client).await?;
     schema_matches(database, binary)

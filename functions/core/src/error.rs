@@ -124,7 +124,10 @@ impl From<crate::store::StoreError> for ApiError {
         use crate::store::StoreError as S;
         match e {
             S::Unavailable(cause) => ApiError::unavailable("database unavailable, retry", cause),
-            S::Db(cause) | S::UniqueViolation(cause) => ApiError::internal(cause),
+            // A deadlock, serialization failure, cancelled statement or lock timeout: nothing
+            // was changed, and the same request may well succeed in a moment.
+            e @ S::Busy { .. } => ApiError::unavailable("database busy, retry", e),
+            e @ (S::UniqueViolation { .. } | S::Db(_)) => ApiError::internal(e),
         }
     }
 }

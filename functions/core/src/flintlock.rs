@@ -260,15 +260,41 @@ pub struct Endpoint {
 /// One host's cache entry: the settings it was built from, the channel and the auth header.
 type CachedChannel = (Endpoint, Channel, AuthHeader);
 
+/// Told of every failed call: the host's name and the gRPC method (`CreateMicroVM`, …).
+pub type ErrorObserver = Arc<dyn Fn(&str, &str) + Send + Sync>;
+
 #[derive(Clone)]
 pub struct Flintlock {
     timeout: Duration,
     channels: Arc<Mutex<HashMap<String, CachedChannel>>>,
+    on_error: Option<ErrorObserver>,
 }
 
 impl Flintlock {
     pub fn new(timeout: Duration) -> Flintlock {
-        Flintlock { timeout, channels: Arc::default() }
+        Flintlock { timeout, channels: Arc::default(), on_error: None }
+    }
+
+    /// The same client, telling `observer` of every failed call (the metrics'
+    /// `poolmgr_flintlock_errors_total`). A failure is an `Err` from one of the call
+    /// methods below; a VM flintlock does not know, where the method treats that as an
+    /// answer (`get`, `delete`), and a command's non-zero exit code are not failures, nor is
+    /// a readiness probe that finds the guest agent not up yet ([`Flintlock::wait_ready`]).
+    pub fn with_error_observer(self, observer: ErrorObserver) -> Flintlock {
+        Flintlock { on_error: Some(observer), ..self }
+    }
+
+    /// Passes `result` through, telling the observer when it is an error.
+    fn observed<T>(
+        &self,
+        host: &Endpoint,
+        method: &str,
+        result: Result<T, FlintlockError>,
+    ) -> Result<T, FlintlockError> {
+        if let (Err(_), Some(observe)) = (&result, &self.on_error) {
+            observe(&host.name, method);
+        }
+        result
     }
 
     /// A lazily connecting channel and the auth header for `host`. No per-request timeout
@@ -330,6 +356,11 @@ impl Flintlock {
     /// `MicroVM/ServerInfo`. UNIMPLEMENTED (flintlock older than v0.15.0) becomes
     /// [`FlintlockError::Unsupported`]; any other failure is returned as usual.
     pub async fn server_info(&self, host: &Endpoint) -> Result<ServerInfo, FlintlockError> {
+        let result = self.server_info_call(host).await;
+        self.observed(host, "ServerInfo", result)
+    }
+
+    async fn server_info_call(&self, host: &Endpoint) -> Result<ServerInfo, FlintlockError> {
         match self.client(host)?.server_info(()).await {
             Ok(resp) => {
                 let resp = resp.into_inner();
@@ -364,6 +395,18 @@ impl Flintlock {
     ///
     /// Returning (or dropping the future) cancels the stream, which stops the command.
     pub async fn exec(
+        &self,
+        host: &Endpoint,
+        uid: &str,
+        command: &str,
+        timeout: Duration,
+    ) -> Result<ExecOutcome, FlintlockError> {
+        let result = self.exec_call(host, uid, command, timeout).await;
+        self.observed(host, "ExecCommand", result)
+    }
+
+    /// [`Flintlock::exec`] without telling the error observer.
+    async fn exec_call(
         &self,
         host: &Endpoint,
         uid: &str,
@@ -426,15 +469,21 @@ impl Flintlock {
     /// gone ([`FlintlockError::is_not_found`]), was created without guest agent access, the
     /// exec API is disabled ([`FlintlockError::Unsupported`]), or the host is misconfigured.
     pub async fn wait_ready(&self, host: &Endpoint, uid: &str, per_attempt: Duration) -> Result<bool, FlintlockError> {
-        match tokio::time::timeout(per_attempt, self.exec(host, uid, "true", per_attempt)).await {
+        let result = match tokio::time::timeout(per_attempt, self.exec_call(host, uid, "true", per_attempt)).await {
             Err(_) => Ok(false),
             Ok(Ok(_)) => Ok(true),
             Ok(Err(e)) if e.means_not_ready() => Ok(false),
             Ok(Err(e)) => Err(e),
-        }
+        };
+        self.observed(host, "ExecCommand", result)
     }
 
     pub async fn create(&self, host: &Endpoint, spec: pb::MicroVmSpec) -> Result<pb::MicroVm, FlintlockError> {
+        let result = self.create_call(host, spec).await;
+        self.observed(host, "CreateMicroVM", result)
+    }
+
+    async fn create_call(&self, host: &Endpoint, spec: pb::MicroVmSpec) -> Result<pb::MicroVm, FlintlockError> {
         let resp = self
             .client(host)?
             .create_micro_vm(api::CreateMicroVmRequest { microvm: Some(spec), metadata: Default::default() })
@@ -449,28 +498,46 @@ impl Flintlock {
 
     /// Gets a VM by uid; `Ok(None)` when flintlock says it is not found.
     pub async fn get(&self, host: &Endpoint, uid: &str) -> Result<Option<pb::MicroVm>, FlintlockError> {
-        match self.client(host)?.get_micro_vm(api::GetMicroVmRequest { uid: uid.to_owned() }).await {
-            Ok(r) => Ok(r.into_inner().microvm),
-            Err(s) => {
-                let e = FlintlockError::from_status(&host.name, s);
-                if e.is_not_found() { Ok(None) } else { Err(e) }
-            }
-        }
+        let result = match self.client(host) {
+            Err(e) => Err(e),
+            Ok(mut c) => match c.get_micro_vm(api::GetMicroVmRequest { uid: uid.to_owned() }).await {
+                Ok(r) => Ok(r.into_inner().microvm),
+                Err(s) => {
+                    let e = FlintlockError::from_status(&host.name, s);
+                    if e.is_not_found() { Ok(None) } else { Err(e) }
+                }
+            },
+        };
+        self.observed(host, "GetMicroVM", result)
     }
 
     /// Deletes a VM by uid. A VM flintlock no longer knows counts as deleted.
     pub async fn delete(&self, host: &Endpoint, uid: &str) -> Result<(), FlintlockError> {
-        match self.client(host)?.delete_micro_vm(api::DeleteMicroVmRequest { uid: uid.to_owned() }).await {
-            Ok(_) => Ok(()),
-            Err(s) => {
-                let e = FlintlockError::from_status(&host.name, s);
-                if e.is_not_found() { Ok(()) } else { Err(e) }
-            }
-        }
+        let result = match self.client(host) {
+            Err(e) => Err(e),
+            Ok(mut c) => match c.delete_micro_vm(api::DeleteMicroVmRequest { uid: uid.to_owned() }).await {
+                Ok(_) => Ok(()),
+                Err(s) => {
+                    let e = FlintlockError::from_status(&host.name, s);
+                    if e.is_not_found() { Ok(()) } else { Err(e) }
+                }
+            },
+        };
+        self.observed(host, "DeleteMicroVM", result)
     }
 
     /// Lists VMs in `namespace` (all namespaces when empty), optionally only those named `name`.
     pub async fn list(
+        &self,
+        host: &Endpoint,
+        namespace: &str,
+        name: Option<&str>,
+    ) -> Result<Vec<pb::MicroVm>, FlintlockError> {
+        let result = self.list_call(host, namespace, name).await;
+        self.observed(host, "ListMicroVMs", result)
+    }
+
+    async fn list_call(
         &self,
         host: &Endpoint,
         namespace: &str,

@@ -12,12 +12,16 @@
 //! `store`, `flintlock`); everything → `domain`. Each folder's `mod.rs` says what lives where.
 //!
 //! - [`domain`], [`template`]: parsed, validated types (PoolSpec, RequestId, phases, the name
-//!   pattern, VM counts, …). No I/O.
+//!   pattern, VM counts, …). No I/O. [`rules`]: the limits and patterns their validators
+//!   check, and the schema-only types that state them in the OpenAPI document.
+//!   [`deployment`]: which flintlock namespaces are this deployment's (the orphan scan's
+//!   attribution). No I/O.
 //! - [`store`]: every SQL statement and the one row mapping of each table, one file per table
 //!   (`pool.rs`, `host.rs`, `vm.rs`, `lease.rs`, `event.rs`, and `claim.rs` for the claim
 //!   statements); runs on any [`store::Executor`].
 //! - [`db`]: the database handle [`db::Db`] (the pool and the statement limits its
-//!   connections carry), refinery migrations, schema version check.
+//!   connections carry), refinery migrations, schema version check; [`db_tls`]: the TLS of
+//!   every connection (`sslmode`, trust anchors, rustls verifiers).
 //! - [`clock`]: what "now" is for time comparisons (the database's, or a test's).
 //! - [`service`]: the operations behind the routes (claim, lease, pool, host, vm, event, ops);
 //!   answers in [`error::ApiError`].
@@ -38,12 +42,15 @@ pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod db;
+pub mod db_tls;
+pub mod deployment;
 pub mod domain;
 pub mod error;
 pub mod flintlock;
 pub mod http;
 pub mod metrics;
 pub mod reconcile;
+pub mod rules;
 pub mod secrets;
 pub mod service;
 pub mod store;

@@ -8,16 +8,25 @@
 //!
 //! On Lambda nobody scrapes `/metrics`, so with EMF enabled (`Config::metrics_emf`) every
 //! observation is also buffered and [`Metrics::flush`] prints it as EMF JSON lines on stdout,
-//! which CloudWatch Logs turns into metrics: namespace `poolmgr`, the same metric names, the
+//! which CloudWatch Logs turns into metrics: namespace `poolmgr` (one per stack on AWS:
+//! `POOLMGR_METRICS_NAMESPACE`, [`Metrics::in_namespace`]), the same metric names, the
 //! Prometheus labels as dimensions. The HTTP functions flush after each request and the
 //! reconcile function after each pass (which also emits the pool gauges, see
 //! [`Metrics::pool_gauges`]).
+//!
+//! Beyond the contract's list (which names the pool counters, histograms and gauges), the
+//! process exports what an operator's dashboard and alerts need (`infra/monitoring/`):
+//! claim latency, reconcile pass duration and the time of the last successful pass,
+//! flintlock call errors by host and method, and `poolmgr_build_info`. Every family is in
+//! the `/metrics` text from the start, with its HELP and TYPE lines, even before its first
+//! sample ([`Metrics::render`]), so a scrape names every metric this binary can export.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::Mutex;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::core::Collector;
+use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 use serde_json::{Map, Value, json};
 
 use crate::domain::PoolRef;
@@ -55,13 +64,16 @@ pub fn render_pool_gauges(pools: &[(PoolRow, PoolStatus)]) -> String {
     text
 }
 
-/// The CloudWatch namespace of every EMF metric.
+/// The CloudWatch namespace of EMF metrics unless configured (`POOLMGR_METRICS_NAMESPACE`;
+/// the AWS template gives each stack its own, so two stacks in a region never mix series).
 pub const EMF_NAMESPACE: &str = "poolmgr";
 /// EMF allows at most 100 values per metric in one line.
 const EMF_MAX_VALUES: usize = 100;
 
 pub struct Metrics {
     registry: Registry,
+    /// Every registered family, in registration order.
+    families: Vec<Family>,
     pub claims: IntCounterVec,
     pub claim_failures: IntCounterVec,
     pub releases: IntCounterVec,
@@ -70,8 +82,20 @@ pub struct Metrics {
     pub hook_failures: IntCounterVec,
     pub lease_duration: HistogramVec,
     pub orphans: IntCounterVec,
+    /// Successful claims (fresh and replayed), from the request to the answer.
+    pub claim_duration: HistogramVec,
+    /// Every reconcile pass that ran (`run_pass` returned its report), start to end.
+    pub reconcile_pass_duration: HistogramVec,
+    /// Unix time of the end of the last successful pass: no sample until one succeeded.
+    pub reconcile_last_success: GaugeVec,
+    /// Failed flintlock calls, by host and gRPC method.
+    pub flintlock_errors: IntCounterVec,
+    /// Always 1, labelled with this binary's version and the schema version it embeds.
+    pub build_info: IntGaugeVec,
     /// Observations not yet flushed as EMF lines; `None` when EMF is off.
     emf: Option<Mutex<EmfBuffer>>,
+    /// The CloudWatch namespace of the EMF lines.
+    emf_namespace: String,
 }
 
 /// Dimension names and values, in dimension order.
@@ -99,20 +123,62 @@ struct EmfBuffer {
     series: BTreeMap<SeriesKey, SeriesValue>,
 }
 
-const POOL: [&str; 2] = ["pool_namespace", "pool_name"];
+/// The labels of every pool metric: the counters and histograms with a pool, and the gauges.
+pub const POOL_LABELS: [&str; 2] = ["pool_namespace", "pool_name"];
 
-fn counter(registry: &Registry, name: &str, help: &str, extra: &[&str]) -> IntCounterVec {
-    let labels: Vec<&str> = POOL.iter().chain(extra).copied().collect();
-    let c = IntCounterVec::new(Opts::new(name, help), &labels).expect("valid metric");
-    registry.register(Box::new(c.clone())).expect("unique metric");
-    c
+/// One metric family a [`Metrics`] registers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Family {
+    pub name: String,
+    pub help: String,
+    /// `counter`, `histogram` or `gauge`, as the TYPE line says.
+    pub kind: &'static str,
+    /// Its label names (a histogram's samples add `le`).
+    pub labels: Vec<String>,
 }
 
-fn histogram(registry: &Registry, name: &str, help: &str, extra: &[&str], buckets: Vec<f64>) -> HistogramVec {
-    let labels: Vec<&str> = POOL.iter().chain(extra).copied().collect();
-    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), &labels).expect("valid metric");
-    registry.register(Box::new(h.clone())).expect("unique metric");
-    h
+/// Registers the collectors of one family and notes it for [`Metrics::render`] and
+/// [`Metrics::families`].
+struct Families {
+    registry: Registry,
+    list: Vec<Family>,
+}
+
+impl Families {
+    fn add<C: Collector + Clone + 'static>(&mut self, c: C, kind: &'static str) -> C {
+        for d in c.desc() {
+            self.list.push(Family {
+                name: d.fq_name.clone(),
+                help: d.help.clone(),
+                kind,
+                labels: d.variable_labels.clone(),
+            });
+        }
+        self.registry.register(Box::new(c.clone())).expect("unique metric");
+        c
+    }
+
+    fn counter(&mut self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"), "counter")
+    }
+
+    fn histogram(&mut self, name: &str, help: &str, labels: &[&str], buckets: Vec<f64>) -> HistogramVec {
+        let opts = HistogramOpts::new(name, help).buckets(buckets);
+        self.add(HistogramVec::new(opts, labels).expect("valid metric"), "histogram")
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+        self.add(GaugeVec::new(Opts::new(name, help), labels).expect("valid metric"), "gauge")
+    }
+
+    fn int_gauge(&mut self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        self.add(IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"), "gauge")
+    }
+}
+
+/// The pool labels, then `extra`.
+fn pool(extra: &[&'static str]) -> Vec<&'static str> {
+    POOL_LABELS.iter().chain(extra).copied().collect()
 }
 
 impl Default for Metrics {
@@ -122,7 +188,7 @@ impl Default for Metrics {
 }
 
 fn pool_dims(namespace: &str, name: &str, extra: Option<(&'static str, &str)>) -> Vec<(&'static str, String)> {
-    let mut dims = vec![(POOL[0], namespace.to_owned()), (POOL[1], name.to_owned())];
+    let mut dims = vec![(POOL_LABELS[0], namespace.to_owned()), (POOL_LABELS[1], name.to_owned())];
     if let Some((k, v)) = extra {
         dims.push((k, v.to_owned()));
     }
@@ -137,54 +203,94 @@ impl Metrics {
 
     /// Prometheus, plus EMF lines on [`Metrics::flush`] when `emf` is true.
     pub fn with_emf(emf: bool) -> Metrics {
-        let r = Registry::new();
+        let mut f = Families { registry: Registry::new(), list: Vec::new() };
         let secs = vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
         let long = vec![1.0, 10.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 4.0 * 3600.0, 12.0 * 3600.0, 24.0 * 3600.0];
+        // A claim is a few milliseconds; one with a pre-lease hook takes up to the hook
+        // deadline (15 s by default).
+        let claim = vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0];
+        // A pass stops starting work at its deadline (50 s by default).
+        let pass = vec![0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0];
+        let claims = f.counter(
+            "poolmgr_vm_claims_total",
+            "Successful claims; replayed=true for request_id replays.",
+            &pool(&["replayed"]),
+        );
+        let claim_failures = f.counter(
+            "poolmgr_vm_claim_failures_total",
+            "Claims that returned an error, by reason.",
+            &pool(&["reason"]),
+        );
+        let releases = f.counter(
+            "poolmgr_vm_releases_total",
+            "VMs released, by reason (api, expiry, pool_delete).",
+            &pool(&["reason"]),
+        );
+        let provision_duration = f.histogram(
+            "poolmgr_vm_provision_duration_seconds",
+            "Time from VM row creation to AVAILABLE.",
+            &pool(&[]),
+            secs.clone(),
+        );
+        let hook_duration =
+            f.histogram("poolmgr_hook_duration_seconds", "Duration of successful hooks.", &pool(&["hook"]), secs);
+        let hook_failures = f.counter("poolmgr_hook_failures_total", "Hook failures.", &pool(&["hook"]));
+        let lease_duration =
+            f.histogram("poolmgr_lease_duration_seconds", "Time from claim to release or expiry.", &pool(&[]), long);
+        let orphans = f.counter("poolmgr_orphans_total", "flintlock VMs without a matching row.", &pool(&["action"]));
+        let claim_duration = f.histogram(
+            "poolmgr_vm_claim_duration_seconds",
+            "Successful claims from request to answer (pre-lease hooks included); replayed=true for replays.",
+            &pool(&["replayed"]),
+            claim,
+        );
+        let reconcile_pass_duration = f.histogram(
+            "poolmgr_reconcile_pass_duration_seconds",
+            "Duration of each reconcile pass this process ran.",
+            &[],
+            pass,
+        );
+        let reconcile_last_success = f.gauge(
+            "poolmgr_reconcile_last_success_timestamp_seconds",
+            "Unix time at which the last reconcile pass of this process that visited every pool without an error ended.",
+            &[],
+        );
+        let flintlock_errors = f.counter(
+            "poolmgr_flintlock_errors_total",
+            "Failed flintlock calls, by host and gRPC method.",
+            &["host", "method"],
+        );
+        let build_info = f.int_gauge(
+            "poolmgr_build_info",
+            "Always 1: this binary's version and the schema version it embeds.",
+            &["version", "schema_version"],
+        );
+        build_info.with_label_values(&[env!("CARGO_PKG_VERSION"), &crate::db::latest_version().to_string()]).set(1);
         Metrics {
-            claims: counter(
-                &r,
-                "poolmgr_vm_claims_total",
-                "Successful claims; replayed=true for request_id replays.",
-                &["replayed"],
-            ),
-            claim_failures: counter(
-                &r,
-                "poolmgr_vm_claim_failures_total",
-                "Claims that returned an error, by reason.",
-                &["reason"],
-            ),
-            releases: counter(
-                &r,
-                "poolmgr_vm_releases_total",
-                "VMs released, by reason (api, expiry, pool_delete).",
-                &["reason"],
-            ),
-            provision_duration: histogram(
-                &r,
-                "poolmgr_vm_provision_duration_seconds",
-                "Time from VM row creation to AVAILABLE.",
-                &[],
-                secs.clone(),
-            ),
-            hook_duration: histogram(
-                &r,
-                "poolmgr_hook_duration_seconds",
-                "Duration of successful hooks.",
-                &["hook"],
-                secs,
-            ),
-            hook_failures: counter(&r, "poolmgr_hook_failures_total", "Hook failures.", &["hook"]),
-            lease_duration: histogram(
-                &r,
-                "poolmgr_lease_duration_seconds",
-                "Time from claim to release or expiry.",
-                &[],
-                long,
-            ),
-            orphans: counter(&r, "poolmgr_orphans_total", "flintlock VMs without a matching row.", &["action"]),
-            registry: r,
+            claims,
+            claim_failures,
+            releases,
+            provision_duration,
+            hook_duration,
+            hook_failures,
+            lease_duration,
+            orphans,
+            claim_duration,
+            reconcile_pass_duration,
+            reconcile_last_success,
+            flintlock_errors,
+            build_info,
+            registry: f.registry,
+            families: f.list,
             emf: emf.then(|| Mutex::new(EmfBuffer::default())),
+            emf_namespace: EMF_NAMESPACE.to_owned(),
         }
+    }
+
+    /// The same metrics, their EMF lines in CloudWatch namespace `namespace`
+    /// (`Config::metrics_namespace`).
+    pub fn in_namespace(self, namespace: &str) -> Metrics {
+        Metrics { emf_namespace: namespace.to_owned(), ..self }
     }
 
     /// Whether observations are also written as EMF lines.
@@ -273,6 +379,44 @@ impl Metrics {
         self.emf_count("poolmgr_orphans_total", pool_dims(namespace, name, Some(("action", action))));
     }
 
+    /// A successful claim answered `secs` after its request arrived.
+    pub fn claim_duration(&self, pool: &PoolRef, replayed: bool, secs: f64) {
+        let replayed = if replayed { "true" } else { "false" };
+        let secs = secs.max(0.0);
+        self.claim_duration.with_label_values(&[pool.namespace.as_str(), pool.name.as_str(), replayed]).observe(secs);
+        self.emf_seconds(
+            "poolmgr_vm_claim_duration_seconds",
+            pool_dims(&pool.namespace, &pool.name, Some(("replayed", replayed))),
+            secs,
+        );
+    }
+
+    /// A reconcile pass ran for `secs`; `succeeded` (it visited every pool and no step
+    /// failed) also stamps the last success with `end_unix_seconds`.
+    pub fn reconcile_pass(&self, secs: f64, succeeded: bool, end_unix_seconds: f64) {
+        let secs = secs.max(0.0);
+        self.reconcile_pass_duration.with_label_values::<&str>(&[]).observe(secs);
+        self.emf_seconds("poolmgr_reconcile_pass_duration_seconds", Vec::new(), secs);
+        if succeeded {
+            self.reconcile_last_success.with_label_values::<&str>(&[]).set(end_unix_seconds);
+            let value = end_unix_seconds as i64;
+            self.emf_record(
+                SeriesKey { name: "poolmgr_reconcile_last_success_timestamp_seconds", dims: Vec::new() },
+                |v| *v = SeriesValue::Gauge(value),
+                SeriesValue::Gauge(value),
+            );
+        }
+    }
+
+    /// A flintlock call (`method`, the gRPC method's name) to `host` failed.
+    pub fn flintlock_error(&self, host: &str, method: &str) {
+        self.flintlock_errors.with_label_values(&[host, method]).inc();
+        self.emf_count(
+            "poolmgr_flintlock_errors_total",
+            vec![("host", host.to_owned()), ("method", method.to_owned())],
+        );
+    }
+
     /// Records the contract's pool gauges ([`POOL_GAUGES`]) for EMF. Prometheus computes them
     /// at scrape time instead ([`render_pool_gauges`]), so this does nothing without EMF.
     pub fn pool_gauges(&self, pools: &[(PoolRow, PoolStatus)]) {
@@ -318,10 +462,10 @@ impl Metrics {
                     }
                 })
                 .collect();
-            lines.push(emf_line(timestamp_ms, &dims, &first));
+            lines.push(emf_line(&self.emf_namespace, timestamp_ms, &dims, &first));
             for (name, values) in rest {
                 for chunk in values.chunks(EMF_MAX_VALUES) {
-                    lines.push(emf_line(timestamp_ms, &dims, &[(name, "Seconds", json!(chunk))]));
+                    lines.push(emf_line(&self.emf_namespace, timestamp_ms, &dims, &[(name, "Seconds", json!(chunk))]));
                 }
             }
         }
@@ -348,15 +492,32 @@ impl Metrics {
         }
     }
 
-    /// Prometheus text of every counter and histogram in this process.
+    /// Prometheus text of every counter, histogram and process gauge in this process: the
+    /// families with samples as the encoder writes them, then the HELP and TYPE lines of
+    /// every registered family without a sample yet (the encoder leaves those out), so that
+    /// a scrape always names every family.
     pub fn render(&self) -> String {
-        TextEncoder::new().encode_to_string(&self.registry.gather()).unwrap_or_default()
+        let gathered = self.registry.gather();
+        let mut text = TextEncoder::new().encode_to_string(&gathered).unwrap_or_default();
+        for Family { name, help, kind, .. } in &self.families {
+            if !gathered.iter().any(|mf| mf.name() == name) {
+                text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            }
+        }
+        text
+    }
+
+    /// Every family this process's registry holds (not the pool gauges: [`POOL_GAUGES`],
+    /// labelled [`POOL_LABELS`]).
+    pub fn families(&self) -> &[Family] {
+        &self.families
     }
 }
 
 /// One EMF document: the `_aws` metadata, the dimension values and the metric values as
 /// top-level members.
 fn emf_line(
+    namespace: &str,
     timestamp_ms: i64,
     dims: &[(&'static str, String)],
     metrics: &[(&'static str, &'static str, Value)],
@@ -368,7 +529,7 @@ fn emf_line(
         "_aws".into(),
         json!({
             "Timestamp": timestamp_ms,
-            "CloudWatchMetrics": [{"Namespace": EMF_NAMESPACE, "Dimensions": [names], "Metrics": defs}],
+            "CloudWatchMetrics": [{"Namespace": namespace, "Dimensions": [names], "Metrics": defs}],
         }),
     );
     for (k, v) in dims {
@@ -433,6 +594,14 @@ mod tests {
             m.render()
                 .contains("poolmgr_vm_claims_total{pool_name=\"ci\",pool_namespace=\"default\",replayed=\"false\"} 2")
         );
+    }
+
+    #[test]
+    fn emf_lines_carry_the_configured_namespace() {
+        let m = Metrics::with_emf(true).in_namespace("poolmgr/stack-a");
+        m.claim(&pool("ci"), false);
+        let docs = parse(&m.take_emf_lines(1));
+        assert_eq!(docs[0]["_aws"]["CloudWatchMetrics"][0]["Namespace"], json!("poolmgr/stack-a"));
     }
 
     #[test]
@@ -566,6 +735,96 @@ mod tests {
         let without = Metrics::new();
         without.pool_gauges(&[(pool_row("a", 3), status())]);
         assert!(without.take_emf_lines(1).is_empty(), "Prometheus computes the gauges at scrape time");
+    }
+
+    #[test]
+    fn render_names_every_family_with_help_and_type_once_before_and_after_its_first_sample() {
+        let m = Metrics::new();
+        let families: Vec<(&str, &str, Vec<&str>)> = m
+            .families()
+            .iter()
+            .map(|f| (f.name.as_str(), f.kind, f.labels.iter().map(String::as_str).collect()))
+            .collect();
+        for want in [
+            ("poolmgr_vm_claim_duration_seconds", "histogram", vec!["pool_namespace", "pool_name", "replayed"]),
+            ("poolmgr_reconcile_pass_duration_seconds", "histogram", vec![]),
+            ("poolmgr_reconcile_last_success_timestamp_seconds", "gauge", vec![]),
+            ("poolmgr_flintlock_errors_total", "counter", vec!["host", "method"]),
+            ("poolmgr_build_info", "gauge", vec!["version", "schema_version"]),
+        ] {
+            assert!(families.contains(&want), "{want:?} not in {families:#?}");
+        }
+        let check = |text: &str| {
+            for f in m.families() {
+                let type_line = format!("# TYPE {} {}", f.name, f.kind);
+                assert_eq!(text.lines().filter(|l| *l == type_line).count(), 1, "{type_line} once in:\n{text}");
+                assert!(text.contains(&format!("# HELP {} {}\n", f.name, f.help)), "{} HELP in:\n{text}", f.name);
+            }
+        };
+        let fresh = m.render();
+        check(&fresh);
+        assert!(!fresh.contains("poolmgr_vm_claims_total{"), "no sample before the first claim:\n{fresh}");
+        m.claim(&pool("ci"), false);
+        m.flintlock_error("h", "ListMicroVMs");
+        let later = m.render();
+        check(&later);
+        assert!(later.contains(r#"poolmgr_flintlock_errors_total{host="h",method="ListMicroVMs"} 1"#), "{later}");
+    }
+
+    #[test]
+    fn build_info_is_one_with_the_version_and_the_embedded_schema_version() {
+        let text = Metrics::new().render();
+        let line = format!(
+            "poolmgr_build_info{{schema_version=\"{}\",version=\"{}\"}} 1",
+            crate::db::latest_version(),
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
+    }
+
+    #[test]
+    fn only_a_successful_pass_stamps_the_last_success_and_every_pass_is_timed() {
+        let m = Metrics::new();
+        let sample = |m: &Metrics| {
+            m.render()
+                .lines()
+                .find_map(|l| l.strip_prefix("poolmgr_reconcile_last_success_timestamp_seconds "))
+                .map(str::to_owned)
+        };
+        m.reconcile_pass(1.5, false, 1_700_000_000.5);
+        assert_eq!(sample(&m), None, "no sample before a successful pass");
+        m.reconcile_pass(2.5, true, 1_700_000_100.25);
+        m.reconcile_pass(0.5, false, 1_700_000_200.0);
+        assert_eq!(sample(&m).as_deref(), Some("1700000100.25"), "a failed pass leaves the last success");
+        let text = m.render();
+        assert!(text.contains("poolmgr_reconcile_pass_duration_seconds_count 3\n"), "{text}");
+        assert!(text.contains("poolmgr_reconcile_pass_duration_seconds_sum 4.5\n"), "{text}");
+    }
+
+    #[test]
+    fn emf_carries_claim_latency_the_pass_metrics_and_flintlock_errors() {
+        let m = Metrics::with_emf(true);
+        m.claim_duration(&pool("ci"), true, 0.02);
+        m.reconcile_pass(1.5, false, 1_700_000_000.9);
+        m.reconcile_pass(2.5, true, 1_700_000_100.2);
+        m.flintlock_error("host-a", "CreateMicroVM");
+        m.flintlock_error("host-a", "CreateMicroVM");
+        let docs = parse(&m.take_emf_lines(1));
+        assert_eq!(docs.len(), 3, "{docs:#?}");
+
+        let pass = docs
+            .iter()
+            .find(|d| d["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == json!([[]]))
+            .expect("a document without dimensions");
+        assert_eq!(pass["poolmgr_reconcile_pass_duration_seconds"], json!([1.5, 2.5]));
+        assert_eq!(pass["poolmgr_reconcile_last_success_timestamp_seconds"], json!(1_700_000_100_i64));
+
+        let flintlock = doc_with(&docs, &[("host", "host-a"), ("method", "CreateMicroVM")]);
+        assert_eq!(flintlock["_aws"]["CloudWatchMetrics"][0]["Dimensions"], json!([["host", "method"]]));
+        assert_eq!(flintlock["poolmgr_flintlock_errors_total"], json!(2));
+
+        let claim = doc_with(&docs, &[("pool_name", "ci"), ("replayed", "true")]);
+        assert_eq!(claim["poolmgr_vm_claim_duration_seconds"], json!([0.02]));
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! Secrets named by AWS Secrets Manager ARN, fetched at start through the AWS Parameters and
-//! Secrets Lambda Extension (a local HTTP cache running beside the function; no AWS SDK).
+//! Secrets named by AWS Secrets Manager ARN, fetched through the AWS Parameters and Secrets
+//! Lambda Extension (a local HTTP cache running beside the function; no AWS SDK). AWS answers
+//! the extension only in the INVOKE phase: functions read their secrets on their first
+//! invocation (`app::Instance`), never before the runtime asked for an event.
 //!
 //! - `POOLMGR_DATABASE_SECRET_ARN`: either a PostgreSQL URL, or the RDS JSON shape
 //!   `{"username", "password", "host", "port", "dbname"}`; becomes `DATABASE_URL`.
@@ -17,6 +19,7 @@
 
 use std::time::{Duration, Instant};
 
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -24,7 +27,7 @@ pub const DATABASE_SECRET_ARN: &str = "POOLMGR_DATABASE_SECRET_ARN";
 pub const TOKENS_SECRET_ARN: &str = "POOLMGR_TOKENS_SECRET_ARN";
 /// The extension's port (its own variable, default 2773).
 pub const EXTENSION_PORT: &str = "PARAMETERS_SECRETS_EXTENSION_HTTP_PORT";
-/// How long to keep trying the extension at start (milliseconds, default 5000).
+/// How long one invocation keeps trying the extension (milliseconds, default 5000).
 pub const WAIT_MS: &str = "POOLMGR_SECRETS_WAIT_MS";
 
 const DEFAULT_PORT: u16 = 2773;
@@ -49,18 +52,13 @@ pub enum SecretsError {
     Parse { var: &'static str, arn: String, msg: String },
 }
 
+/// Every byte but RFC 3986 unreserved characters (`A-Z a-z 0-9 - . _ ~`).
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
 /// Percent-encodes everything but RFC 3986 unreserved characters: safe in a URL's userinfo,
 /// path and query alike.
 pub fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(s, NOT_UNRESERVED).to_string()
 }
 
 fn non_empty(lookup: &impl Fn(&str) -> Option<String>, key: &str) -> Option<String> {
@@ -208,10 +206,10 @@ impl Extension {
         Ok(Extension { client, base: format!("http://localhost:{port}"), token, wait })
     }
 
-    /// One secret's `SecretString`. AWS documents the extension as usable in the invoke phase,
-    /// and a function reads its secrets before serving (in the init phase), when the extension
-    /// may still be starting: connection failures and error answers are retried, with backoff,
-    /// for up to `POOLMGR_SECRETS_WAIT_MS`.
+    /// One secret's `SecretString`. Connection failures and error answers (Secrets Manager
+    /// slow or throttling behind the extension) are retried, with backoff, for up to
+    /// `POOLMGR_SECRETS_WAIT_MS` within the invocation; past it the invocation fails and the
+    /// next one tries again.
     async fn get(&self, var: &'static str, arn: &str) -> Result<String, SecretsError> {
         let url = format!("{}/secretsmanager/get?secretId={}", self.base, percent_encode(arn));
         let fetch_err =
@@ -273,22 +271,33 @@ pub async fn resolve_env(lookup: impl Fn(&str) -> Option<String>) -> Result<Vec<
         return Ok(out);
     }
     let ext = Extension::new(&lookup, if db_arn.is_some() { DATABASE_SECRET_ARN } else { TOKENS_SECRET_ARN })?;
-    if let Some(arn) = db_arn {
-        let overrides = DbOverrides::from_lookup(&lookup)?;
-        let secret = ext.get(DATABASE_SECRET_ARN, &arn).await?;
-        let url = database_url(&secret, &overrides).map_err(|msg| SecretsError::Parse {
+    let overrides = db_arn.as_ref().map(|_| DbOverrides::from_lookup(&lookup)).transpose()?;
+    let db = async {
+        let (Some(arn), Some(overrides)) = (&db_arn, &overrides) else { return Ok(None) };
+        let secret = ext.get(DATABASE_SECRET_ARN, arn).await?;
+        let url = database_url(&secret, overrides).map_err(|msg| SecretsError::Parse {
             var: DATABASE_SECRET_ARN,
             arn: arn.clone(),
             msg,
         })?;
         tracing::info!(arn = %arn, "DATABASE_URL read from Secrets Manager");
-        out.push(("DATABASE_URL".to_owned(), url));
-    }
-    if let Some(arn) = tokens_arn {
-        let secret = ext.get(TOKENS_SECRET_ARN, &arn).await?;
+        Ok::<_, SecretsError>(Some(url))
+    };
+    let tokens = async {
+        let Some(arn) = &tokens_arn else { return Ok(None) };
+        let secret = ext.get(TOKENS_SECRET_ARN, arn).await?;
         let vars =
             token_vars(&secret).map_err(|msg| SecretsError::Parse { var: TOKENS_SECRET_ARN, arn: arn.clone(), msg })?;
         tracing::info!(arn = %arn, "API tokens read from Secrets Manager");
+        Ok::<_, SecretsError>(Some(vars))
+    };
+    // Both at once: on a new instance the extension's cache is empty, so each read is a
+    // Secrets Manager call, and the first invocation waits for them.
+    let (db, tokens) = tokio::join!(db, tokens);
+    if let Some(url) = db? {
+        out.push(("DATABASE_URL".to_owned(), url));
+    }
+    if let Some(vars) = tokens? {
         out.extend(vars);
     }
     Ok(out)
@@ -433,33 +442,60 @@ mod tests {
         assert!(err.to_string().contains("AWS_SESSION_TOKEN"), "{err}");
     }
 
-    /// A stand-in for the extension on port 0: answers each connection with the next canned
-    /// `(status, body)`, or a 404 once they run out, and records each request head.
+    /// A request head read from `sock`.
+    async fn read_head(sock: &mut tokio::net::TcpStream) -> String {
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match sock.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+        String::from_utf8_lossy(&head).into_owned()
+    }
+
+    async fn answer(sock: &mut tokio::net::TcpStream, status: u16, body: &str) {
+        let resp = format!(
+            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = sock.write_all(resp.as_bytes()).await;
+        let _ = sock.shutdown().await;
+    }
+
+    /// A stand-in for the extension on port 0: answers each request with the next canned
+    /// `(status, body)` meant for it (a GetSecretValue body names its secret's ARN and goes to
+    /// a request for that secret; any other body to whichever request comes first), or a 404
+    /// once none is left, and records each request head.
     async fn fake_extension(answers: Vec<(u16, String)>) -> (u16, Arc<Mutex<Vec<String>>>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let seen = Arc::new(Mutex::new(vec![]));
         let log = seen.clone();
+        let answers = Arc::new(Mutex::new(answers));
         tokio::spawn(async move {
-            let mut answers = answers.into_iter();
             loop {
                 let Ok((mut sock, _)) = listener.accept().await else { return };
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match sock.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                log.lock().unwrap().push(String::from_utf8_lossy(&head).into_owned());
-                let (status, body) = answers.next().unwrap_or((404, "no more answers".into()));
-                let resp = format!(
-                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = sock.write_all(resp.as_bytes()).await;
-                let _ = sock.shutdown().await;
+                let (log, answers) = (log.clone(), answers.clone());
+                tokio::spawn(async move {
+                    let head = read_head(&mut sock).await;
+                    log.lock().unwrap().push(head.clone());
+                    let (status, body) = {
+                        let mut answers = answers.lock().unwrap();
+                        let meant = |body: &String| {
+                            let arn = serde_json::from_str::<Value>(body)
+                                .ok()
+                                .and_then(|v| v["ARN"].as_str().map(str::to_owned));
+                            arn.is_none_or(|arn| head.contains(&percent_encode(&arn)))
+                        };
+                        match answers.iter().position(|(_, body)| meant(body)) {
+                            Some(i) => answers.remove(i),
+                            None => (404, "no more answers".into()),
+                        }
+                    };
+                    answer(&mut sock, status, &body).await;
+                });
             }
         });
         (port, seen)
@@ -474,8 +510,8 @@ mod tests {
         let db_secret = r#"{"username": "poolmgr", "password": "s3cr:t/", "host": "instance.rds", "port": 5432}"#;
         let tokens_secret = r#"{"admin_tokens": "ops:adm1", "client_tokens": "ci:cli1"}"#;
         let (port, seen) = fake_extension(vec![
-            // The extension may still be starting during the function's init phase.
-            (400, "not ready to serve traffic, please wait".into()),
+            // An error answer first (Secrets Manager throttling behind the extension): retried.
+            (400, r#"{"__type": "ThrottlingException", "message": "Rate exceeded"}"#.into()),
             (200, get_secret_value(DB_ARN, db_secret)),
             (200, get_secret_value(TOKENS_ARN, tokens_secret)),
         ])
@@ -501,18 +537,58 @@ mod tests {
         assert_eq!(l("POOLMGR_CLIENT_TOKENS").as_deref(), Some("ci:cli1"));
         assert_eq!(l("POOLMGR_DB_POOL_SIZE").as_deref(), Some("1"));
 
-        let seen = seen.lock().unwrap();
-        assert_eq!(seen.len(), 3, "one retry, then one request per secret");
-        let db_req = seen[1].to_ascii_lowercase();
-        assert!(
-            db_req.starts_with(&format!(
-                "get /secretsmanager/get?secretid={} http/1.1",
-                percent_encode(DB_ARN).to_ascii_lowercase()
-            )),
-            "{db_req}"
-        );
-        assert!(db_req.contains("x-aws-parameters-secrets-token: session-tok"), "{db_req}");
-        assert!(seen[2].contains(&percent_encode(TOKENS_ARN)));
+        let seen: Vec<String> = seen.lock().unwrap().iter().map(|h| h.to_ascii_lowercase()).collect();
+        assert_eq!(seen.len(), 3, "one request per secret, and one retry: {seen:?}");
+        for arn in [DB_ARN, TOKENS_ARN] {
+            let line =
+                format!("get /secretsmanager/get?secretid={} http/1.1", percent_encode(arn).to_ascii_lowercase());
+            assert!(seen.iter().any(|h| h.starts_with(&line)), "{line} in {seen:?}");
+        }
+        assert!(seen.iter().all(|h| h.contains("x-aws-parameters-secrets-token: session-tok")), "{seen:?}");
+    }
+
+    /// On a new instance each read is a Secrets Manager call behind the extension: the two
+    /// secrets are read at once, not one after the other. This extension answers neither
+    /// until both requests are in.
+    #[tokio::test]
+    async fn both_secrets_are_read_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut waiting = vec![];
+            loop {
+                // A second request within 2 s, or the first is refused.
+                let accepted = tokio::time::timeout(Duration::from_secs(2), listener.accept()).await;
+                let Ok(Ok((mut sock, _))) = accepted else {
+                    for (mut sock, _) in waiting.drain(..) {
+                        answer(&mut sock, 500, "the other secret was not asked for meanwhile").await;
+                    }
+                    continue;
+                };
+                let head = read_head(&mut sock).await;
+                waiting.push((sock, head));
+                if waiting.len() == 2 {
+                    for (mut sock, head) in waiting.drain(..) {
+                        let (arn, secret) = if head.contains(&percent_encode(DB_ARN)) {
+                            (DB_ARN, r#"{"username": "u", "password": "p", "host": "h"}"#)
+                        } else {
+                            (TOKENS_ARN, r#"{"admin_tokens": "ops:adm1"}"#)
+                        };
+                        answer(&mut sock, 200, &get_secret_value(arn, secret)).await;
+                    }
+                }
+            }
+        });
+        let env = lookup(&[
+            (DATABASE_SECRET_ARN, DB_ARN.into()),
+            (TOKENS_SECRET_ARN, TOKENS_ARN.into()),
+            ("AWS_SESSION_TOKEN", "t".into()),
+            (EXTENSION_PORT, port.to_string()),
+            (WAIT_MS, "0".into()),
+        ]);
+        let vars = resolve_env(env).await.expect("both read at once");
+        assert!(vars.iter().any(|(k, v)| k == "DATABASE_URL" && v.starts_with("postgres://u:p@h:5432/")), "{vars:?}");
+        assert!(vars.contains(&("POOLMGR_ADMIN_TOKENS".to_owned(), "ops:adm1".to_owned())), "{vars:?}");
     }
 
     #[tokio::test]

@@ -6,38 +6,46 @@
 //! `allow_guest_agent` is always forced on.
 
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
 
 use flintlock_proto::types as pb;
-use regex::Regex;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use utoipa::openapi::ObjectBuilder;
+use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, ArrayBuilder, OneOfBuilder, Type};
 
-static DEVICE_ID_RE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[a-z][a-z0-9_]*$").expect("static regex"));
+use crate::rules::{
+    CIDR, Cidr, DEFAULT_MEMORY_IN_MB, DEFAULT_PROVIDER, DEFAULT_VCPU, DEVICE_ID, DeviceId, GUEST_MAC, GuestMac,
+    IP_ADDRESS, IpAddress, MEMORY_IN_MB, MemoryInMb, NOT_BLANK, NonEmpty, NotBlank, PROVIDERS, Provider, VCPU, Vcpu,
+    null, object, reference, schema_only, string,
+};
 
+/// Rules no schema can state: volume ids are unique across `root_volume` and
+/// `additional_volumes`; interface `device_id`s are unique; at most one additional volume uses
+/// `virtiofs_source`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = MicroVMTemplate)]
 pub struct MicroVmTemplate {
-    /// Default 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1, maximum = 64)]
+    #[schema(value_type = Option<Vcpu>)]
     pub vcpu: Option<i32>,
-    /// Default 1024.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1024, maximum = 32768)]
+    #[schema(value_type = Option<MemoryInMb>)]
     pub memory_in_mb: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<Kernel>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initrd: Option<Initrd>,
+    /// Required unless there is an initrd.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<RootVolume>)]
     pub root_volume: Option<Volume>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<AdditionalVolume>)]
     pub additional_volumes: Vec<Volume>,
     /// At least one.
     #[serde(default)]
-    #[schema(min_items = 1)]
+    #[schema(min_items = 1, required)]
     pub interfaces: Vec<NetworkInterface>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
@@ -45,6 +53,7 @@ pub struct MicroVmTemplate {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Provider>)]
     pub provider: Option<String>,
     /// Always forced to true: hooks need the guest agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,10 +64,13 @@ pub struct MicroVmTemplate {
 #[serde(deny_unknown_fields)]
 pub struct Kernel {
     #[serde(default)]
+    #[schema(value_type = NotBlank, required)]
     pub image: String,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub cmdline: BTreeMap<String, String>,
+    /// The kernel's path in the image, e.g. `boot/vmlinux`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = NonEmpty, required)]
     pub filename: Option<String>,
     #[serde(default)]
     pub add_network_config: bool,
@@ -68,6 +80,7 @@ pub struct Kernel {
 #[serde(deny_unknown_fields)]
 pub struct Initrd {
     #[serde(default)]
+    #[schema(value_type = NotBlank, required)]
     pub image: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filename: Option<String>,
@@ -112,11 +125,12 @@ pub enum IfaceType {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkInterface {
-    #[schema(pattern = r"^[a-z][a-z0-9_]*$")]
+    #[schema(value_type = DeviceId)]
     pub device_id: String,
     #[serde(default, rename = "type")]
     pub kind: IfaceType,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<GuestMac>)]
     pub guest_mac: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<StaticAddress>,
@@ -127,39 +141,100 @@ pub struct NetworkInterface {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StaticAddress {
+    #[schema(value_type = Cidr)]
     pub address: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Cidr>)]
     pub gateway: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<IpAddress>)]
     pub nameservers: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkOverrides {
+    /// flintlock dereferences it without a check: required.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = NonEmpty, required)]
     pub bridge_name: Option<String>,
 }
 
-fn is_cidr(s: &str) -> bool {
-    match s.split_once('/') {
-        Some((ip, bits)) => match (ip.parse::<std::net::IpAddr>(), bits.parse::<u8>()) {
-            (Ok(std::net::IpAddr::V4(_)), Ok(b)) => b <= 32,
-            (Ok(std::net::IpAddr::V6(_)), Ok(b)) => b <= 128,
-            _ => false,
-        },
-        None => false,
-    }
-}
+schema_only! {
+    /// A [`MicroVmTemplate`] as [`MicroVmTemplate::validate`] accepts it: with a root volume
+    /// or an initrd.
+    /// A [`MicroVmTemplate`] as [`MicroVmTemplate::validate`] accepts it: with a root volume
+    /// or an initrd, and MACVTAP interfaces or virtiofs volumes only with a provider other than
+    /// the default.
+    TemplateRules [MicroVmTemplate] = AllOfBuilder::new()
+        .item(reference::<MicroVmTemplate>())
+        .item(
+            AnyOfBuilder::new()
+                .item(object([("root_volume", ObjectBuilder::new().schema_type(Type::Object))]).required("root_volume"))
+                .item(object([("initrd", ObjectBuilder::new().schema_type(Type::Object))]).required("initrd")),
+        )
+        .item(
+            AnyOfBuilder::new()
+                .item(
+                    object([("provider", string().enum_values(Some(PROVIDERS.into_iter().filter(|p| *p != DEFAULT_PROVIDER))))])
+                        .required("provider"),
+                )
+                .item(
+                    ObjectBuilder::new()
+                        .property(
+                            "interfaces",
+                            ArrayBuilder::new().items(object([(
+                                "type",
+                                string().enum_values(Some([serde_json::to_value(IfaceType::Tap).unwrap_or_default()])),
+                            )])),
+                        )
+                        .property(
+                            "additional_volumes",
+                            ArrayBuilder::new().items(object([("source", object([("virtiofs_source", null())]))])),
+                        ),
+                ),
+        );
 
-fn is_mac(s: &str) -> bool {
-    let parts: Vec<&str> = s.split(':').collect();
-    parts.len() == 6 && parts.iter().all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()))
+    /// The `root_volume`: a container image, never virtiofs.
+    RootVolume [Volume, NotBlank] = AllOfBuilder::new().item(reference::<Volume>()).item(
+        ObjectBuilder::new()
+            .property(
+                "source",
+                ObjectBuilder::new()
+                    .property("container_source", reference::<NotBlank>())
+                    .property("virtiofs_source", null())
+                    .required("container_source"),
+            )
+            .required("source"),
+    );
+
+    /// An entry of `additional_volumes`: exactly one of `container_source` and
+    /// `virtiofs_source`.
+    AdditionalVolume [Volume, NotBlank] = AllOfBuilder::new().item(reference::<Volume>()).item(
+        ObjectBuilder::new()
+            .property(
+                "source",
+                OneOfBuilder::new()
+                    .item(
+                        ObjectBuilder::new()
+                            .property("container_source", reference::<NotBlank>())
+                            .property("virtiofs_source", null())
+                            .required("container_source"),
+                    )
+                    .item(
+                        ObjectBuilder::new()
+                            .property("virtiofs_source", reference::<NotBlank>())
+                            .property("container_source", null())
+                            .required("virtiofs_source"),
+                    ),
+            )
+            .required("source"),
+    );
 }
 
 impl MicroVmTemplate {
     fn provider(&self) -> &str {
-        self.provider.as_deref().unwrap_or("firecracker")
+        self.provider.as_deref().unwrap_or(DEFAULT_PROVIDER)
     }
 
     pub fn has_static_network(&self) -> bool {
@@ -168,22 +243,23 @@ impl MicroVmTemplate {
 
     /// The rules flintlock applies at CreateMicroVM, with the field named in the message.
     pub fn validate(&self) -> Result<(), String> {
-        let vcpu = self.vcpu.unwrap_or(2);
-        if !(1..=64).contains(&vcpu) {
-            return Err(format!("microvm_template.vcpu must be between 1 and 64, got {vcpu}"));
+        let vcpu = self.vcpu.unwrap_or(DEFAULT_VCPU);
+        if !(VCPU.0..=VCPU.1).contains(&vcpu) {
+            return Err(format!("microvm_template.vcpu must be between {} and {}, got {vcpu}", VCPU.0, VCPU.1));
         }
-        let mem = self.memory_in_mb.unwrap_or(1024);
-        if !(1024..=32768).contains(&mem) {
-            return Err(format!("microvm_template.memory_in_mb must be between 1024 and 32768, got {mem}"));
-        }
-        let provider = self.provider();
-        if provider != "firecracker" && provider != "cloudhypervisor" {
+        let mem = self.memory_in_mb.unwrap_or(DEFAULT_MEMORY_IN_MB);
+        if !(MEMORY_IN_MB.0..=MEMORY_IN_MB.1).contains(&mem) {
             return Err(format!(
-                "microvm_template.provider {provider:?} is unknown: use firecracker or cloudhypervisor"
+                "microvm_template.memory_in_mb must be between {} and {}, got {mem}",
+                MEMORY_IN_MB.0, MEMORY_IN_MB.1
             ));
         }
+        let provider = self.provider();
+        if !PROVIDERS.contains(&provider) {
+            return Err(format!("microvm_template.provider {provider:?} is unknown: use {}", PROVIDERS.join(" or ")));
+        }
         if let Some(k) = &self.kernel {
-            if k.image.trim().is_empty() {
+            if !NOT_BLANK.is_match(&k.image) {
                 return Err("microvm_template.kernel.image is required".into());
             }
             if k.filename.as_deref().unwrap_or("").is_empty() {
@@ -191,7 +267,7 @@ impl MicroVmTemplate {
             }
         }
         if let Some(i) = &self.initrd
-            && i.image.trim().is_empty()
+            && !NOT_BLANK.is_match(&i.image)
         {
             return Err("microvm_template.initrd.image is required when initrd is set".into());
         }
@@ -205,7 +281,7 @@ impl MicroVmTemplate {
             _ => {}
         }
         if let Some(v) = &self.root_volume
-            && v.source.container_source.as_deref().is_none_or(|s| s.trim().is_empty())
+            && v.source.container_source.as_deref().is_none_or(|s| !NOT_BLANK.is_match(s))
         {
             return Err("microvm_template.root_volume has no source: set source.container_source".into());
         }
@@ -225,7 +301,7 @@ impl MicroVmTemplate {
         }
         let mut virtiofs = 0;
         for (i, v) in self.additional_volumes.iter().enumerate() {
-            let set = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.trim().is_empty());
+            let set = |s: &Option<String>| s.as_deref().is_some_and(|s| NOT_BLANK.is_match(s));
             if !set(&v.source.container_source) && !set(&v.source.virtiofs_source) {
                 return Err(format!(
                     "microvm_template.additional_volumes[{i}] has no source: set source.container_source or source.virtiofs_source"
@@ -243,7 +319,7 @@ impl MicroVmTemplate {
         if virtiofs > 1 {
             return Err("microvm_template.additional_volumes may use virtiofs at most once".into());
         }
-        if virtiofs > 0 && provider == "firecracker" {
+        if virtiofs > 0 && provider == DEFAULT_PROVIDER {
             return Err("microvm_template: virtiofs volumes need provider cloudhypervisor".into());
         }
         if self.interfaces.is_empty() {
@@ -252,32 +328,31 @@ impl MicroVmTemplate {
         let mut ids = std::collections::HashSet::new();
         for (i, nic) in self.interfaces.iter().enumerate() {
             let at = format!("microvm_template.interfaces[{i}]");
-            if !DEVICE_ID_RE.is_match(&nic.device_id) {
-                return Err(format!("{at}.device_id {:?} must match ^[a-z][a-z0-9_]*$", nic.device_id));
+            if !DEVICE_ID.is_match(&nic.device_id) {
+                return Err(format!("{at}.device_id {:?} must match {}", nic.device_id, DEVICE_ID.as_str()));
             }
             if !ids.insert(&nic.device_id) {
                 return Err(format!("{at}.device_id {:?} is used twice", nic.device_id));
             }
-            if nic.kind == IfaceType::Macvtap && provider == "firecracker" {
+            if nic.kind == IfaceType::Macvtap && provider == DEFAULT_PROVIDER {
                 return Err(format!("{at}.type MACVTAP is not supported by firecracker: use TAP"));
             }
             if let Some(mac) = nic.guest_mac.as_deref()
-                && !mac.is_empty()
-                && !is_mac(mac)
+                && !GUEST_MAC.is_match(mac)
             {
                 return Err(format!("{at}.guest_mac {mac:?} is not a MAC address"));
             }
             if let Some(a) = &nic.address {
-                if !is_cidr(&a.address) {
+                if !CIDR.is_match(&a.address) {
                     return Err(format!("{at}.address.address {:?} must be in CIDR form", a.address));
                 }
                 if let Some(g) = &a.gateway
-                    && !is_cidr(g)
+                    && !CIDR.is_match(g)
                 {
                     return Err(format!("{at}.address.gateway {g:?} must be in CIDR form"));
                 }
                 for ns in &a.nameservers {
-                    if ns.parse::<std::net::IpAddr>().is_err() {
+                    if !IP_ADDRESS.is_match(ns) {
                         return Err(format!("{at}.address.nameservers entry {ns:?} is not an IP address"));
                     }
                 }
@@ -311,8 +386,8 @@ impl MicroVmTemplate {
             id: id.to_owned(),
             namespace: namespace.to_owned(),
             labels: Default::default(),
-            vcpu: self.vcpu.unwrap_or(2),
-            memory_in_mb: self.memory_in_mb.unwrap_or(1024),
+            vcpu: self.vcpu.unwrap_or(DEFAULT_VCPU),
+            memory_in_mb: self.memory_in_mb.unwrap_or(DEFAULT_MEMORY_IN_MB),
             kernel: self.kernel.as_ref().map(|k| pb::Kernel {
                 image: k.image.clone(),
                 cmdline: k.cmdline.clone().into_iter().collect(),

@@ -142,6 +142,11 @@ struct Inner {
     vms: HashMap<String, MicroVm>,
     faults: Faults,
     calls: HashMap<&'static str, usize>,
+    /// How long CreateMicroVM takes to answer (default none), as a busy flintlockd does.
+    create_delay: Duration,
+    /// CreateMicroVM calls being answered right now, and the most there ever were at once.
+    creates_in_flight: usize,
+    max_creates_in_flight: usize,
     next_ifindex: i32,
     next_snapshot: u64,
     /// When each VM reached CREATED (for the guest-agent delay).
@@ -219,6 +224,9 @@ impl Sim {
                 vms: HashMap::new(),
                 faults: Faults::default(),
                 calls: HashMap::new(),
+                create_delay: Duration::ZERO,
+                creates_in_flight: 0,
+                max_creates_in_flight: 0,
                 next_ifindex: 2,
                 next_snapshot: 1,
                 booted_at: HashMap::new(),
@@ -376,6 +384,16 @@ impl Sim {
         self.lock().boot_delay = d;
     }
 
+    /// How long each CreateMicroVM takes from now on (its VM is stored at the end of it).
+    pub fn set_create_delay(&self, d: Duration) {
+        self.lock().create_delay = d;
+    }
+
+    /// The most CreateMicroVM calls this sim was answering at the same time.
+    pub fn max_creates_in_flight(&self) -> usize {
+        self.lock().max_creates_in_flight
+    }
+
     /// Delete delay for deletes issued from now on.
     pub fn set_delete_delay(&self, d: Duration) {
         self.lock().delete_delay = d;
@@ -499,7 +517,8 @@ impl Sim {
             }],
             ..Default::default()
         };
-        let mut vm = create::build_microvm(Some(spec), || ulid::Ulid::new().to_string()).expect("seed spec is valid");
+        let mut vm =
+            create::build_microvm(Some(spec), || ulid::Ulid::generate().to_string()).expect("seed spec is valid");
         let uid = vm_uid(&vm).to_string();
         if let Some(spec) = vm.spec.as_mut() {
             spec.id = id.to_string();

@@ -121,8 +121,16 @@ impl MicroVm for SimService {
     ) -> Result<Response<CreateMicroVmResponse>, Status> {
         self.precheck(METHOD_CREATE, request.metadata())?;
         let req = request.into_inner();
-        let vm = create::build_microvm(req.microvm, || ulid::Ulid::new().to_string())?;
+        let vm = create::build_microvm(req.microvm, || ulid::Ulid::generate().to_string())?;
         let uid = vm_uid(&vm).to_string();
+        let delay = {
+            let mut inner = self.sim.lock();
+            inner.creates_in_flight += 1;
+            inner.max_creates_in_flight = inner.max_creates_in_flight.max(inner.creates_in_flight);
+            inner.create_delay
+        };
+        tokio::time::sleep(delay).await;
+        self.sim.lock().creates_in_flight -= 1;
 
         let (boot_delay, ends_failed, lose_reply) = {
             let mut inner = self.sim.lock();

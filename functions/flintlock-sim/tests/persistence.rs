@@ -26,7 +26,7 @@ fn config(boot_ms: u64) -> SimConfig {
 
 /// A fresh directory for one test's state file.
 fn state_path(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("flintlock-sim-{test}-{}", ulid::Ulid::new()));
+    let dir = std::env::temp_dir().join(format!("flintlock-sim-{test}-{}", ulid::Ulid::generate()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir.join("sim.state")
 }

@@ -6,56 +6,81 @@
 //! the stack hangs until the resource's `ServiceTimeout`. Create and Update migrate; Delete
 //! answers SUCCESS without touching the database: removing the resource (or the stack) never
 //! drops a schema.
+//!
+//! The request and answer are `aws_lambda_events`' CloudFormation types; this module adds what
+//! the protocol leaves to the function: which requests migrate, the physical id, the bounded
+//! reason, and delivering the answer.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use aws_lambda_events::event::cloudformation::{
+    CloudFormationCustomResourceRequest, CloudFormationCustomResourceResponse,
+    CloudFormationCustomResourceResponseStatus,
+};
+use serde_json::Value;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub enum RequestType {
-    Create,
-    Update,
-    Delete,
-}
-
-/// The fields of a custom-resource request we use.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-pub struct Request {
-    pub request_type: RequestType,
-    #[serde(rename = "ResponseURL")]
-    pub response_url: String,
-    pub stack_id: String,
-    pub request_id: String,
-    pub logical_resource_id: String,
-    #[serde(default)]
-    pub physical_resource_id: Option<String>,
-}
-
-impl Request {
-    /// `None` for a plain invocation (`aws lambda invoke`, `cargo lambda invoke`); a request
-    /// or why it is malformed when the event looks like CloudFormation's.
-    pub fn from_event(event: &Value) -> Option<Result<Request, String>> {
-        if event.get("RequestType").is_none() || event.get("ResponseURL").is_none() {
-            return None;
-        }
-        Some(serde_json::from_value(event.clone()).map_err(|e| format!("malformed custom-resource request: {e}")))
-    }
-}
-
+/// A custom-resource request, as `aws_lambda_events` types it (resource properties untyped:
+/// the migration reads none of them).
+pub type Request = CloudFormationCustomResourceRequest;
 /// What the function PUTs to `ResponseURL`.
-#[derive(Debug, Serialize, PartialEq)]
-#[serde(rename_all = "PascalCase")]
-pub struct Response {
-    pub status: &'static str,
-    pub reason: String,
-    pub physical_resource_id: String,
-    pub stack_id: String,
-    pub request_id: String,
-    pub logical_resource_id: String,
-    pub data: Value,
+pub type Response = CloudFormationCustomResourceResponse;
+
+/// A plain invocation (`aws lambda invoke`, `cargo lambda invoke`) is `None`; an event that
+/// looks like CloudFormation's is a request, or why it is malformed.
+pub fn from_event(event: &Value) -> Option<Result<Request, String>> {
+    if event.get("RequestType").is_none() || event.get("ResponseURL").is_none() {
+        return None;
+    }
+    let parsed: Result<Request, String> =
+        serde_json::from_value(event.clone()).map_err(|e| format!("malformed custom-resource request: {e}"));
+    Some(parsed.and_then(|req| match common(&req) {
+        Some(_) => Ok(req),
+        None => Err("unsupported custom-resource request type: expected Create, Update or Delete".to_owned()),
+    }))
+}
+
+/// What every request type carries, and whether it asks to migrate.
+struct Common<'a> {
+    migrate: bool,
+    response_url: &'a str,
+    stack_id: &'a str,
+    request_id: &'a str,
+    logical_resource_id: &'a str,
+    /// `None` on Create: CloudFormation has not been told one yet.
+    physical_resource_id: Option<&'a str>,
+}
+
+/// `None` for a request type CloudFormation may add later (the enum is non-exhaustive).
+fn common(req: &Request) -> Option<Common<'_>> {
+    Some(match req {
+        Request::Create(r) => Common {
+            migrate: true,
+            response_url: &r.response_url,
+            stack_id: &r.stack_id,
+            request_id: &r.request_id,
+            logical_resource_id: &r.logical_resource_id,
+            physical_resource_id: None,
+        },
+        Request::Update(r) => Common {
+            migrate: true,
+            response_url: &r.response_url,
+            stack_id: &r.stack_id,
+            request_id: &r.request_id,
+            logical_resource_id: &r.logical_resource_id,
+            physical_resource_id: Some(&r.physical_resource_id),
+        },
+        Request::Delete(r) => Common {
+            migrate: false,
+            response_url: &r.response_url,
+            stack_id: &r.stack_id,
+            request_id: &r.request_id,
+            logical_resource_id: &r.logical_resource_id,
+            physical_resource_id: Some(&r.physical_resource_id),
+        },
+        _ => return None,
+    })
 }
 
 /// CloudFormation refuses an answer over 4096 bytes: keep the reason well under that.
@@ -65,26 +90,27 @@ const MAX_REASON_CHARS: usize = 1000;
 /// replacement (which would be followed by a Delete of the old id).
 const PHYSICAL_ID: &str = "poolmgr-schema";
 
-impl Response {
-    pub fn new(req: &Request, outcome: Result<Value, String>) -> Response {
-        let (status, reason, data) = match outcome {
-            Ok(data) => ("SUCCESS", "ok".to_owned(), data),
-            Err(e) => {
-                let mut reason: String = e.chars().take(MAX_REASON_CHARS).collect();
-                reason.push_str(" (details in the migrate function's CloudWatch logs)");
-                ("FAILED", reason, json!({}))
-            }
-        };
-        Response {
-            status,
-            reason,
-            physical_resource_id: req.physical_resource_id.clone().unwrap_or_else(|| PHYSICAL_ID.to_owned()),
-            stack_id: req.stack_id.clone(),
-            request_id: req.request_id.clone(),
-            logical_resource_id: req.logical_resource_id.clone(),
-            data,
+/// The answer to a request: SUCCESS with `data`, or FAILED with a bounded reason.
+fn response(c: &Common<'_>, outcome: Result<HashMap<String, String>, String>) -> Response {
+    let mut resp = Response::default();
+    match outcome {
+        Ok(data) => {
+            resp.status = CloudFormationCustomResourceResponseStatus::Success;
+            resp.reason = Some("ok".to_owned());
+            resp.data = data;
+        }
+        Err(e) => {
+            let mut reason: String = e.chars().take(MAX_REASON_CHARS).collect();
+            reason.push_str(" (details in the migrate function's CloudWatch logs)");
+            resp.status = CloudFormationCustomResourceResponseStatus::Failed;
+            resp.reason = Some(reason);
         }
     }
+    resp.physical_resource_id = c.physical_resource_id.unwrap_or(PHYSICAL_ID).to_owned();
+    resp.stack_id = c.stack_id.to_owned();
+    resp.request_id = c.request_id.to_owned();
+    resp.logical_resource_id = c.logical_resource_id.to_owned();
+    resp
 }
 
 /// Runs `migrate` for Create and Update (not Delete) and answers CloudFormation. `migrate`
@@ -95,23 +121,28 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<Value, String>>,
 {
-    tracing::info!(request_type = ?req.request_type, logical_resource_id = %req.logical_resource_id, "custom-resource request");
-    let outcome = match req.request_type {
-        RequestType::Delete => Ok(json!({})),
-        RequestType::Create | RequestType::Update => migrate().await.map(|report| {
+    let c = common(&req).ok_or("unsupported custom-resource request type: expected Create, Update or Delete")?;
+    tracing::info!(migrate = c.migrate, logical_resource_id = %c.logical_resource_id, "custom-resource request");
+    let outcome = if c.migrate {
+        migrate().await.map(|report| {
             let field = |k: &str| match report.get(k) {
                 Some(Value::String(s)) => s.clone(),
                 Some(v) => v.to_string(),
                 None => String::new(),
             };
-            json!({"SchemaVersion": field("schema_version"), "Applied": field("applied")})
-        }),
+            HashMap::from([
+                ("SchemaVersion".to_owned(), field("schema_version")),
+                ("Applied".to_owned(), field("applied")),
+            ])
+        })
+    } else {
+        Ok(HashMap::new())
     };
     if let Err(e) = &outcome {
         tracing::error!(error = %e, "migration failed; answering FAILED");
     }
-    let resp = Response::new(&req, outcome);
-    send(&req.response_url, &resp).await?;
+    let resp = response(&c, outcome);
+    send(c.response_url, &resp).await?;
     Ok(resp)
 }
 
@@ -145,6 +176,7 @@ async fn send(url: &str, resp: &Response) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use std::sync::{Arc, Mutex};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
@@ -162,6 +194,9 @@ mod tests {
         });
         if let Some(p) = physical {
             e["PhysicalResourceId"] = json!(p);
+        }
+        if request_type == "Update" {
+            e["OldResourceProperties"] = json!({"ServiceToken": "…", "FunctionVersion": "2"});
         }
         e
     }
@@ -203,20 +238,20 @@ mod tests {
 
     #[test]
     fn plain_invocations_are_not_custom_resource_requests() {
-        assert!(Request::from_event(&json!({})).is_none());
-        assert!(Request::from_event(&json!({"detail-type": "Scheduled Event"})).is_none());
-        assert!(Request::from_event(&json!({"RequestType": "Create", "ResponseURL": "u"})).unwrap().is_err());
-        let req = Request::from_event(&event("Update", "https://s3/x", Some("poolmgr-schema"))).unwrap().unwrap();
-        assert_eq!(req.request_type, RequestType::Update);
-        assert_eq!(req.physical_resource_id.as_deref(), Some("poolmgr-schema"));
+        assert!(from_event(&json!({})).is_none());
+        assert!(from_event(&json!({"detail-type": "Scheduled Event"})).is_none());
+        assert!(from_event(&json!({"RequestType": "Create", "ResponseURL": "u"})).unwrap().is_err());
+        let req = from_event(&event("Update", "https://s3/x", Some("poolmgr-schema"))).unwrap().unwrap();
+        let Request::Update(update) = req else { panic!("an Update request: {req:?}") };
+        assert_eq!(update.physical_resource_id, "poolmgr-schema");
     }
 
     #[test]
     fn failures_carry_a_bounded_reason_and_keep_the_physical_id() {
-        let req = Request::from_event(&event("Create", "https://s3/x", None)).unwrap().unwrap();
-        let resp = Response::new(&req, Err("x".repeat(5000)));
-        assert_eq!(resp.status, "FAILED");
-        assert!(resp.reason.len() < 1100);
+        let req = from_event(&event("Create", "https://s3/x", None)).unwrap().unwrap();
+        let resp = response(&common(&req).unwrap(), Err("x".repeat(5000)));
+        assert_eq!(resp.status, CloudFormationCustomResourceResponseStatus::Failed);
+        assert!(resp.reason.as_ref().unwrap().len() < 1100);
         assert_eq!(resp.physical_resource_id, "poolmgr-schema");
         assert!(serde_json::to_string(&resp).unwrap().len() < 4096);
     }
@@ -224,9 +259,9 @@ mod tests {
     #[tokio::test]
     async fn create_migrates_and_puts_success_to_the_response_url() {
         let (url, got) = fake_s3().await;
-        let req = Request::from_event(&event("Create", &url, None)).unwrap().unwrap();
+        let req = from_event(&event("Create", &url, None)).unwrap().unwrap();
         let resp = handle(req, || async { Ok(json!({"applied": [1, 2, 3], "schema_version": 3})) }).await.unwrap();
-        assert_eq!(resp.status, "SUCCESS");
+        assert_eq!(resp.status, CloudFormationCustomResourceResponseStatus::Success);
         let (head, body) = got.lock().unwrap().clone().expect("an answer was PUT");
         assert!(head.starts_with("PUT /cfn-response/key?X-Amz-Signature=abc HTTP/1.1"), "{head}");
         assert!(!head.to_ascii_lowercase().contains("content-type"), "signed without a content type: {head}");
@@ -242,9 +277,9 @@ mod tests {
     #[tokio::test]
     async fn a_failed_migration_is_answered_failed() {
         let (url, got) = fake_s3().await;
-        let req = Request::from_event(&event("Update", &url, Some("poolmgr-schema"))).unwrap().unwrap();
+        let req = from_event(&event("Update", &url, Some("poolmgr-schema"))).unwrap().unwrap();
         let resp = handle(req, || async { Err("the database schema is at version 9".to_owned()) }).await.unwrap();
-        assert_eq!(resp.status, "FAILED");
+        assert_eq!(resp.status, CloudFormationCustomResourceResponseStatus::Failed);
         let body: Value = serde_json::from_str(&got.lock().unwrap().clone().unwrap().1).unwrap();
         assert_eq!(body["Status"], "FAILED");
         assert!(body["Reason"].as_str().unwrap().starts_with("the database schema is at version 9"));
@@ -253,9 +288,9 @@ mod tests {
     #[tokio::test]
     async fn delete_answers_success_without_touching_the_database() {
         let (url, got) = fake_s3().await;
-        let req = Request::from_event(&event("Delete", &url, Some("poolmgr-schema"))).unwrap().unwrap();
+        let req = from_event(&event("Delete", &url, Some("poolmgr-schema"))).unwrap().unwrap();
         let resp = handle(req, || async { panic!("Delete must not migrate") as Result<Value, String> }).await.unwrap();
-        assert_eq!(resp.status, "SUCCESS");
+        assert_eq!(resp.status, CloudFormationCustomResourceResponseStatus::Success);
         assert!(got.lock().unwrap().is_some());
     }
 
@@ -264,7 +299,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/x", listener.local_addr().unwrap());
         drop(listener);
-        let req = Request::from_event(&event("Delete", &url, None)).unwrap().unwrap();
+        let req = from_event(&event("Delete", &url, Some("poolmgr-schema"))).unwrap().unwrap();
         let err = handle(req, || async { Ok(json!({})) }).await.unwrap_err();
         assert!(err.contains("S3 reachable"), "{err}");
     }

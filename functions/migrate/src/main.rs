@@ -12,15 +12,16 @@ mod custom_resource;
 use std::time::{Duration, Instant};
 
 use lambda_runtime::{LambdaEvent, service_fn};
+use poolmgr_core::db::DbTls;
 use serde_json::{Value, json};
 
 /// Connects, retrying for up to `wait`: on a fresh stack RDS Proxy may still be registering its
 /// target when CloudFormation first runs the migration.
-async fn connect(url: &str, wait: Duration) -> Result<tokio_postgres::Client, String> {
+async fn connect(url: &str, tls: &DbTls, wait: Duration) -> Result<tokio_postgres::Client, String> {
     let deadline = Instant::now() + wait;
     let mut delay = Duration::from_secs(1);
     loop {
-        let attempt = tokio::time::timeout(Duration::from_secs(15), poolmgr_core::db::connect_one(url)).await;
+        let attempt = tokio::time::timeout(Duration::from_secs(15), poolmgr_core::db::connect_one(url, tls)).await;
         let err = match attempt {
             Ok(Ok(client)) => return Ok(client),
             Ok(Err(e)) => e.to_string(),
@@ -46,13 +47,14 @@ async fn run() -> Result<Value, String> {
             s.trim().parse().map_err(|_| format!("POOLMGR_MIGRATE_CONNECT_WAIT_SECONDS={s:?} is not a number"))?,
         ),
     };
-    let mut client = connect(&url, wait).await?;
+    let tls = DbTls::from_lookup(&lookup)?;
+    let mut client = connect(&url, &tls, wait).await?;
     let applied = poolmgr_core::db::migrate(&mut client, None).await.map_err(|e| e.to_string())?;
     Ok(json!({ "applied": applied, "schema_version": poolmgr_core::db::latest_version() }))
 }
 
 async fn handle(event: LambdaEvent<Value>) -> Result<Value, lambda_runtime::Error> {
-    match custom_resource::Request::from_event(&event.payload) {
+    match custom_resource::from_event(&event.payload) {
         None => Ok(run().await?),
         Some(Err(e)) => Err(e.into()),
         Some(Ok(req)) => Ok(serde_json::to_value(custom_resource::handle(req, run).await?)?),

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tokio_postgres::NoTls;
 
 /// What one run measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -582,11 +581,17 @@ pub fn pgbench_summary(
     Ok(r)
 }
 
+/// One connection for the chores, with the TLS settings of the environment
+/// (`POOLMGR_DATABASE_SSLMODE`, `POOLMGR_DATABASE_CA_PEM`).
+async fn connect(database_url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let tls = poolmgr_core::db::DbTls::from_env().map_err(anyhow::Error::msg)?;
+    poolmgr_core::db::connect_one(database_url, &tls).await.context("connecting to PostgreSQL")
+}
+
 /// Empties the pool and seeds it with `vms` AVAILABLE rows on `host`; every run starts from
 /// the same state.
 pub async fn seed(database_url: &str, namespace: &str, pool: &str, host: &str, vms: i64) -> anyhow::Result<()> {
-    let (client, conn) = tokio_postgres::connect(database_url, NoTls).await.context("connecting to PostgreSQL")?;
-    tokio::spawn(conn);
+    let client = connect(database_url).await?;
     client.batch_execute("DELETE FROM events; DELETE FROM leases;").await.context("clearing leases and events")?;
     client
         .execute("DELETE FROM vms WHERE pool_namespace = $1 AND pool_name = $2", &[&namespace, &pool])
@@ -612,8 +617,7 @@ pub async fn seed(database_url: &str, namespace: &str, pool: &str, host: &str, v
 /// After a run: every lease on its own VM, every LEASED VM with exactly one lease, and (when
 /// given) exactly `expect_leases` leases.
 pub async fn verify(database_url: &str, expect_leases: Option<i64>) -> anyhow::Result<Vec<String>> {
-    let (client, conn) = tokio_postgres::connect(database_url, NoTls).await.context("connecting to PostgreSQL")?;
-    tokio::spawn(conn);
+    let client = connect(database_url).await?;
     let row = client
         .query_one(
             "SELECT (SELECT count(*) FROM leases) AS leases,

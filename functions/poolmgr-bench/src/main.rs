@@ -4,11 +4,13 @@
 //!   `claims-report`: claims at a given concurrency for a fixed duration through the HTTP stack
 //!   and through pgbench running the same statement; driven by `scripts/bench-claims.sh`.
 //! - `claim-latency`: sequential claims through the HTTP stack, one client, latency percentiles.
-//! - `reconcile`: pools × VMs against an in-process flintlock-sim; time of the passes that fill
-//!   them and of a settled pass.
+//! - `reconcile`, `reconcile-report`: pools × VMs against in-process flintlock-sims; time of
+//!   the passes that fill them, of a settled pass and of a pass with 1 % of the pools needing
+//!   work, and the growth series' table and chart; driven by `scripts/bench-reconcile.sh`.
 //!
 //! Measurements only: nothing here asserts a time.
 
+mod growth;
 mod load;
 mod report;
 
@@ -171,8 +173,25 @@ enum Cmd {
         pools: usize,
         #[arg(long, default_value_t = 20)]
         vms: i32,
+        /// Virtual flintlock hosts (one in-process simulator each) every pool places on.
+        #[arg(long, default_value_t = 4)]
+        hosts: usize,
         #[arg(long, default_value_t = 200)]
         max_passes: usize,
+        /// Append the result (one JSON line) to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Write the growth series in --results into the generated section of --doc and the chart --svg.
+    ReconcileReport {
+        #[arg(long)]
+        results: PathBuf,
+        #[arg(long)]
+        machine: String,
+        #[arg(long)]
+        doc: PathBuf,
+        #[arg(long)]
+        svg: PathBuf,
     },
 }
 
@@ -194,7 +213,7 @@ async fn claim_latency(endpoint: &str, token: &str, pool: &str, n: usize, reques
     for i in 0..n {
         let mut body = json!({"pool": {"namespace": ns, "name": name}});
         if request_ids {
-            body["request_id"] = json!(format!("bench-{}", ulid::Ulid::new()));
+            body["request_id"] = json!(format!("bench-{}", ulid::Ulid::generate()));
         }
         let t = Instant::now();
         let resp = client.post(&url).bearer_auth(token).json(&body).send().await?;
@@ -219,75 +238,6 @@ async fn claim_latency(endpoint: &str, token: &str, pool: &str, n: usize, reques
     Ok(())
 }
 
-async fn reconcile_bench(pools: usize, vms: i32, max_passes: usize) -> anyhow::Result<()> {
-    let cfg = Config::from_lookup(|k| match k {
-        "POOLMGR_AUTH" => Some("disabled".into()),
-        "POOLMGR_DB_POOL_SIZE" => Some("32".into()),
-        // One pass may create every VM of a pool.
-        "POOLMGR_RECONCILE_MAX_CREATES" => Some("1000".into()),
-        k => std::env::var(k).ok(),
-    })?;
-    db::migrate_url(&cfg.database_url).await?;
-    let state = AppState::new(&cfg, db::pool_from_config(&cfg)?);
-    let sim = Sim::new(SimConfig {
-        boot_delay: Duration::from_millis(50),
-        delete_delay: Duration::from_millis(20),
-        basic_auth_token: None,
-    });
-    let server = sim.serve("127.0.0.1:0".parse()?).await?;
-    let host = json!({"address": server.addr.to_string(), "name": "sim", "tls": {"insecure": true}});
-    service::host::create(&state, serde_json::from_value(host)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-    eprintln!("==> creating {pools} pools of {vms} VMs");
-    for i in 0..pools {
-        let spec: PoolSpec = serde_json::from_value(json!({
-            "name": format!("p{i}"), "size": vms, "flintlock_hosts": ["sim"],
-            "replenishment": {"strategy": "REPLACE_ON_DELETE"},
-            "microvm_template": {
-                "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/x/root:1"}},
-                "interfaces": [{"device_id": "eth1", "type": "TAP"}]
-            }
-        }))?;
-        service::pool::create(&state, spec).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-    }
-    let total = pools as i64 * i64::from(vms);
-    let t_fill = Instant::now();
-    let mut pass_times = vec![];
-    for pass in 1..=max_passes {
-        let t = Instant::now();
-        let r = reconcile::run_pass(&state).await?;
-        pass_times.push(t.elapsed());
-        let conn = state.db.raw().get().await?;
-        let available: i64 = conn.query_one("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'", &[]).await?.get(0);
-        eprintln!(
-            "    pass {pass}: {} (created {}, available now {available}/{total}, errors {})",
-            ms(*pass_times.last().unwrap()),
-            r.created,
-            r.errors.len()
-        );
-        if available == total {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let fill = t_fill.elapsed();
-    let mut settled = vec![];
-    for _ in 0..5 {
-        let t = Instant::now();
-        reconcile::run_pass(&state).await?;
-        settled.push(t.elapsed());
-    }
-    settled.sort();
-    println!(
-        "pools={pools} vms_per_pool={vms} fill_passes={} fill_time={:.2} s first_pass={} settled_pass_median={} settled_pass_max={}",
-        pass_times.len(),
-        fill.as_secs_f64(),
-        ms(pass_times[0]),
-        ms(percentile(&settled, 0.5)),
-        ms(*settled.last().unwrap())
-    );
-    Ok(())
-}
-
 /// The in-process server's one token (at least 16 characters, or the configuration is refused).
 const HOOK_BENCH_TOKEN: &str = "bench-token-0123456789";
 
@@ -299,7 +249,7 @@ async fn hook_claims(clients: usize, per_client: usize, hook_ms: u64) -> anyhow:
         "POOLMGR_RECONCILE_MAX_CREATES" => Some("1000".into()),
         k => std::env::var(k).ok(),
     })?;
-    db::migrate_url(&cfg.database_url).await?;
+    db::migrate_url(&cfg.database_url, &cfg.db_tls).await?;
     let state = AppState::new(&cfg, db::pool_from_config(&cfg)?);
     let sim = Sim::new(SimConfig {
         boot_delay: Duration::from_millis(50),
@@ -344,7 +294,7 @@ async fn hook_claims(clients: usize, per_client: usize, hook_ms: u64) -> anyhow:
         async move {
             let mut lat = vec![];
             for _ in 0..per_client {
-                let body = json!({"pool": {"namespace": "default", "name": "hook"}, "request_id": ulid::Ulid::new().to_string()});
+                let body = json!({"pool": {"namespace": "default", "name": "hook"}, "request_id": ulid::Ulid::generate().to_string()});
                 let t = Instant::now();
                 let resp = client.post(&url).bearer_auth(HOOK_BENCH_TOKEN).json(&body).send().await?;
                 let status = resp.status();
@@ -474,7 +424,7 @@ async fn main() -> anyhow::Result<()> {
             let chart_name = svg.file_name().context("--svg needs a file name")?.to_string_lossy().to_string();
             let section = report::markdown(&rs, &label, &machine, &settings, &chart_name)?;
             let old = std::fs::read_to_string(&doc).unwrap_or_default();
-            std::fs::write(&doc, report::splice(&old, &section))
+            std::fs::write(&doc, report::splice(&old, &section, report::BEGIN, report::END))
                 .with_context(|| format!("writing {}", doc.display()))?;
             report::chart(&rs, &label, &svg)?;
             eprintln!("==> wrote {} and {}", doc.display(), svg.display());
@@ -483,7 +433,20 @@ async fn main() -> anyhow::Result<()> {
         Cmd::ClaimLatency { endpoint, token, pool, n, request_ids } => {
             claim_latency(&endpoint, &token, &pool, n, request_ids).await
         }
-        Cmd::Reconcile { pools, vms, max_passes } => reconcile_bench(pools, vms, max_passes).await,
+        Cmd::Reconcile { pools, vms, hosts, max_passes, out } => {
+            growth::run(pools, vms, hosts, max_passes, out.as_deref()).await
+        }
+        Cmd::ReconcileReport { results, machine, doc, svg } => {
+            let rs = growth::read_results(&results)?;
+            let chart_name = svg.file_name().context("--svg needs a file name")?.to_string_lossy().to_string();
+            let section = growth::markdown(&rs, &machine, &chart_name);
+            let old = std::fs::read_to_string(&doc).unwrap_or_default();
+            std::fs::write(&doc, report::splice(&old, &section, growth::BEGIN, growth::END))
+                .with_context(|| format!("writing {}", doc.display()))?;
+            growth::chart(&rs, &svg)?;
+            eprintln!("==> wrote {} and {}", doc.display(), svg.display());
+            Ok(())
+        }
         Cmd::HookClaims { clients, claims_per_client, hook_ms } => {
             hook_claims(clients, claims_per_client, hook_ms).await
         }

@@ -306,11 +306,11 @@ pub fn markdown(rs: &[RunResult], label: &str, machine: &str, settings: &str, ch
     Ok(md)
 }
 
-/// Replaces the generated section of `doc` (or appends it).
-pub fn splice(doc: &str, section: &str) -> String {
-    match (doc.find(BEGIN), doc.find(END)) {
+/// Replaces the generated section of `doc` between `begin` and `end` (or appends it).
+pub fn splice(doc: &str, section: &str, begin: &str, end: &str) -> String {
+    match (doc.find(begin), doc.find(end)) {
         (Some(b), Some(e)) if e > b => {
-            let after = &doc[e + END.len()..];
+            let after = &doc[e + end.len()..];
             format!("{}{}{}", &doc[..b], section.trim_end(), after)
         }
         _ => format!("{}\n\n{}", doc.trim_end(), section),
@@ -436,11 +436,11 @@ mod tests {
         // 1000 ms of machine CPU over 100 claims: 10000 µs each, 1000 of them the client's.
         assert!(md.contains("| 4 | 10000 | 3000 | 1000 | 5000 | 1000 | 10000 | 1000 | 5000 | 4000 |"), "{md}");
         let doc = format!("# Benchmarks\n\nintro\n\n{BEGIN}\nold\n{END}\n\n## Later section\n");
-        let spliced = splice(&doc, &md);
+        let spliced = splice(&doc, &md, BEGIN, END);
         assert!(!spliced.contains("\nold\n"));
         assert!(spliced.contains("## Later section"));
         assert_eq!(spliced.matches(BEGIN).count(), 1);
-        let appended = splice("# Benchmarks\n", &md);
+        let appended = splice("# Benchmarks\n", &md, BEGIN, END);
         assert!(appended.starts_with("# Benchmarks\n\n<!-- claims-benchmark:begin"));
     }
 }

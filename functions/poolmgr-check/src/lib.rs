@@ -30,6 +30,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use flintlock_proto::types::micro_vm_status::MicroVmState;
+use poolmgr_core::deployment::Deployment;
 use poolmgr_core::flintlock::Flintlock;
 use poolmgr_core::reconcile::{desired_new, surplus};
 use poolmgr_core::store::{self, HostRow};
@@ -40,11 +41,17 @@ use tokio_postgres::IsolationLevel;
 #[derive(Debug, Clone)]
 pub struct Options {
     pub database_url: String,
+    /// TLS to the database (`POOLMGR_DATABASE_SSLMODE`, `POOLMGR_DATABASE_CA_PEM`).
+    pub db_tls: poolmgr_core::db::DbTls,
     /// `(host name, address)`: list this address instead of the one in the hosts table (a host
     /// not in the table is listed too; every managed VM on it is then an orphan).
     pub flintlock_overrides: Vec<(String, String)>,
     /// poolmgr's flintlock namespaces start with this (`POOLMGR_FLINTLOCK_NAMESPACE_PREFIX`).
     pub namespace_prefix: String,
+    /// The deployment's id (`POOLMGR_DEPLOYMENT_ID`); `None`: the one in its database. Only
+    /// microVMs in this deployment's namespaces are checked, as the orphan scan only deletes
+    /// those: another deployment's on a shared host are not orphans of this one.
+    pub deployment_id: Option<String>,
     /// Limit of each flintlock call.
     pub flintlock_timeout: Duration,
 }
@@ -145,8 +152,15 @@ const LIVE_PHASES: &[&str] =
 /// row).
 pub async fn check_once(opts: &Options) -> Result<Outcome, CheckError> {
     let mut out = Outcome::default();
-    let mut client =
-        poolmgr_core::db::connect_one(&opts.database_url).await.map_err(|e| CheckError::Db(e.to_string()))?;
+    let mut client = poolmgr_core::db::connect_one(&opts.database_url, &opts.db_tls)
+        .await
+        .map_err(|e| CheckError::Db(e.to_string()))?;
+
+    let deployment_id = match &opts.deployment_id {
+        Some(id) => id.clone(),
+        None => store::deployment_get_id(&client).await?,
+    };
+    let deployment = Deployment::new(&opts.namespace_prefix, &deployment_id).map_err(CheckError::Db)?;
 
     // ---- flintlock --------------------------------------------------------------------
     let mut hosts: Vec<HostRow> = store::host_list(&client).await?.into_iter().map(|(h, _)| h).collect();
@@ -174,7 +188,7 @@ pub async fn check_once(opts: &Options) -> Result<Outcome, CheckError> {
                     .into_iter()
                     .filter(|m| m.status.as_ref().is_none_or(|s| s.state != MicroVmState::Deleting as i32))
                     .filter_map(|m| m.spec)
-                    .filter(|s| s.namespace.starts_with(&opts.namespace_prefix))
+                    .filter(|s| deployment.pool_namespace(&s.namespace).is_some())
                     .map(|s| (s.namespace, s.id, s.uid.unwrap_or_default()))
                     .collect();
                 out.stats.flintlock_vms += live.len();
@@ -279,6 +293,7 @@ fn blank_host(name: &str) -> HostRow {
         flintlock_version: None,
         exec_unavailable_reason: None,
         checked_at: None,
+        unreachable_until: None,
         created_at: now,
         updated_at: now,
     }

@@ -18,6 +18,8 @@ use poolmgr_check::{Mode, Options, run};
         lacks a uid; no VM is on an unregistered host or of a deleted pool; no microVM has two rows.\n\n\
         Settled-checks (--settled / --wait): no VM in transition, every pool at its size and none \
         above it, no orphan microVM in a managed flintlock namespace, no row whose microVM is gone.\n\n\
+        TLS to the database: sslmode in the URL, POOLMGR_DATABASE_SSLMODE and POOLMGR_DATABASE_CA_PEM, \
+        as for poolmgr itself (docs/deploy.md, \"TLS to PostgreSQL\").\n\n\
         Exit code: 0 clean, 1 violations, 2 could not check (database or a host unreachable)."
 )]
 struct Cli {
@@ -30,6 +32,10 @@ struct Cli {
     /// poolmgr's flintlock namespaces start with this.
     #[arg(long, env = "POOLMGR_FLINTLOCK_NAMESPACE_PREFIX", default_value = "poolmgr-")]
     namespace_prefix: String,
+    /// The deployment's id, when set in its configuration; default: the one in its database.
+    /// Only microVMs in this deployment's flintlock namespaces are checked.
+    #[arg(long, env = "POOLMGR_DEPLOYMENT_ID")]
+    deployment_id: Option<String>,
     /// Also treat the settled checks as violations (the system must be quiet).
     #[arg(long)]
     settled: bool,
@@ -52,10 +58,19 @@ fn parse_override(s: &str) -> Result<(String, String), String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let db_tls = match poolmgr_core::db::DbTls::from_env() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("poolmgr-check: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let opts = Options {
         database_url: cli.database_url,
+        db_tls,
         flintlock_overrides: cli.flintlock,
         namespace_prefix: cli.namespace_prefix,
+        deployment_id: cli.deployment_id.filter(|id| !id.is_empty()),
         flintlock_timeout: cli.flintlock_timeout,
     };
     let mode = match (cli.wait, cli.settled) {

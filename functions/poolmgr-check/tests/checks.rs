@@ -12,8 +12,10 @@ use poolmgr_tests::*;
 fn opts(app: &TestApp) -> Options {
     Options {
         database_url: app.db.url.clone(),
+        db_tls: Default::default(),
         flintlock_overrides: vec![],
         namespace_prefix: "poolmgr-".into(),
+        deployment_id: None,
         flintlock_timeout: Duration::from_secs(3),
     }
 }
@@ -173,9 +175,13 @@ async fn rows_the_schema_allows_but_the_design_forbids_are_violations() {
 #[tokio::test]
 async fn an_orphan_microvm_is_a_settled_violation_only() {
     let app = filled(2).await;
-    let uid = app.sim.insert_vm("poolmgr-default", "ci-01jghost0000000000000000", MicroVmState::Created);
-    // Not poolmgr's namespace: never an orphan.
+    let ns = app.flintlock_namespace("default").await;
+    let uid = app.sim.insert_vm(&ns, "ci-01jghost0000000000000000", MicroVmState::Created);
+    // Not this deployment's namespace: never an orphan (another deployment's, poolmgr's
+    // namespace from before deployment ids, anyone's).
     app.sim.insert_vm("someone-else", "theirs", MicroVmState::Created);
+    app.sim.insert_vm("poolmgr-0ther-default", "ci-01jother000000000000000", MicroVmState::Created);
+    app.sim.insert_vm("poolmgr-default", "ci-01jlegacy00000000000000", MicroVmState::Created);
     let o = check(&app).await;
     assert_finding(&o, "orphan-vm", Class::Settled, &uid);
     assert_eq!(o.findings.len(), 1, "{:?}", checks_of(&o));
@@ -189,7 +195,7 @@ async fn an_orphan_microvm_is_a_settled_violation_only() {
 async fn a_duplicate_create_of_a_row_is_an_orphan() {
     let app = filled(1).await;
     let id: String = app.conn().await.query_one("SELECT id FROM vms", &[]).await.unwrap().get(0);
-    let dup = app.sim.insert_vm("poolmgr-default", &id, MicroVmState::Created);
+    let dup = app.sim.insert_vm(&app.flintlock_namespace("default").await, &id, MicroVmState::Created);
     let o = check(&app).await;
     assert_finding(&o, "orphan-vm", Class::Settled, &dup);
     assert!(o.findings[0].detail.contains("duplicate create"), "{}", o.findings[0]);

@@ -1,5 +1,10 @@
 //! `poolmgr-local`: every HTTP function's Router on one address with `axum::serve`, for
 //! development and single-machine installs. Migrates the database at start.
+//!
+//! [`fault`] can lose claim answers on purpose for chaos runs and tests; it is off unless
+//! its variable is set, and exists in this binary only.
+
+mod fault;
 
 use anyhow::Context;
 use poolmgr_core::{AppState, Config, db, http, telemetry};
@@ -8,11 +13,20 @@ use poolmgr_core::{AppState, Config, db, http, telemetry};
 async fn main() -> anyhow::Result<()> {
     telemetry::init();
     let cfg = Config::from_env()?;
+    let lose_claim_answer_every = fault::lose_claim_answer_every()?;
     let addr = std::env::var("POOLMGR_HTTP_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
-    let applied = db::migrate_url(&cfg.database_url).await.context("migrating the database")?;
+    let applied = db::migrate_url(&cfg.database_url, &cfg.db_tls).await.context("migrating the database")?;
     tracing::info!(?applied, version = db::latest_version(), "schema ready");
     let pool = db::pool_from_config(&cfg)?;
     let state = AppState::new(&cfg, pool);
+    let mut router = http::router(state.clone());
+    if let Some(every) = lose_claim_answer_every {
+        tracing::warn!(
+            every,
+            "fault injection on: the answer of every {every}. fresh claim is lost after it committed"
+        );
+        router = fault::lose_claim_answers(router, every);
+    }
     tokio::spawn(reconcile_ticker(state.clone()));
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -20,7 +34,7 @@ async fn main() -> anyhow::Result<()> {
     let local = listener.local_addr()?;
     tracing::info!(%local, "poolmgr-local listening");
     println!("poolmgr-local listening on http://{local}");
-    axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown()).await.context("serving HTTP")?;
+    axum::serve(listener, router).with_graceful_shutdown(shutdown()).await.context("serving HTTP")?;
     tracing::info!("poolmgr-local stopped");
     Ok(())
 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use poolmgr_client::Phase;
 
 /// Operate poolmgr: warm pools of flintlock microVMs.
 ///
@@ -22,15 +23,31 @@ pub struct Cli {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Global options")]
 pub struct Global {
-    /// Base URL of the poolmgr HTTP API.
-    #[arg(long, global = true, env = "POOLMGR_ENDPOINT", default_value = "http://127.0.0.1:8080")]
-    pub endpoint: String,
-    /// API token, sent as `Authorization: Bearer <token>`.
-    #[arg(long, global = true, env = "POOLMGR_TOKEN", hide_env_values = true)]
+    /// Base URL of the poolmgr HTTP API [env: POOLMGR_ENDPOINT; else the context's; else
+    /// http://127.0.0.1:8080].
+    #[arg(long, global = true, value_name = "URL")]
+    pub endpoint: Option<String>,
+    /// API token, sent as `Authorization: Bearer <token>` [env: POOLMGR_TOKEN; else the
+    /// context's]. Prefer --token-file: a flag's value shows in `ps`.
+    #[arg(long, global = true, value_name = "TOKEN", conflicts_with = "token_file")]
     pub token: Option<String>,
+    /// Read the API token from this file (surrounding whitespace ignored) [env:
+    /// POOLMGR_TOKEN_FILE, below POOLMGR_TOKEN].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Use this context of the config file instead of its current one [env: POOLMGR_CONTEXT].
+    #[arg(long, global = true, value_name = "NAME")]
+    pub context: Option<String>,
+    /// The config file [env: POOLMGR_CONFIG; default $XDG_CONFIG_HOME/poolmgr/config.yaml,
+    /// or ~/.config/poolmgr/config.yaml].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Output format.
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = Format::Table)]
     pub output: Format,
+    /// Tables without their header line.
+    #[arg(long, global = true)]
+    pub no_headers: bool,
     /// Time-out of one HTTP request (e.g. 30s, 2m, 1500ms; a bare number is seconds).
     #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub timeout: Duration,
@@ -63,10 +80,37 @@ pub enum Command {
     /// The event feed.
     #[command(subcommand)]
     Events(EventsCmd),
+    /// Named endpoints and tokens in the config file.
+    #[command(subcommand)]
+    Context(ContextCmd),
     /// Print a shell completion script (e.g. `poolmgrctl completion bash > /etc/bash_completion.d/poolmgrctl`).
     Completion {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), or write one page per command into --dir
+    /// (e.g. `poolmgrctl man --dir /usr/local/share/man/man1`).
+    Man {
+        /// Write poolmgrctl.1, poolmgrctl-pool.1, poolmgrctl-pool-create.1, … here.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ContextCmd {
+    /// List the contexts (the current one marked `*`). Tokens are never printed.
+    List,
+    /// Make NAME the current context.
+    Use { name: String },
+    /// Create or change context NAME from the global --endpoint, --token and --token-file
+    /// given with it (e.g. `poolmgrctl --endpoint URL --token-file F context set prod`); what
+    /// is not given keeps its value. The file is written with mode 0600.
+    Set {
+        name: String,
+        /// Also make it the current context.
+        #[arg(long)]
+        current: bool,
     },
 }
 
@@ -119,11 +163,12 @@ pub struct SpecFile {
 pub enum LeaseCmd {
     /// Claim a VM from a pool.
     ///
-    /// With --auto-request-id (or an explicit --request-id) the claim is idempotent: transient
-    /// failures (UNAVAILABLE, ABORTED, connection errors, time-outs) are retried with the same
-    /// id and exponential backoff until --wait elapses (30s without --wait), and a retry never
-    /// claims a second VM. RESOURCE_EXHAUSTED (no VM available) is retried while --wait lasts,
-    /// with or without a request id. Progress goes to standard error.
+    /// With a request id (--request-id, --auto-request-id, or generated for --wait) the claim
+    /// is idempotent: transient failures (UNAVAILABLE, ABORTED, connection errors, resets,
+    /// time-outs) are retried with the same id and jittered exponential backoff until --wait
+    /// elapses (30s without --wait), and a retry never claims a second VM. RESOURCE_EXHAUSTED
+    /// (no VM available) is retried while --wait lasts. Without an id and --wait: one attempt.
+    /// Progress goes to standard error.
     #[command(group(ArgGroup::new("idempotency").args(["request_id", "auto_request_id"])))]
     Claim {
         /// NAMESPACE/NAME, or NAME in namespace `default`.
@@ -135,7 +180,8 @@ pub enum LeaseCmd {
         /// Generate a UUID request id and retry transient failures with it.
         #[arg(long)]
         auto_request_id: bool,
-        /// How long to keep retrying (e.g. 30s, 5m). Without it an empty pool fails at once.
+        /// How long to keep retrying (e.g. 30s, 5m), with a generated request id unless
+        /// --request-id is given. Without it an empty pool fails at once.
         #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
         wait: Option<Duration>,
     },
@@ -168,7 +214,7 @@ pub enum VmCmd {
         namespace: Option<String>,
         /// Only VMs in this phase (e.g. AVAILABLE, LEASED).
         #[arg(long, value_parser = parse_phase)]
-        phase: Option<String>,
+        phase: Option<Phase>,
     },
     /// Show one VM.
     Get { id: String },
@@ -241,12 +287,12 @@ pub enum ExecMode {
     Disabled,
 }
 
-impl ExecMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ExecMode::Auto => "auto",
-            ExecMode::Enabled => "enabled",
-            ExecMode::Disabled => "disabled",
+impl From<ExecMode> for poolmgr_client::HostExec {
+    fn from(m: ExecMode) -> Self {
+        match m {
+            ExecMode::Auto => poolmgr_client::HostExec::Auto,
+            ExecMode::Enabled => poolmgr_client::HostExec::Enabled,
+            ExecMode::Disabled => poolmgr_client::HostExec::Disabled,
         }
     }
 }
@@ -279,11 +325,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 30s, 2m, 1h30m, 1500ms)"))
 }
 
-fn parse_phase(s: &str) -> Result<String, String> {
-    use poolmgr_core::domain::Phase;
+fn parse_phase(s: &str) -> Result<Phase, String> {
     let up = s.to_ascii_uppercase();
     match Phase::parse(&up) {
-        Some(p) => Ok(p.as_str().to_owned()),
+        Some(p) => Ok(p),
         None => {
             let all: Vec<&str> = Phase::ALL.iter().map(|p| p.as_str()).collect();
             Err(format!("unknown phase; use one of {}", all.join(", ")))
@@ -312,7 +357,7 @@ mod tests {
 
     #[test]
     fn phases_are_case_insensitive() {
-        assert_eq!(parse_phase("available").unwrap(), "AVAILABLE");
+        assert_eq!(parse_phase("available").unwrap(), Phase::Available);
         assert!(parse_phase("nope").is_err());
     }
 

@@ -2,15 +2,14 @@
 //! error, with an exit code per class.
 
 use std::fmt;
-use std::time::Duration;
+
+use poolmgr_client::Error;
 
 /// An error: the contract's status in snake_case (`not_found`, `aborted`, …) and a message.
 #[derive(Debug, Clone)]
 pub struct CliError {
     pub status: String,
     pub message: String,
-    /// The server's `Retry-After`, when it sent one.
-    pub retry_after: Option<Duration>,
 }
 
 pub const EXIT_OTHER: u8 = 1;
@@ -22,7 +21,7 @@ pub const EXIT_UNAVAILABLE: u8 = 6;
 
 impl CliError {
     pub fn new(status: &str, message: impl Into<String>) -> CliError {
-        CliError { status: status.to_owned(), message: message.into(), retry_after: None }
+        CliError { status: status.to_owned(), message: message.into() }
     }
 
     /// A bad invocation or input caught before anything was sent.
@@ -46,10 +45,19 @@ impl CliError {
             _ => EXIT_OTHER,
         }
     }
+}
 
-    /// Worth retrying with the same request id.
-    pub fn is_transient(&self) -> bool {
-        matches!(self.status.as_str(), "unavailable" | "aborted")
+/// The client's errors in the CLI's classes: no answer is `unavailable`, input refused before
+/// sending is `invalid_argument`.
+impl From<Error> for CliError {
+    fn from(e: Error) -> CliError {
+        match e {
+            Error::Api(a) => CliError::new(&snake(a.status.as_str()), a.message),
+            Error::Transport { message, .. } => CliError::unavailable(message),
+            Error::InvalidInput(m) => CliError::usage(m),
+            Error::Decode(m) => CliError::new("unknown", m),
+            other => CliError::new("unknown", other.to_string()),
+        }
     }
 }
 
@@ -64,21 +72,6 @@ impl std::error::Error for CliError {}
 /// `RESOURCE_EXHAUSTED` → `resource_exhausted`.
 pub fn snake(status: &str) -> String {
     status.trim().to_ascii_lowercase()
-}
-
-/// The status for an HTTP answer without the contract's error body (a proxy's page, say).
-pub fn status_for_http(code: u16) -> &'static str {
-    match code {
-        400 => "invalid_argument",
-        401 => "unauthenticated",
-        403 => "permission_denied",
-        404 => "not_found",
-        409 => "aborted",
-        429 => "resource_exhausted",
-        500 => "internal",
-        502..=504 => "unavailable",
-        _ => "unknown",
-    }
 }
 
 #[cfg(test)]

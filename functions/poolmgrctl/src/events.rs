@@ -3,12 +3,12 @@
 use std::pin::pin;
 use std::time::Duration;
 
+use poolmgr_client::{Call, EventQuery};
 use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::cli::{EventsCmd, Format};
-use crate::client::Req;
 use crate::error::{CliError, EXIT_UNAVAILABLE};
 use crate::output::{Table, cell, compact_json, emit, pool_cell, yaml};
 use crate::{Ctx, parse_pool_ref};
@@ -36,16 +36,14 @@ pub async fn run(ctx: &Ctx, cmd: EventsCmd) -> Result<(), CliError> {
     let mut collected: Vec<Value> = Vec::new();
     let mut header_done = false;
     loop {
-        let mut req = Req::get(&["v1", "events"]).query("after", after).query("limit", limit);
-        if let Some(p) = &pool {
-            req = req.query("namespace", &p.namespace).query("pool", &p.name);
-        }
-        if follow {
-            req = req.query("wait_seconds", LONG_POLL_SECONDS);
-            req.extra_timeout = Duration::from_secs(LONG_POLL_SECONDS);
-        }
+        let q = EventQuery {
+            after,
+            pool: pool.clone(),
+            limit: Some(limit),
+            wait_seconds: follow.then_some(LONG_POLL_SECONDS),
+        };
         let r = tokio::select! {
-            r = ctx.client.send(req) => r,
+            r = ctx.send(Call::events(&q)) => r,
             _ = &mut ctrl_c => return stopped(after),
         };
         let r = match r {
@@ -59,8 +57,7 @@ pub async fn run(ctx: &Ctx, cmd: EventsCmd) -> Result<(), CliError> {
             }
             Err(e) => return Err(e),
         };
-        let page: Page = serde_json::from_slice(&r.raw)
-            .map_err(|e| CliError::new("unknown", format!("unexpected answer to GET /v1/events: {e}")))?;
+        let page: Page = r.json()?;
         let n = page.events.len();
         let mut text = String::new();
         for raw in &page.events {
@@ -70,7 +67,7 @@ pub async fn run(ctx: &Ctx, cmd: EventsCmd) -> Result<(), CliError> {
                 Format::Table => {
                     let v: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
                     if follow {
-                        if !header_done {
+                        if !header_done && !ctx.no_headers {
                             text.push_str(&stream_line(&HEADERS.map(String::from)));
                             header_done = true;
                         }
@@ -89,7 +86,7 @@ pub async fn run(ctx: &Ctx, cmd: EventsCmd) -> Result<(), CliError> {
                 for v in &collected {
                     t.row(row(v).to_vec());
                 }
-                emit(&t.render())?;
+                ctx.table(&t)?;
             }
             return Ok(());
         }

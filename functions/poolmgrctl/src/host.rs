@@ -2,55 +2,35 @@
 
 use std::path::Path;
 
-use reqwest::Method;
+use poolmgr_client::{Call, HostSpec, HostTls, Reply};
 use serde_json::{Value, json};
 
 use crate::Ctx;
 use crate::cli::{Format, HostArgs, HostCmd};
-use crate::client::{Reply, Req};
 use crate::error::CliError;
 use crate::output::{Table, cell, emit, emit_document};
 
 pub async fn run(ctx: &Ctx, cmd: HostCmd) -> Result<(), CliError> {
     match cmd {
-        HostCmd::Add(a) => {
-            let body = host_body(&a)?;
-            let r = ctx.client.send(Req::new(Method::POST, &["v1", "hosts"]).body(&body)).await?;
-            show_one(ctx, &r)
-        }
-        HostCmd::Update(a) => {
-            let body = host_body(&a)?;
-            let r = ctx.client.send(Req::new(Method::PUT, &["v1", "hosts", &a.name]).body(&body)).await?;
-            show_one(ctx, &r)
-        }
+        HostCmd::Add(a) => show_one(ctx, &ctx.send(Call::create_host(&host_spec(&a)?)).await?),
+        HostCmd::Update(a) => show_one(ctx, &ctx.send(Call::update_host(&host_spec(&a)?)).await?),
         HostCmd::Remove { name } => {
-            ctx.client.send(Req::new(Method::DELETE, &["v1", "hosts", &name])).await?;
+            ctx.send(Call::delete_host(&name)).await?;
             if ctx.format == Format::Table {
                 emit(&format!("host {name} removed\n"))?;
             }
             Ok(())
         }
-        HostCmd::Get { name } => {
-            let r = ctx.client.send(Req::get(&["v1", "hosts", &name])).await?;
-            show_one(ctx, &r)
-        }
+        HostCmd::Get { name } => show_one(ctx, &ctx.send(Call::get_host(&name)).await?),
         HostCmd::List => {
-            let r = ctx.client.send(Req::get(&["v1", "hosts"])).await?;
-            let hosts = r.json["hosts"].as_array().cloned().unwrap_or_default();
-            show(ctx, &r.raw, &hosts)
+            let r = ctx.send(Call::list_hosts()).await?;
+            let v: Value = r.json()?;
+            show(ctx, &r.body, v["hosts"].as_array().map(Vec::as_slice).unwrap_or_default())
         }
         HostCmd::Cordon { name, reason } => {
-            let body = match reason {
-                Some(r) => json!({"reason": r}),
-                None => json!({}),
-            };
-            let r = ctx.client.send(Req::new(Method::POST, &["v1", "hosts", &name, "cordon"]).body(&body)).await?;
-            show_one(ctx, &r)
+            show_one(ctx, &ctx.send(Call::cordon_host(&name, reason.as_deref())).await?)
         }
-        HostCmd::Uncordon { name } => {
-            let r = ctx.client.send(Req::new(Method::POST, &["v1", "hosts", &name, "uncordon"])).await?;
-            show_one(ctx, &r)
-        }
+        HostCmd::Uncordon { name } => show_one(ctx, &ctx.send(Call::uncordon_host(&name)).await?),
     }
 }
 
@@ -58,32 +38,31 @@ fn read_pem(flag: &str, path: &Path) -> Result<String, CliError> {
     std::fs::read_to_string(path).map_err(|e| CliError::usage(format!("{flag} {}: {e}", path.display())))
 }
 
-/// The HostSpec body: `tls.insecure` for plaintext, else the PEM files' contents.
-fn host_body(a: &HostArgs) -> Result<Value, CliError> {
-    poolmgr_core::domain::validate_name("name", &a.name).map_err(CliError::usage)?;
+/// The HostSpec: `tls.insecure` for plaintext, else the PEM files' contents.
+fn host_spec(a: &HostArgs) -> Result<HostSpec, CliError> {
+    poolmgr_client::validate_name("name", &a.name).map_err(CliError::usage)?;
     let tls = match &a.ca_file {
-        None => json!({"insecure": true}),
+        None => HostTls { insecure: true, ..Default::default() },
         Some(ca) => {
-            let mut tls = json!({"insecure": false, "ca_pem": read_pem("--ca-file", ca)?});
+            let mut tls = HostTls { insecure: false, ca_pem: Some(read_pem("--ca-file", ca)?), ..Default::default() };
             if let (Some(c), Some(k)) = (&a.cert_file, &a.key_file) {
-                tls["cert_pem"] = json!(read_pem("--cert-file", c)?);
-                tls["key_pem"] = json!(read_pem("--key-file", k)?);
+                tls.cert_pem = Some(read_pem("--cert-file", c)?);
+                tls.key_pem = Some(read_pem("--key-file", k)?);
             }
             tls
         }
     };
-    let mut body = json!({"name": a.name, "address": a.address, "tls": tls});
-    if let Some(t) = &a.basic_auth_token {
-        body["basic_auth_token"] = json!(t);
-    }
-    if let Some(e) = a.exec {
-        body["exec"] = json!(e.as_str());
-    }
-    Ok(body)
+    Ok(HostSpec {
+        name: a.name.clone(),
+        address: a.address.clone(),
+        tls,
+        basic_auth_token: a.basic_auth_token.clone(),
+        exec: a.exec.map(Into::into),
+    })
 }
 
 fn show_one(ctx: &Ctx, r: &Reply) -> Result<(), CliError> {
-    show(ctx, &r.raw, std::slice::from_ref(&r.json))
+    show(ctx, &r.body, &[r.json()?])
 }
 
 fn show(ctx: &Ctx, raw: &[u8], hosts: &[Value]) -> Result<(), CliError> {
@@ -109,7 +88,7 @@ fn show(ctx: &Ctx, raw: &[u8], hosts: &[Value]) -> Result<(), CliError> {
                     cell(&h["cordoned_reason"]),
                 ]);
             }
-            emit(&t.render())
+            ctx.table(&t)
         }
         f => emit_document(f, raw),
     }

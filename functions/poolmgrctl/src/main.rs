@@ -1,8 +1,13 @@
 //! `poolmgrctl`: the command-line client of poolmgr over its HTTP API
-//! (`shared/http-api.md`). Run `poolmgrctl --help` for the command tree.
+//! (`shared/http-api.md`), built on `poolmgr-client`. Run `poolmgrctl --help` for the command
+//! tree.
+//!
+//! Every request goes through `poolmgr-client` (its routes, errors and the safe retrying
+//! claim); this crate parses flags, finds the endpoint and token ([`config`]), and prints.
 
 mod cli;
-mod client;
+mod config;
+mod context;
 mod error;
 mod events;
 mod host;
@@ -14,59 +19,87 @@ mod vm;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
-use poolmgr_core::domain::PoolRef;
+use poolmgr_client::{Call, Client, PoolRef, Reply};
 
 use crate::cli::{Cli, Command, Format};
-use crate::client::Client;
 use crate::error::CliError;
+use crate::output::Table;
 
 /// What every command needs.
 pub struct Ctx {
     pub client: Client,
     pub format: Format,
+    pub no_headers: bool,
+}
+
+impl Ctx {
+    /// One request; the error says how to give a token when none was given.
+    pub async fn send(&self, call: Call) -> Result<Reply, CliError> {
+        self.client.send(call).await.map_err(|e| self.explain(e))
+    }
+
+    pub fn explain(&self, e: poolmgr_client::Error) -> CliError {
+        let mut e = CliError::from(e);
+        if e.status == "unauthenticated" && !self.client.has_token() {
+            e.message.push_str(" (no token given: use --token-file, --token, POOLMGR_TOKEN or a context's token)");
+        }
+        e
+    }
+
+    /// Prints a table (without its header under --no-headers).
+    pub fn table(&self, t: &Table) -> Result<(), CliError> {
+        output::emit(&t.render(!self.no_headers))
+    }
 }
 
 /// `NAMESPACE/NAME`, or `NAME` in namespace `default`.
 pub fn parse_pool_ref(s: &str) -> Result<PoolRef, CliError> {
-    let (ns, name) = s.split_once('/').unwrap_or(("default", s));
-    PoolRef::parse(ns, name).map_err(|e| CliError::usage(format!("pool {s:?}: {e}")))
+    PoolRef::parse(s).map_err(CliError::usage)
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::Completion { shell } = cli.command {
-        let mut out = Vec::new();
-        clap_complete::generate(shell, &mut Cli::command(), "poolmgrctl", &mut out);
-        return match output::emit(&String::from_utf8_lossy(&out)) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(&e),
-        };
-    }
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => return fail(&CliError::new("internal", format!("cannot start the async runtime: {e}"))),
+    let done = match cli.command {
+        Command::Completion { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "poolmgrctl", &mut out);
+            output::emit(&String::from_utf8_lossy(&out))
+        }
+        Command::Man { dir } => output::man_pages(Cli::command(), dir.as_deref()),
+        Command::Context(c) => context::run(&cli.global, cli.global.output, c),
+        command => match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt.block_on(run(cli.global, command)),
+            Err(e) => Err(CliError::new("internal", format!("cannot start the async runtime: {e}"))),
+        },
     };
-    match rt.block_on(run(cli)) {
+    match done {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(&e),
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(e.exit_code())
+        }
     }
 }
 
-fn fail(e: &CliError) -> ExitCode {
-    eprintln!("{e}");
-    ExitCode::from(e.exit_code())
-}
-
-async fn run(cli: Cli) -> Result<(), CliError> {
-    let g = cli.global;
-    let ctx = Ctx { client: Client::new(&g.endpoint, g.token, g.timeout)?, format: g.output };
-    match cli.command {
+async fn run(g: cli::Global, command: Command) -> Result<(), CliError> {
+    let target = config::resolve(&g, &config::Env::process())?;
+    let mut b = Client::builder(&target.endpoint)
+        .timeout(g.timeout)
+        .user_agent(concat!("poolmgrctl/", env!("CARGO_PKG_VERSION")));
+    if let Some(t) = target.token {
+        b = b.token(t);
+    }
+    let client = b.build()?;
+    let ctx = Ctx { client, format: g.output, no_headers: g.no_headers };
+    match command {
         Command::Pool(c) => pool::run(&ctx, c).await,
         Command::Lease(c) => lease::run(&ctx, c).await,
         Command::Vm(c) => vm::run(&ctx, c).await,
         Command::Host(c) => host::run(&ctx, c).await,
         Command::Events(c) => events::run(&ctx, c).await,
-        Command::Completion { .. } => unreachable!("handled before the runtime starts"),
+        Command::Completion { .. } | Command::Man { .. } | Command::Context(_) => {
+            unreachable!("handled before the runtime starts")
+        }
     }
 }
 

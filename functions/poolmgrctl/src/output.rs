@@ -1,4 +1,5 @@
-//! Printing: aligned tables, and the API's JSON re-indented (key order kept) or as YAML.
+//! Printing: aligned tables, the API's JSON re-indented (key order kept) or as YAML, and
+//! the manual pages.
 
 use std::io::Write;
 
@@ -43,7 +44,7 @@ pub fn compact_json(raw: &[u8]) -> Result<String, CliError> {
 pub fn yaml(raw: &[u8]) -> Result<String, CliError> {
     let mut out = Vec::with_capacity(raw.len() * 2);
     let mut de = serde_json::Deserializer::from_slice(raw);
-    let mut ser = serde_yaml::Serializer::new(&mut out);
+    let mut ser = yaml_serde::Serializer::new(&mut out);
     serde_transcode::transcode(&mut de, &mut ser).map_err(|e| bad_json(&e))?;
     String::from_utf8(out).map_err(|e| bad_json(&e))
 }
@@ -77,7 +78,8 @@ impl Table {
         self.rows.push(cells);
     }
 
-    pub fn render(&self) -> String {
+    /// The rows, after the header line when `headers`.
+    pub fn render(&self, headers: bool) -> String {
         let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
         for r in &self.rows {
             for (w, c) in widths.iter_mut().zip(r) {
@@ -98,12 +100,49 @@ impl Table {
             out.push_str(l.trim_end());
             out.push('\n');
         };
-        line(&mut out, &mut self.headers.iter().copied());
+        if headers {
+            line(&mut out, &mut self.headers.iter().copied());
+        }
         for r in &self.rows {
             line(&mut out, &mut r.iter().map(String::as_str));
         }
         out
     }
+}
+
+/// `poolmgrctl man`: the top page on standard output, or with `dir` one page per command
+/// (`poolmgrctl.1`, `poolmgrctl-pool.1`, `poolmgrctl-pool-create.1`, …) written there.
+pub fn man_pages(cmd: clap::Command, dir: Option<&std::path::Path>) -> Result<(), CliError> {
+    let render = |c: &clap::Command| -> Result<Vec<u8>, CliError> {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(c.clone())
+            .render(&mut out)
+            .map_err(|e| CliError::new("internal", format!("cannot render the manual page: {e}")))?;
+        Ok(out)
+    };
+    let mut cmd = cmd;
+    cmd.build();
+    let Some(dir) = dir else {
+        return emit(&String::from_utf8_lossy(&render(&cmd)?));
+    };
+    std::fs::create_dir_all(dir).map_err(|e| CliError::usage(format!("cannot create {}: {e}", dir.display())))?;
+    // Each page is named after its command path, as `man poolmgrctl-lease-claim` expects.
+    fn walk(c: &clap::Command, name: String, pages: &mut Vec<(String, clap::Command)>) {
+        let page = c.clone().name(name.clone()).display_name(name.clone()).bin_name(name.replace('-', " "));
+        pages.push((name.clone(), page));
+        for sub in c.get_subcommands().filter(|s| s.get_name() != "help") {
+            walk(sub, format!("{name}-{}", sub.get_name()), pages);
+        }
+    }
+    let mut pages = Vec::new();
+    walk(&cmd, cmd.get_name().to_owned(), &mut pages);
+    for (name, page) in &pages {
+        let path = dir.join(format!("{name}.1"));
+        std::fs::write(&path, render(page)?)
+            .map_err(|e| CliError::usage(format!("cannot write {}: {e}", path.display())))?;
+    }
+    eprintln!("wrote {} manual pages into {}", pages.len(), dir.display());
+    Ok(())
 }
 
 /// A cell: strings as they are, null and empty as `<none>`, anything else as JSON.
@@ -131,7 +170,8 @@ mod tests {
         let mut t = Table::new(&["A", "LONGER", "C"]);
         t.row(vec!["xxxx".into(), "y".into(), "z".into()]);
         t.row(vec!["é".into(), "".into(), "<none>".into()]);
-        assert_eq!(t.render(), "A     LONGER  C\nxxxx  y       z\né             <none>\n");
+        assert_eq!(t.render(true), "A     LONGER  C\nxxxx  y       z\né             <none>\n");
+        assert_eq!(t.render(false), "xxxx  y       z\né             <none>\n");
     }
 
     #[test]
@@ -143,7 +183,7 @@ mod tests {
         assert_eq!(compact_json(raw).unwrap(), format!("{}\n", std::str::from_utf8(raw).unwrap()));
         let y = yaml(raw).unwrap();
         assert!(y.starts_with("z: 1\n"), "{y}");
-        let back: Value = serde_yaml::from_str(&y).unwrap();
+        let back: Value = yaml_serde::from_str(&y).unwrap();
         assert_eq!(back, json!({"z": 1, "a": {"y": null, "b": [1, 2]}}));
     }
 

@@ -5,12 +5,10 @@ use std::path::Path;
 use std::pin::pin;
 use std::time::Duration;
 
-use poolmgr_core::domain::{PoolRef, PoolSpec};
-use reqwest::Method;
+use poolmgr_client::{Call, PoolRef, PoolSpec, Reply};
 use serde_json::Value;
 
 use crate::cli::{Format, PoolCmd};
-use crate::client::{Reply, Req};
 use crate::error::{CliError, EXIT_UNAVAILABLE};
 use crate::output::{Table, cell, compact_json, emit, emit_document, pool_cell, yaml};
 use crate::{Ctx, parse_pool_ref};
@@ -18,37 +16,30 @@ use crate::{Ctx, parse_pool_ref};
 pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
     match cmd {
         PoolCmd::Create(f) => {
-            let (body, _) = load_spec(&f.file)?;
-            let r = ctx.client.send(Req::new(Method::POST, &["v1", "pools"]).body(&body)).await?;
-            show_pools(ctx, &r, std::slice::from_ref(&r.json))
+            let spec = load_spec(&f.file)?;
+            let r = ctx.send(Call::create_pool(&spec)).await?;
+            show_pools(ctx, &r, &[r.json()?])
         }
         PoolCmd::Update(f) => {
-            let (body, p) = load_spec(&f.file)?;
-            let r = ctx.client.send(Req::new(Method::PUT, &["v1", "pools", &p.namespace, &p.name]).body(&body)).await?;
-            show_pools(ctx, &r, std::slice::from_ref(&r.json))
+            let spec = load_spec(&f.file)?;
+            let r = ctx.send(Call::update_pool(&spec)).await?;
+            show_pools(ctx, &r, &[r.json()?])
         }
         PoolCmd::Get { pool } => {
-            let p = parse_pool_ref(&pool)?;
-            let r = ctx.client.send(Req::get(&["v1", "pools", &p.namespace, &p.name])).await?;
-            show_pools(ctx, &r, std::slice::from_ref(&r.json))
+            let r = ctx.send(Call::get_pool(&parse_pool_ref(&pool)?)).await?;
+            show_pools(ctx, &r, &[r.json()?])
         }
         PoolCmd::List { namespace } => {
-            let mut req = Req::get(&["v1", "pools"]);
-            if let Some(ns) = namespace {
-                poolmgr_core::domain::validate_name("namespace", &ns).map_err(CliError::usage)?;
-                req = req.query("namespace", ns);
+            if let Some(ns) = &namespace {
+                poolmgr_client::validate_name("namespace", ns).map_err(CliError::usage)?;
             }
-            let r = ctx.client.send(req).await?;
-            let pools = r.json["pools"].as_array().cloned().unwrap_or_default();
-            show_pools(ctx, &r, &pools)
+            let r = ctx.send(Call::list_pools(namespace.as_deref())).await?;
+            let v: Value = r.json()?;
+            show_pools(ctx, &r, v["pools"].as_array().map(Vec::as_slice).unwrap_or_default())
         }
         PoolCmd::Delete { pool, force } => {
             let p = parse_pool_ref(&pool)?;
-            let mut req = Req::new(Method::DELETE, &["v1", "pools", &p.namespace, &p.name]);
-            if force {
-                req = req.query("force", "true");
-            }
-            ctx.client.send(req).await?;
+            ctx.send(Call::delete_pool(&p, force)).await?;
             if ctx.format == Format::Table {
                 emit(&format!("pool {p} deleted\n"))?;
             }
@@ -59,10 +50,10 @@ pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
             if watch {
                 watch_status(ctx, &p, interval).await
             } else {
-                let r = ctx.client.send(Req::get(&["v1", "pools", &p.namespace, &p.name])).await?;
+                let r = ctx.send(Call::get_pool(&p)).await?;
                 match ctx.format {
-                    Format::Table => emit(&status_table(&r.json).render()),
-                    f => emit_document(f, &r.raw),
+                    Format::Table => ctx.table(&status_table(&r.json()?)),
+                    f => emit_document(f, &r.body),
                 }
             }
         }
@@ -101,9 +92,9 @@ fn show_pools(ctx: &Ctx, r: &Reply, pools: &[Value]) -> Result<(), CliError> {
                     if hosts.is_empty() { "<none>".into() } else { hosts.join(",") },
                 ]);
             }
-            emit(&t.render())
+            ctx.table(&t)
         }
-        f => emit_document(f, &r.raw),
+        f => emit_document(f, &r.body),
     }
 }
 
@@ -132,7 +123,7 @@ async fn watch_status(ctx: &Ctx, p: &PoolRef, interval: Duration) -> Result<(), 
     let mut ctrl_c = pin!(tokio::signal::ctrl_c());
     let mut first = true;
     loop {
-        let fetch = ctx.client.send(Req::get(&["v1", "pools", &p.namespace, &p.name]));
+        let fetch = ctx.send(Call::get_pool(p));
         let r = tokio::select! {
             r = fetch => r,
             _ = &mut ctrl_c => return Ok(()),
@@ -141,21 +132,21 @@ async fn watch_status(ctx: &Ctx, p: &PoolRef, interval: Duration) -> Result<(), 
             Ok(r) => {
                 let text = match ctx.format {
                     Format::Table => {
-                        let table = status_table(&r.json).render();
+                        let table = status_table(&r.json()?).render(!ctx.no_headers);
                         if tty {
                             let now = chrono::Local::now().format("%H:%M:%S");
                             format!(
                                 "\x1b[H\x1b[2JEvery {}: pool {p}  {now}  (Ctrl-C to stop)\n\n{table}",
                                 humantime::format_duration(interval)
                             )
-                        } else if first {
+                        } else if first || ctx.no_headers {
                             table
                         } else {
                             table.lines().skip(1).map(|l| format!("{l}\n")).collect()
                         }
                     }
-                    Format::Json => compact_json(&r.raw)?,
-                    Format::Yaml => format!("---\n{}", yaml(&r.raw)?),
+                    Format::Json => compact_json(&r.body)?,
+                    Format::Yaml => format!("---\n{}", yaml(&r.body)?),
                 };
                 emit(&text)?;
                 first = false;
@@ -170,10 +161,11 @@ async fn watch_status(ctx: &Ctx, p: &PoolRef, interval: Duration) -> Result<(), 
     }
 }
 
-/// Reads a PoolSpec file (JSON or YAML) and validates it as the server would, so errors name
-/// the field before anything is sent. Returns the body to send — the file's own content as
-/// JSON — and the pool it names.
-pub fn load_spec(path: &Path) -> Result<(Value, PoolRef), CliError> {
+/// Reads a PoolSpec file (JSON or YAML) and checks it locally — its syntax, the type of
+/// every field, unknown fields (a typo), and the contract's rules on its own fields — so
+/// errors name the field before anything is sent. The template (`microvm_template`) and the
+/// hosts are the server's to check.
+pub fn load_spec(path: &Path) -> Result<PoolSpec, CliError> {
     let stdin = path.as_os_str() == "-";
     let name = if stdin { "<stdin>".to_owned() } else { path.display().to_string() };
     let text = if stdin {
@@ -186,7 +178,7 @@ pub fn load_spec(path: &Path) -> Result<(Value, PoolRef), CliError> {
     parse_spec(&name, path.extension().and_then(|e| e.to_str()), &text)
 }
 
-fn parse_spec(name: &str, ext: Option<&str>, text: &str) -> Result<(Value, PoolRef), CliError> {
+fn parse_spec(name: &str, ext: Option<&str>, text: &str) -> Result<PoolSpec, CliError> {
     let json = match ext.map(str::to_ascii_lowercase).as_deref() {
         Some("json") => true,
         Some("yaml" | "yml") => false,
@@ -195,18 +187,31 @@ fn parse_spec(name: &str, ext: Option<&str>, text: &str) -> Result<(Value, PoolR
     let value: Value = if json {
         serde_json::from_str(text).map_err(|e| CliError::usage(format!("{name}: invalid JSON: {e}")))?
     } else {
-        serde_yaml::from_str(text).map_err(|e| CliError::usage(format!("{name}: invalid YAML: {e}")))?
+        yaml_serde::from_str(text).map_err(|e| CliError::usage(format!("{name}: invalid YAML: {e}")))?
     };
     if !value.is_object() {
         return Err(CliError::usage(format!("{name}: a PoolSpec must be an object (a mapping)")));
     }
-    let spec: PoolSpec = serde_path_to_error::deserialize(value.clone()).map_err(|e| {
-        let at = e.path().to_string();
-        let at = if at == "." { String::new() } else { format!("{at}: ") };
-        CliError::usage(format!("{name}: {at}{}", e.inner()))
-    })?;
+    // The client's types ignore fields they do not know (a newer server's); a file must not
+    // have any: each one is a typo the server would refuse.
+    let mut unknown = Vec::new();
+    let mut note = |p: serde_ignored::Path<'_>| unknown.push(p.to_string());
+    let parsed: Result<PoolSpec, _> =
+        serde_path_to_error::deserialize(serde_ignored::Deserializer::new(value, &mut note));
+    // Unknown fields first: `sise: 2` is a typo before it is a missing `size`.
+    let typo = (!unknown.is_empty()).then(|| format!("unknown field {}", unknown.join(", ")));
+    let spec = match (parsed, typo) {
+        (Ok(spec), None) => spec,
+        (Ok(_), Some(t)) => return Err(CliError::usage(format!("{name}: {t}"))),
+        (Err(e), typo) => {
+            let at = e.path().to_string();
+            let at = if at == "." { String::new() } else { format!("{at}: ") };
+            let typo = typo.map(|t| format!("{t}; ")).unwrap_or_default();
+            return Err(CliError::usage(format!("{name}: {typo}{at}{}", e.inner())));
+        }
+    };
     spec.validate().map_err(|e| CliError::usage(format!("{name}: {e}")))?;
-    Ok((value, spec.pool_ref()))
+    Ok(spec)
 }
 
 #[cfg(test)]
@@ -228,10 +233,14 @@ microvm_template:
 
     #[test]
     fn yaml_spec_is_sent_as_written() {
-        let (v, p) = parse_spec("spec.yaml", Some("yaml"), YAML).unwrap();
-        assert_eq!(p.to_string(), "default/ci");
+        let spec = parse_spec("spec.yaml", Some("yaml"), YAML).unwrap();
+        assert_eq!(spec.pool_ref().to_string(), "default/ci");
+        let v = serde_json::to_value(&spec).unwrap();
         assert_eq!(v["size"], 2);
-        assert!(v.get("namespace").is_none(), "defaults are the server's business: {v}");
+        assert_eq!(v["microvm_template"], yaml_serde::from_str::<Value>(YAML).unwrap()["microvm_template"]);
+        for absent in ["namespace", "hook_failure_policy", "heartbeat_expiry_seconds"] {
+            assert!(v.get(absent).is_none(), "defaults are the server's business: {v}");
+        }
     }
 
     #[test]
@@ -247,11 +256,15 @@ microvm_template:
 
         let bad = YAML.replace("size: 2", "sise: 2");
         let e = parse_spec("spec.yaml", None, &bad).unwrap_err();
-        assert!(e.message.contains("sise"), "{e}");
+        assert!(e.message.starts_with("spec.yaml: unknown field sise; missing field `size`"), "{e}");
 
-        let bad = YAML.replace("type: TAP", "type: TAP, colour: red");
+        let bad = YAML.replace("min_size: 1", "min_size: 1\n  colour: red");
         let e = parse_spec("spec.yaml", None, &bad).unwrap_err();
-        assert!(e.message.contains("microvm_template.interfaces[0]") && e.message.contains("colour"), "{e}");
+        assert_eq!(e.message, "spec.yaml: unknown field replenishment.colour");
+
+        let bad = YAML.replace("size: 2", "size: two");
+        let e = parse_spec("spec.yaml", None, &bad).unwrap_err();
+        assert!(e.message.starts_with("spec.yaml: size: invalid type"), "{e}");
 
         let e = parse_spec("spec.json", Some("json"), "{\"name\": ").unwrap_err();
         assert!(e.message.starts_with("spec.json: invalid JSON"), "{e}");
@@ -259,8 +272,8 @@ microvm_template:
 
     #[test]
     fn json_is_detected_without_an_extension() {
-        let v: Value = serde_yaml::from_str(YAML).unwrap();
-        let (_, p) = parse_spec("<stdin>", None, &v.to_string()).unwrap();
-        assert_eq!(p.name, "ci");
+        let v: Value = yaml_serde::from_str(YAML).unwrap();
+        let spec = parse_spec("<stdin>", None, &v.to_string()).unwrap();
+        assert_eq!(spec.name, "ci");
     }
 }

@@ -1,10 +1,9 @@
 //! `poolmgrctl vm …`
 
-use reqwest::Method;
+use poolmgr_client::{Call, VmQuery};
 use serde_json::Value;
 
 use crate::cli::{Format, VmCmd};
-use crate::client::Req;
 use crate::error::CliError;
 use crate::output::{Table, cell, emit, emit_document, pool_cell};
 use crate::{Ctx, parse_pool_ref};
@@ -12,27 +11,26 @@ use crate::{Ctx, parse_pool_ref};
 pub async fn run(ctx: &Ctx, cmd: VmCmd) -> Result<(), CliError> {
     match cmd {
         VmCmd::List { pool, namespace, phase } => {
-            let mut req = Req::get(&["v1", "vms"]);
-            if let Some(p) = pool.as_deref().map(parse_pool_ref).transpose()? {
-                req = req.query("namespace", p.namespace).query("pool", p.name);
-            }
+            let mut q = match pool.as_deref().map(parse_pool_ref).transpose()? {
+                Some(p) => VmQuery::pool(&p),
+                None => VmQuery::default(),
+            };
             if let Some(ns) = namespace {
-                poolmgr_core::domain::validate_name("namespace", &ns).map_err(CliError::usage)?;
-                req = req.query("namespace", ns);
+                poolmgr_client::validate_name("namespace", &ns).map_err(CliError::usage)?;
+                q.namespace = Some(ns);
             }
-            if let Some(ph) = phase {
-                req = req.query("phase", ph);
-            }
-            let r = ctx.client.send(req).await?;
-            let vms = r.json["vms"].as_array().cloned().unwrap_or_default();
-            show(ctx, &r.raw, &vms)
+            q.phase = phase;
+            let r = ctx.send(Call::list_vms(&q)).await?;
+            let v: Value = r.json()?;
+            let vms = v["vms"].as_array().cloned().unwrap_or_default();
+            show(ctx, &r.body, &vms)
         }
         VmCmd::Get { id } => {
-            let r = ctx.client.send(Req::get(&["v1", "vms", &id])).await?;
-            show(ctx, &r.raw, std::slice::from_ref(&r.json))
+            let r = ctx.send(Call::get_vm(&id)).await?;
+            show(ctx, &r.body, &[r.json()?])
         }
         VmCmd::Delete { id } => {
-            ctx.client.send(Req::new(Method::DELETE, &["v1", "vms", &id])).await?;
+            ctx.send(Call::delete_vm(&id)).await?;
             if ctx.format == Format::Table {
                 emit(&format!("vm {id} deleted\n"))?;
             }
@@ -55,7 +53,7 @@ fn show(ctx: &Ctx, raw: &[u8], vms: &[Value]) -> Result<(), CliError> {
                     cell(&v["created_at"]),
                 ]);
             }
-            emit(&t.render())
+            ctx.table(&t)
         }
         f => emit_document(f, raw),
     }

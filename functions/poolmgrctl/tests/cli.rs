@@ -1,5 +1,6 @@
 //! The real `poolmgrctl` binary against a real `poolmgr-local` on a fresh test database, with
-//! an in-process `flintlock-sim` registered through the CLI itself.
+//! an in-process `flintlock-sim` registered through the CLI itself
+//! (`poolmgr_tests::local::LocalServer`).
 //!
 //! Needs `POOLMGR_TEST_DATABASE_URL` (run with `scripts/test.sh -p poolmgrctl`). The
 //! `poolmgr-local` binary is built next to `poolmgrctl` with `cargo build` on first use (a
@@ -7,62 +8,22 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use flintlock_sim::{Sim, SimConfig, SimServer};
-use poolmgr_tests::TestDb;
+use poolmgr_tests::local::LocalServer;
+use poolmgr_tests::{ADMIN, CLIENT_A as CLIENT};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-// At least 16 characters each: shorter tokens are refused at start.
-const ADMIN: &str = "admin-token-0123456789";
-const CLIENT: &str = "client-a-token-0123456789";
 const CTL: &str = env!("CARGO_BIN_EXE_poolmgrctl");
 
 // ---------------------------------------------------------------------------------------
 // The stack
 // ---------------------------------------------------------------------------------------
 
-/// `poolmgr-local`, built into the same target directory and profile as `poolmgrctl`.
-fn server_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let profile_dir = Path::new(CTL).parent().expect("poolmgrctl has a directory");
-        let bin = profile_dir.join(format!("poolmgr-local{}", std::env::consts::EXE_SUFFIX));
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev",
-            Some(other) => other,
-        };
-        let target_dir = profile_dir.parent().expect("a target directory");
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        // Always asked: a no-op when the binary is fresh, a rebuild when the server changed.
-        let status = std::process::Command::new(&cargo)
-            .args(["build", "--quiet", "-p", "poolmgr-local", "--bin", "poolmgr-local", "--profile", profile])
-            .arg("--target-dir")
-            .arg(target_dir)
-            .current_dir(&root)
-            .status();
-        match status {
-            Ok(s) if s.success() && bin.exists() => bin,
-            other => panic!(
-                "poolmgr-local is needed at {} and `{cargo} build -p poolmgr-local` failed ({other:?}); build it first \
-                 (cargo build -p poolmgr-local) or run scripts/test.sh",
-                bin.display()
-            ),
-        }
-    })
-}
-
 struct Stack {
-    // Fields drop in order: the server goes before its database.
-    server: Child,
-    server_log: Arc<Mutex<String>>,
-    db: TestDb,
-    sim_server: SimServer,
-    _sim: Sim,
+    server: LocalServer,
     endpoint: String,
     http: reqwest::Client,
     dir: PathBuf,
@@ -70,7 +31,6 @@ struct Stack {
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        let _ = self.server.start_kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -121,15 +81,23 @@ fn out(o: std::process::Output) -> Out {
     }
 }
 
-/// `poolmgrctl` with a clean POOLMGR_* environment.
-fn ctl_cmd(endpoint: &str, token: &str, args: &[&str]) -> Command {
+/// `poolmgrctl` with no POOLMGR_* variable and a config directory of its own (empty unless
+/// a test writes there), so the user's config file never takes part.
+fn bare_cmd(config_home: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(CTL);
     for (k, _) in std::env::vars() {
         if k.starts_with("POOLMGR_") {
             c.env_remove(k);
         }
     }
-    c.env("POOLMGR_ENDPOINT", endpoint).env("POOLMGR_TOKEN", token).args(args).kill_on_drop(true);
+    c.env("XDG_CONFIG_HOME", config_home).args(args).kill_on_drop(true);
+    c
+}
+
+/// `poolmgrctl` with the endpoint and token in the environment.
+fn ctl_cmd(endpoint: &str, token: &str, args: &[&str]) -> Command {
+    let mut c = bare_cmd(Path::new("/nonexistent/poolmgrctl-test"), args);
+    c.env("POOLMGR_ENDPOINT", endpoint).env("POOLMGR_TOKEN", token);
     c
 }
 
@@ -171,73 +139,10 @@ async fn read_until(child: &mut Child, within: Duration, done: impl Fn(&str) -> 
 
 impl Stack {
     async fn start() -> Stack {
-        let bin = server_bin();
-        let db = TestDb::create().await;
-        let sim = Sim::new(SimConfig {
-            boot_delay: Duration::from_millis(50),
-            delete_delay: Duration::from_millis(20),
-            basic_auth_token: None,
-        });
-        let sim_server = sim.serve("127.0.0.1:0".parse().unwrap()).await.expect("start flintlock-sim");
-        let mut server = Command::new(bin)
-            .env("DATABASE_URL", &db.url)
-            .env("POOLMGR_HTTP_ADDR", "127.0.0.1:0")
-            .env("POOLMGR_ADMIN_TOKENS", format!("admin:{ADMIN}"))
-            .env("POOLMGR_CLIENT_TOKENS", format!("client-a:{CLIENT}"))
-            .env("POOLMGR_RECONCILE_INTERVAL_SECONDS", "1")
-            .env("POOLMGR_RECONCILE_BACKOFF_MS", "50")
-            .env("POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS", "1")
-            .env("POOLMGR_FLINTLOCK_TIMEOUT_SECONDS", "3")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn poolmgr-local");
-        let server_log = Arc::new(Mutex::new(String::new()));
-        {
-            let log = server_log.clone();
-            let mut err = BufReader::new(server.stderr.take().unwrap()).lines();
-            tokio::spawn(async move {
-                while let Ok(Some(l)) = err.next_line().await {
-                    let mut log = log.lock().unwrap();
-                    if log.len() < 64 * 1024 {
-                        log.push_str(&l);
-                        log.push('\n');
-                    }
-                }
-            });
-        }
-        // The server prints its address once it listens (after migrating the database).
-        let mut stdout = BufReader::new(server.stdout.take().unwrap()).lines();
-        let line = tokio::time::timeout(Duration::from_secs(60), async {
-            loop {
-                match stdout.next_line().await {
-                    Ok(Some(l)) if l.contains("listening on ") => return Some(l),
-                    Ok(Some(_)) => continue,
-                    _ => return None,
-                }
-            }
-        })
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| panic!("poolmgr-local did not start; its log:\n{}", server_log.lock().unwrap()));
-        tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
-        let endpoint = line.rsplit("listening on ").next().unwrap().trim().to_owned();
-        let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            match http.get(format!("{endpoint}/healthz")).send().await {
-                Ok(r) if r.status().is_success() => break,
-                other if Instant::now() > deadline => panic!("/healthz never answered 200: {other:?}"),
-                _ => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
+        let server = LocalServer::start().await;
         let dir = std::env::temp_dir().join(format!("poolmgrctl-test-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
-        Stack { server, server_log, db, sim_server, _sim: sim, endpoint, http, dir }
+        Stack { endpoint: server.endpoint.clone(), server, http: reqwest::Client::new(), dir }
     }
 
     async fn ctl(&self, args: &[&str]) -> Out {
@@ -283,7 +188,7 @@ impl Stack {
 
     /// Registers the simulator as host `sim` through the CLI.
     async fn add_sim_host(&self) -> Out {
-        let addr = self.sim_server.addr.to_string();
+        let addr = self.server.sim_server.addr.to_string();
         self.ctl(&["host", "add", "sim", "--address", &addr, "--insecure"]).await.ok()
     }
 
@@ -303,7 +208,7 @@ impl Stack {
             assert!(
                 Instant::now() < deadline,
                 "pool {pool} never had {n} AVAILABLE VMs: {p}\nserver log:\n{}",
-                self.server_log.lock().unwrap()
+                self.server.log()
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -336,7 +241,7 @@ fn cell(v: &Value) -> String {
 }
 
 fn spec_json(name: &str, size: i32) -> Value {
-    serde_yaml::from_str(&spec_yaml(name, size)).unwrap()
+    yaml_serde::from_str(&spec_yaml(name, size)).unwrap()
 }
 
 /// A port nothing listens on.
@@ -384,11 +289,11 @@ async fn completion_scripts_and_local_errors() {
     assert!(o.stderr.contains("replenishment.min_size"), "{o:#?}");
     let typo = dir.join("typo.json");
     let mut v = spec_json("ci", 1);
-    v["microvm_template"]["kernel"]["imag"] = json!("x");
+    v["heartbeat_expiry_second"] = json!(60);
     std::fs::write(&typo, v.to_string()).unwrap();
     let o = ctl_offline(&none, &["pool", "update", "--file", typo.to_str().unwrap()]).await;
     o.fails(2, "invalid_argument");
-    assert!(o.stderr.contains("microvm_template.kernel") && o.stderr.contains("imag"), "{o:#?}");
+    assert!(o.stderr.contains("unknown field heartbeat_expiry_second"), "{o:#?}");
     let o = ctl_offline(&none, &["pool", "create", "--file", dir.join("missing.yaml").to_str().unwrap()]).await;
     o.fails(2, "invalid_argument");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -402,10 +307,15 @@ async fn completion_scripts_and_local_errors() {
     assert!(started.elapsed() >= Duration::from_secs(2), "gave up early: {o:#?}");
     assert!(o.stderr.starts_with("claim: request_id "), "{o:#?}");
     assert!(o.stderr.matches("retrying in").count() >= 2, "{o:#?}");
-    // Without a request id a connection failure is not retried: a claim might have happened.
-    let started = Instant::now();
-    ctl_offline(&none, &["lease", "claim", "--pool", "ci", "--wait", "5s"]).await.fails(6, "unavailable");
-    assert!(started.elapsed() < Duration::from_secs(4));
+    // Without a request id (nor --wait, which generates one) a connection failure is not
+    // retried: a claim might have happened.
+    let o = ctl_offline(&none, &["lease", "claim", "--pool", "ci"]).await;
+    o.fails(6, "unavailable");
+    assert!(!o.stderr.contains("retrying"), "{o:#?}");
+    // --wait alone claims with a generated id, so it may retry.
+    let o = ctl_offline(&none, &["lease", "claim", "--pool", "ci", "--wait", "1s"]).await;
+    o.fails(6, "unavailable");
+    assert!(o.stderr.starts_with("claim: request_id ") && o.stderr.contains("retrying in"), "{o:#?}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -418,8 +328,8 @@ async fn hosts() {
     let o = s.add_sim_host().await;
     let t = o.table();
     assert_eq!(t[0], ["NAME", "ADDRESS", "TLS", "EXEC", "CORDONED", "VMS", "REASON"]);
-    assert_eq!(t[1], ["sim", &s.sim_server.addr.to_string(), "insecure", "auto", "false", "0", "<none>"]);
-    let addr = s.sim_server.addr.to_string();
+    assert_eq!(t[1], ["sim", &s.server.sim_server.addr.to_string(), "insecure", "auto", "false", "0", "<none>"]);
+    let addr = s.server.sim_server.addr.to_string();
     s.ctl(&["host", "add", "sim", "--address", &addr, "--insecure"]).await.fails(4, "already_exists");
     s.ctl(&["host", "add", "bad", "--address", "no-port", "--insecure"]).await.fails(2, "invalid_argument");
     s.ctl(&["host", "add", "tls", "--address", "h:1", "--ca-file", "/nonexistent/ca.pem"])
@@ -459,7 +369,7 @@ async fn hosts() {
     // -o json is the API object; -o yaml is the same object.
     assert_eq!(s.ctl(&["-o", "json", "host", "get", "sim"]).await.json(), s.get("/v1/hosts/sim").await);
     let y = s.ctl(&["-o", "yaml", "host", "get", "sim"]).await.ok();
-    assert_eq!(serde_yaml::from_str::<Value>(&y.stdout).unwrap(), s.get("/v1/hosts/sim").await);
+    assert_eq!(yaml_serde::from_str::<Value>(&y.stdout).unwrap(), s.get("/v1/hosts/sim").await);
     assert_eq!(s.ctl(&["-o", "json", "host", "list"]).await.json(), s.get("/v1/hosts").await);
     let t = s.ctl(&["host", "list"]).await.ok().table();
     assert_eq!(t.len(), 3, "{t:?}");
@@ -530,6 +440,13 @@ async fn pools() {
     other["flintlock_hosts"] = json!(["nohost"]);
     let f = s.write("other.json", &other.to_string());
     s.ctl(&["pool", "create", "--file", &f]).await.fails(4, "failed_precondition");
+    // The template is the server's to check; its answer names the field.
+    let mut typo = spec_json("typo", 1);
+    typo["microvm_template"]["kernel"]["imag"] = json!("x");
+    let f = s.write("typo.json", &typo.to_string());
+    let o = s.ctl(&["pool", "create", "--file", &f]).await;
+    o.fails(2, "invalid_argument");
+    assert!(o.stderr.contains("imag"), "{o:#?}");
     s.wait_available("ci", 1).await;
 
     // get / list: -o json and -o yaml are the API objects.
@@ -537,7 +454,7 @@ async fn pools() {
     assert_eq!(s.ctl(&["-o", "json", "pool", "get", "default/ci"]).await.json(), direct);
     assert_eq!(s.ctl(&["-o", "json", "pool", "get", "ci"]).await.json(), direct);
     let y = s.ctl(&["-o", "yaml", "pool", "get", "ci"]).await.ok();
-    assert_eq!(serde_yaml::from_str::<Value>(&y.stdout).unwrap(), direct);
+    assert_eq!(yaml_serde::from_str::<Value>(&y.stdout).unwrap(), direct);
     assert_eq!(s.ctl(&["-o", "json", "pool", "list"]).await.json(), s.get("/v1/pools").await);
     let t = s.ctl(&["pool", "list", "--namespace", "default"]).await.ok().table();
     assert_eq!(t.len(), 2);
@@ -764,10 +681,118 @@ async fn auto_request_id_waits_for_an_empty_pool_to_refill_and_gets_one_lease() 
     assert_eq!(r["replayed"], json!(false));
 
     // Exactly one lease exists, the one printed.
-    let db = s.db.client().await;
+    let db = s.server.db.client().await;
     let rows = db.query("SELECT lease_id, request_id FROM leases", &[]).await.unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].get::<_, String>(0), r["lease"]["lease_id"].as_str().unwrap());
     assert_eq!(rows[0].get::<_, Option<String>>(1).as_deref(), Some(id));
     assert_eq!(s.get(&format!("/v1/leases/{}", rows[0].get::<_, String>(0))).await, r["lease"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 13 section 2: contexts, token files, headers, manual pages
+// ---------------------------------------------------------------------------------------
+
+/// `poolmgrctl` with its own config home and only the given POOLMGR_* variables.
+async fn bare(home: &Path, env: &[(&str, &str)], args: &[&str]) -> Out {
+    let mut c = bare_cmd(home, args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    run(c).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contexts_give_endpoint_and_token_and_flags_then_environment_win() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    let home = s.dir.join("config-home");
+    let admin_file = s.write("admin.token", &format!("{ADMIN}\n"));
+    let wrong = "wrong-token-0123456789";
+    let closed = closed_endpoint();
+    let ep = s.endpoint.as_str();
+
+    // Contexts are made from the global flags given with `context set`; the first becomes
+    // current. The file keeps the token file's path, never its content.
+    let o = bare(&home, &[], &["--endpoint", ep, "--token-file", &admin_file, "context", "set", "local"]).await.ok();
+    let config = home.join("poolmgr/config.yaml");
+    assert_eq!(o.stdout, format!("context local saved in {}\n", config.display()));
+    bare(&home, &[], &["--endpoint", &closed, "--token", wrong, "context", "set", "broken"]).await.ok();
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("current_context: local") && !text.contains(ADMIN), "{text}");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&config).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+    let t = bare(&home, &[], &["context", "list"]).await.ok().table();
+    assert_eq!(t[0], ["CURRENT", "NAME", "ENDPOINT", "TOKEN"]);
+    assert_eq!(t[1], ["broken", closed.as_str(), "<in config>"]);
+    assert_eq!(t[2], ["*", "local", ep, &format!("file {admin_file}")]);
+    let j = bare(&home, &[], &["-o", "json", "context", "list"]).await.json();
+    assert_eq!(j["current_context"], json!("local"));
+    assert!(!j.to_string().contains(wrong), "tokens are never printed: {j}");
+
+    // The current context alone: no flag, no variable.
+    let t = bare(&home, &[], &["host", "list"]).await.ok().table();
+    assert_eq!(t[1][0], "sim");
+    // --context and POOLMGR_CONTEXT pick another one.
+    bare(&home, &[], &["--context", "broken", "host", "list"]).await.fails(6, "unavailable");
+    bare(&home, &[("POOLMGR_CONTEXT", "broken")], &["host", "list"]).await.fails(6, "unavailable");
+    // The environment beats the context, field by field: endpoint from POOLMGR_ENDPOINT, the
+    // token still the context's (wrong), then POOLMGR_TOKEN too.
+    let env_ep = [("POOLMGR_ENDPOINT", ep)];
+    bare(&home, &env_ep, &["--context", "broken", "host", "list"]).await.fails(1, "unauthenticated");
+    bare(&home, &[env_ep[0], ("POOLMGR_TOKEN", ADMIN)], &["--context", "broken", "host", "list"]).await.ok();
+    bare(&home, &[("POOLMGR_TOKEN_FILE", &admin_file), env_ep[0]], &["--context", "broken", "host", "list"]).await.ok();
+    // Flags beat the environment.
+    bare(&home, &env_ep, &["--endpoint", &closed, "host", "list"]).await.fails(6, "unavailable");
+    bare(&home, &[("POOLMGR_TOKEN", wrong)], &["--token-file", &admin_file, "host", "list"]).await.ok();
+    bare(&home, &[("POOLMGR_TOKEN", ADMIN)], &["--token", wrong, "host", "list"]).await.fails(1, "unauthenticated");
+    assert_eq!(bare(&home, &[], &["--token", "a", "--token-file", &admin_file, "host", "list"]).await.code, 2);
+
+    // context use switches; an unknown one is refused and changes nothing.
+    let o = bare(&home, &[], &["context", "use", "broken"]).await.ok();
+    assert_eq!(o.stdout, format!("current context: broken ({closed})\n"));
+    bare(&home, &[], &["host", "list"]).await.fails(6, "unavailable");
+    let o = bare(&home, &[], &["context", "use", "nope"]).await;
+    o.fails(3, "not_found");
+    assert!(o.stderr.contains("it has: broken, local") && o.stderr.contains("context set nope"), "{o:#?}");
+    bare(&home, &[], &["--context", "nope", "host", "list"]).await.fails(2, "invalid_argument");
+    bare(&home, &[], &["context", "use", "local"]).await.ok();
+    // An unreadable token file is a usage error naming it.
+    std::fs::remove_file(&admin_file).unwrap();
+    let o = bare(&home, &[], &["host", "list"]).await;
+    o.fails(2, "invalid_argument");
+    assert!(o.stderr.contains(&admin_file) && o.stderr.contains("context local"), "{o:#?}");
+
+    // --no-headers: the rows only, in every table.
+    let o = s.ctl(&["--no-headers", "host", "list"]).await.ok();
+    assert_eq!(o.table().len(), 1);
+    assert!(o.stdout.starts_with("sim "), "{o:#?}");
+    let t = bare(&home, &[], &["--no-headers", "context", "list"]).await.ok().table();
+    assert_eq!(t.len(), 2);
+    s.create_pool("ci", 0).await;
+    let t = s.ctl(&["--no-headers", "pool", "status", "ci"]).await.ok().table();
+    assert_eq!(t, [["default/ci", "0", "0", "0", "0", "0", "0", "0"]]);
+}
+
+#[tokio::test]
+async fn manual_pages_come_from_the_command_tree() {
+    let none = closed_endpoint();
+    let top = ctl_offline(&none, &["man"]).await.ok();
+    assert!(top.stdout.contains(".TH poolmgrctl 1"), "{top:#?}");
+    assert!(top.stdout.contains("\\-\\-token\\-file") && top.stdout.contains("context"), "{top:#?}");
+    let dir = std::env::temp_dir().join(format!("poolmgrctl-man-{}", uuid::Uuid::new_v4()));
+    let o = ctl_offline(&none, &["man", "--dir", dir.to_str().unwrap()]).await.ok();
+    assert!(o.stderr.starts_with("wrote ") && o.stderr.contains("manual pages"), "{o:#?}");
+    let claim = std::fs::read_to_string(dir.join("poolmgrctl-lease-claim.1")).unwrap();
+    assert!(
+        claim.contains(".TH poolmgrctl\\-lease\\-claim 1") || claim.contains(".TH poolmgrctl-lease-claim 1"),
+        "{claim}"
+    );
+    assert!(claim.contains("auto\\-request\\-id"), "{claim}");
+    for page in ["poolmgrctl.1", "poolmgrctl-context-use.1", "poolmgrctl-pool-status.1", "poolmgrctl-man.1"] {
+        assert!(dir.join(page).exists(), "{page} missing");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

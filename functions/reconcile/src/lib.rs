@@ -1,4 +1,10 @@
-//! The scheduled reconcile function: one reconcile pass per EventBridge Scheduler event.
+//! The scheduled reconcile function: one reconcile pass per invocation, whatever the payload
+//! (the Scheduler's event, `{}` from `aws lambda invoke`, `null` or nothing at all from
+//! `cargo lambda invoke` without data: see [`EmptyPayloadAsNull`]). The payload is only logged.
+//!
+//! The state (configuration, secrets, pool) is built by the first invocation
+//! ([`poolmgr_core::app::Instance`]); until it can be, each invocation answers a
+//! [`Diagnostic`] saying whether a retry can help, and the next one tries again.
 //!
 //! EventBridge invokes asynchronously and may retry or overlap invocations; both are safe
 //! because a pass only works on pools whose reconcile lease it holds. An error is returned
@@ -10,9 +16,12 @@
 //! On Lambda the pass's metrics, and the pool gauges (`poolmgr_pool_available`, …) nobody
 //! scrapes there, are written as CloudWatch EMF lines after each pass.
 
-use aws_lambda_events::eventbridge::EventBridgeEvent;
-use lambda_runtime::{Diagnostic, LambdaEvent};
+use std::task::{Context, Poll};
+
+use lambda_runtime::tower::{Layer, Service};
+use lambda_runtime::{Diagnostic, LambdaEvent, LambdaInvocation};
 use poolmgr_core::AppState;
+use poolmgr_core::app::{BootError, Instance};
 use poolmgr_core::reconcile::{self, PassReport, ReconcileError};
 use poolmgr_core::store::{self, StoreError};
 use serde_json::Value;
@@ -51,12 +60,38 @@ impl From<PassFailed> for Diagnostic {
     }
 }
 
-pub async fn handle(state: &AppState, event: LambdaEvent<EventBridgeEvent<Value>>) -> Result<PassReport, PassFailed> {
+/// The Lambda error of an instance whose state could not be built: `errorType` as
+/// [`PassFailed`]'s, the message says why and whether to wait or fix something.
+pub fn boot_failed(e: &BootError) -> Diagnostic {
+    let (error_type, advice) = if e.is_retryable() {
+        ("Retryable", "retry later")
+    } else {
+        ("NotRetryable", "a retry will not help until this is fixed")
+    };
+    Diagnostic {
+        error_type: error_type.into(),
+        error_message: format!("the reconcile function could not load its configuration ({advice}): {e}"),
+    }
+}
+
+/// One invocation: the instance's state (built now if needed), then [`handle`].
+pub async fn invoke(instance: &Instance<AppState>, event: LambdaEvent<Value>) -> Result<PassReport, Diagnostic> {
+    let state = instance.get().await.map_err(|e| {
+        tracing::error!(error = %e, retryable = e.is_retryable(), "cannot build the function's state; the next invocation tries again");
+        boot_failed(&e)
+    })?;
+    handle(state, event).await.map_err(Diagnostic::from)
+}
+
+/// One pass. `event` is whatever invoked it; its `source` and `detail-type` (the Scheduler's
+/// `aws.scheduler`, `Scheduled Event`) are logged when present.
+pub async fn handle(state: &AppState, event: LambdaEvent<Value>) -> Result<PassReport, PassFailed> {
+    let field = |name: &str| event.payload.get(name).and_then(Value::as_str).unwrap_or("-").to_owned();
     tracing::info!(
         request_id = %event.context.request_id,
-        source = %event.payload.source,
-        detail_type = %event.payload.detail_type,
-        "scheduled reconcile"
+        source = %field("source"),
+        detail_type = %field("detail-type"),
+        "reconcile invoked"
     );
     let report = reconcile::run_pass(state).await;
     if report.is_ok()
@@ -77,4 +112,40 @@ pub async fn record_pool_gauges(state: &AppState) -> Result<(), StoreError> {
     let pools = store::pool_gauges(&conn).await?;
     state.metrics.pool_gauges(&pools);
     Ok(())
+}
+
+/// Reads an empty invocation payload as `null`: `cargo lambda invoke` without data sends no
+/// body at all, which no JSON type accepts (the runtime would answer a deserialization error
+/// without calling the handler). A layer over the runtime's own services:
+/// `Runtime::new(handler).layer(EmptyPayloadAsNull)`.
+#[derive(Clone, Copy, Debug)]
+pub struct EmptyPayloadAsNull;
+
+impl<S> Layer<S> for EmptyPayloadAsNull {
+    type Service = EmptyPayloadAsNullService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        EmptyPayloadAsNullService(inner)
+    }
+}
+
+/// The service of [`EmptyPayloadAsNull`].
+#[derive(Clone, Debug)]
+pub struct EmptyPayloadAsNullService<S>(S);
+
+impl<S: Service<LambdaInvocation>> Service<LambdaInvocation> for EmptyPayloadAsNullService<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut invocation: LambdaInvocation) -> Self::Future {
+        if invocation.body.iter().all(u8::is_ascii_whitespace) {
+            invocation.body = bytes::Bytes::from_static(b"null");
+        }
+        self.0.call(invocation)
+    }
 }

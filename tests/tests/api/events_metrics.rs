@@ -12,7 +12,7 @@ use serde_json::json;
 
 /// A VM row in any pool (any namespace), without a flintlock VM: enough to be claimed.
 async fn seed_row(app: &TestApp, namespace: &str, pool: &str, phase: Phase) -> String {
-    let id = format!("{pool}-{}", ulid::Ulid::new().to_string().to_lowercase());
+    let id = format!("{pool}-{}", ulid::Ulid::generate().to_string().to_lowercase());
     let pool = PoolRef { namespace: namespace.into(), name: pool.into() };
     let conn = app.conn().await;
     store::vm_insert(
@@ -207,11 +207,14 @@ async fn a_long_poll_returns_the_event_of_a_claim_made_while_it_waits() {
     app.seed_available("ci", 1).await;
     let cursor = app.events("").await.next_after;
 
+    // The longest long-poll, so a busy machine cannot end it before the claim (issue 14 item
+    // 15: it was 5 s).
     let poll = {
         let app = app.clone();
-        tokio::spawn(async move { app.events(&format!("after={cursor}&wait_seconds=5")).await })
+        tokio::spawn(async move { app.events(&format!("after={cursor}&wait_seconds=20")).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!poll.is_finished(), "the long-poll answered before there was anything new");
     let claim = app.claimed(CLIENT_A, "ci", None).await;
 
     let b = poll.await.unwrap();
@@ -499,14 +502,6 @@ async fn an_event_payload_is_stored_printable_and_capped() {
 // GET /metrics and /healthz
 // ---------------------------------------------------------------------------------------
 
-async fn scrape(app: &TestApp) -> String {
-    let r = app.get(ADMIN, "/metrics").await;
-    assert_eq!(r.status.as_u16(), 200, "{}", r.body);
-    let ct = r.headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
-    assert!(ct.starts_with("text/plain"), "Prometheus text, got content-type {ct:?}");
-    r.body.as_str().unwrap_or_else(|| panic!("metrics body is text: {}", r.body)).to_owned()
-}
-
 #[track_caller]
 fn assert_line(text: &str, line: &str) {
     assert!(text.lines().any(|l| l == line), "missing line {line:?} in:\n{text}");
@@ -520,7 +515,7 @@ async fn metrics_expose_pool_gauges_from_the_database_and_claim_counters() {
     app.seed_vm("ci", Phase::Provisioning).await;
     app.seed_vm("ci", Phase::Quarantined).await;
 
-    let text = scrape(&app).await;
+    let text = app.scrape().await;
     assert_line(&text, "poolmgr_pool_size{pool_namespace=\"default\",pool_name=\"ci\"} 3");
     assert_line(&text, "poolmgr_pool_available{pool_namespace=\"default\",pool_name=\"ci\"} 2");
     assert_line(&text, "poolmgr_pool_leased{pool_namespace=\"default\",pool_name=\"ci\"} 0");
@@ -529,25 +524,25 @@ async fn metrics_expose_pool_gauges_from_the_database_and_claim_counters() {
     assert!(!text.lines().any(|l| l.starts_with("poolmgr_vm_claims_total{")), "no claim counted yet:\n{text}");
 
     app.claim(CLIENT_A, "ci", None).await.assert_ok(200);
-    let text = scrape(&app).await;
+    let text = app.scrape().await;
     assert_line(&text, "poolmgr_pool_available{pool_namespace=\"default\",pool_name=\"ci\"} 1");
     assert_line(&text, "poolmgr_pool_leased{pool_namespace=\"default\",pool_name=\"ci\"} 1");
     assert_line(&text, "poolmgr_vm_claims_total{pool_name=\"ci\",pool_namespace=\"default\",replayed=\"false\"} 1");
 
     // The gauges follow the database, not the process: a VM changed behind the API's back shows.
     app.conn().await.execute("UPDATE vms SET phase = 'AVAILABLE' WHERE phase = 'PROVISIONING'", &[]).await.unwrap();
-    let text = scrape(&app).await;
+    let text = app.scrape().await;
     assert_line(&text, "poolmgr_pool_available{pool_namespace=\"default\",pool_name=\"ci\"} 2");
     assert_line(&text, "poolmgr_pool_provisioning{pool_namespace=\"default\",pool_name=\"ci\"} 0");
 
     // A resized pool shows its new size; a deleted pool's gauges disappear.
     app.put(ADMIN, "/v1/pools/default/ci", pool_spec("ci", 7)).await.assert_ok(200);
-    assert_line(&scrape(&app).await, "poolmgr_pool_size{pool_namespace=\"default\",pool_name=\"ci\"} 7");
+    assert_line(&app.scrape().await, "poolmgr_pool_size{pool_namespace=\"default\",pool_name=\"ci\"} 7");
     app.create_pool("empty", 0).await;
-    let text = scrape(&app).await;
+    let text = app.scrape().await;
     assert_line(&text, "poolmgr_pool_size{pool_namespace=\"default\",pool_name=\"empty\"} 0");
     app.delete(ADMIN, "/v1/pools/default/empty").await.assert_ok(204);
-    let text = scrape(&app).await;
+    let text = app.scrape().await;
     assert!(!text.contains("pool_name=\"empty\""), "deleted pool still scraped:\n{text}");
 }
 

@@ -32,13 +32,26 @@ fn slow(ms: u64) -> ExecRule {
 async fn hook_pool(app: &TestApp, policy: &str, n: usize) -> Vec<poolmgr_core::store::VmRow> {
     app.post(ADMIN, "/v1/pools", hook_spec("ci", n as i32, &[], &["reset-state"], policy)).await.assert_ok(201);
     let vms = app.seed_available("ci", n).await;
-    // Exec needs the microVM CREATED.
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    booted(app, &vms).await;
     vms
 }
 
+/// Waits until the simulated microVMs of `vms` are CREATED: exec needs them booted, and a
+/// fixed sleep after seeding loses that race on a busy machine (issue 14 item 15).
+async fn booted(app: &TestApp, vms: &[poolmgr_core::store::VmRow]) {
+    wait_for("the seeded microVMs to boot", async || {
+        vms.iter().all(|v| {
+            let uid = v.uid.as_deref().expect("a seeded VM has its uid");
+            app.sim.vm(uid).and_then(|m| m.status).is_some_and(|s| s.state == MicroVmState::Created as i32)
+        })
+    })
+    .await;
+}
+
+/// Waits for a condition; the 60 s bound is against a hang, not a timing check.
 async fn wait_for(what: &str, f: impl AsyncFn() -> bool) {
-    for _ in 0..200 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while tokio::time::Instant::now() < deadline {
         if f().await {
             return;
         }
@@ -254,7 +267,16 @@ async fn a_pool_force_deleted_after_the_hook_before_the_lease_aborts_the_claim()
     let tx = holder.transaction().await.unwrap();
     tx.execute("SELECT 1 FROM vms WHERE id = $1 FOR UPDATE", &[&vm_id]).await.unwrap();
     wait_for("the hook to finish", async || app.sim.exec_running() == 0).await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Force the moment: the claim's second transaction is waiting for the row (issue 14 item
+    // 15; a fixed sleep here let the delete commit first on a busy machine).
+    wait_for("the claim to wait for the VM row", async || {
+        app.scalar_i64(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .await
+            == 1
+    })
+    .await;
     // What a forced pool delete does, committed while the claim waits for the row.
     tx.batch_execute(&format!(
         "UPDATE vms SET phase = 'DELETING', lease_id = NULL WHERE id = '{vm_id}';
@@ -428,7 +450,7 @@ async fn a_claims_pre_lease_commands_share_one_deadline() {
     let app = TestApp::spawn_with(|env| env.push(("POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS".into(), "1".into()))).await;
     app.post(ADMIN, "/v1/pools", hook_spec("ci", 1, &[], &["step-one", "step-two"], "QUARANTINE")).await.assert_ok(201);
     let vm = app.seed_available("ci", 1).await.remove(0);
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    booted(&app, std::slice::from_ref(&vm)).await;
     app.sim.set_exec_rule("step-one", slow(300));
     app.sim.set_exec_rule("step-two", slow(5000));
 

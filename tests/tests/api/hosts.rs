@@ -256,8 +256,9 @@ async fn get_unknown_host_is_not_found() {
 #[tokio::test]
 async fn list_is_ordered_by_name() {
     let app = TestApp::spawn().await;
-    for name in ["zeta", "alpha", "mid", "alpha-2"] {
-        app.post(ADMIN, "/v1/hosts", plain_host(name, "10.0.0.5:9090")).await.assert_ok(201);
+    // One address per host: an address is registered once.
+    for (i, name) in ["zeta", "alpha", "mid", "alpha-2"].into_iter().enumerate() {
+        app.post(ADMIN, "/v1/hosts", plain_host(name, &format!("10.0.0.{i}:9090"))).await.assert_ok(201);
     }
     let hosts = app.list_hosts().await;
     let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
@@ -518,7 +519,9 @@ async fn pool_create_racing_host_delete_never_both_succeed() {
     let (mut pool_won, mut delete_won) = (0, 0);
     for round in 0..10 {
         let host = format!("race-{round}");
-        app.post(ADMIN, "/v1/hosts", plain_host(&host, "10.0.0.5:9090")).await.assert_ok(201);
+        // One address per host (an address is registered once); the hosts of earlier rounds
+        // may still be there.
+        app.post(ADMIN, "/v1/hosts", plain_host(&host, &format!("10.0.0.5:{}", 9000 + round))).await.assert_ok(201);
         let barrier = Arc::new(Barrier::new(2));
         let create = {
             let (app, barrier, host) = (app.clone(), barrier.clone(), host.clone());
@@ -860,4 +863,49 @@ async fn vm_deletes_racing_claims_never_delete_a_leased_vm() {
         "no lease on a deleted VM"
     );
     assert_eq!(discarded_events(&app).await.len(), deleted);
+}
+
+// ---------------------------------------------------------------------------------------
+// One record per flintlockd (issue 14 item 9)
+// ---------------------------------------------------------------------------------------
+
+/// Issue 14 item 9: two host records for one flintlockd would each see the other's VMs as
+/// VMs "on another host" and delete them as orphans. An address is registered once
+/// (compared without case: `Flint.Example:9090` is `flint.example:9090`): a second host at
+/// it, by POST or by a PUT that moves a host there, answers 409 ALREADY_EXISTS naming the
+/// host that has it, and changes nothing. A PUT that keeps a host's own address is fine.
+#[tokio::test]
+async fn a_second_host_record_for_the_same_address_is_already_exists() {
+    let app = TestApp::spawn().await;
+    let sim_address = app.get_host(SIM_HOST).await.address;
+    app.created_host(plain_host("host-a", "flint.example:9090")).await;
+    app.created_host(plain_host("host-b", "10.0.0.7:9090")).await;
+    let before = counts(&app).await;
+    let rows = [host_row(&app, SIM_HOST).await, host_row(&app, "host-a").await, host_row(&app, "host-b").await];
+
+    for (spec, owner) in [
+        (plain_host("sim-again", &sim_address), SIM_HOST),
+        (tls_host("host-c", "flint.example:9090"), "host-a"),
+        (plain_host("host-c", "FLINT.example:9090"), "host-a"),
+    ] {
+        let r = app.post(ADMIN, "/v1/hosts", spec).await;
+        r.assert_error(409, "ALREADY_EXISTS");
+        let message = r.body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(owner), "the message names host {owner}: {message}");
+    }
+    for address in [sim_address.as_str(), "Flint.Example:9090"] {
+        app.put(ADMIN, "/v1/hosts/host-b", json!({"address": address})).await.assert_error(409, "ALREADY_EXISTS");
+    }
+    assert_eq!(counts(&app).await, before);
+    let after = [host_row(&app, SIM_HOST).await, host_row(&app, "host-a").await, host_row(&app, "host-b").await];
+    assert_eq!(after, rows, "nothing changed");
+
+    // Keeping (or re-casing) its own address is not a conflict.
+    assert_eq!(
+        app.updated_host("host-a", json!({"address": "Flint.example:9090"})).await.address,
+        "Flint.example:9090"
+    );
+    // A freed address can be taken.
+    app.updated_host("host-b", json!({"address": "10.0.0.8:9090"})).await;
+    app.created_host(plain_host("host-c", "10.0.0.7:9090")).await;
 }

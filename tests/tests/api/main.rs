@@ -15,29 +15,41 @@
 //! | `bad_input` | malformed, oversized and unauthenticated requests on every route |
 //! | `claims` | `POST /v1/claims` and its races |
 //! | `db_resilience` | dead connections, an unreachable database, schema mismatch, EMF |
+//! | `db_tls` | TLS to PostgreSQL: each `sslmode`, the CA, the host name (a TLS-only server) |
 //! | `events_metrics` | `GET /v1/events`, `GET /metrics`, `/healthz` |
 //! | `flintlock_client` | the flintlock client against flintlock-sim over gRPC |
 //! | `harness` | the typed reads of `TestResponse` are as strict as the wire |
 //! | `hooks` | create and pre-lease hooks, the two-phase claim |
 //! | `hosts` | `/v1/hosts…` and `/v1/vms…` |
+//! | `lambda_lifecycle` | the claims and reconcile binaries under an emulated Lambda Runtime API and secrets extension |
 //! | `leases` | `/v1/leases…`: get, heartbeat, release, list, and their races |
 //! | `migrations` | schema upgrades and version checks |
+//! | `monitoring` | `infra/monitoring` against the real `/metrics`, the metrics it reads, `/livez`, `/readyz` |
 //! | `openapi` | `/openapi.json` against the Routers, the SAM template and real answers |
 //! | `pools` | `/v1/pools…` and the delete races |
 //! | `reconcile` | the reconcile pass |
+//! | `rules` | every request rule of `/openapi.json` against the validators, at its boundaries |
+//! | `selection` | which pools a pass steps (issue 15), overlapping passes over them, creates across hosts |
 //! | `statement_timeout` | the client-side statement timeout and its server-side cancel |
+//! | `template` | `infra/template.yaml`: what cfn-lint cannot judge (TLS, concurrency, alarms, …) |
 
 mod bad_input;
 mod claims;
 mod db_resilience;
+mod db_tls;
 mod events_metrics;
 mod flintlock_client;
 mod harness;
 mod hooks;
 mod hosts;
+mod lambda_lifecycle;
 mod leases;
 mod migrations;
+mod monitoring;
 mod openapi;
 mod pools;
 mod reconcile;
+mod rules;
+mod selection;
 mod statement_timeout;
+mod template;

@@ -76,7 +76,7 @@ async fn a_database_migrated_by_a_newer_binary_is_refused() {
     let testdb = TestDb::create().await;
     let mut c = testdb.client().await;
     db::migrate(&mut c, None).await.unwrap();
-    db::check_schema(&testdb.url).await.expect("current schema passes the check");
+    db::check_schema(&testdb.url, &db::DbTls::default()).await.expect("current schema passes the check");
     // What a newer binary would have left behind.
     c.batch_execute(
         "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
@@ -88,7 +88,7 @@ async fn a_database_migrated_by_a_newer_binary_is_refused() {
     let err = db::migrate(&mut c, None).await.unwrap_err();
     assert!(matches!(err, DbError::SchemaTooNew { database: 99, .. }), "{err}");
     assert!(err.to_string().contains("newer"), "clear message: {err}");
-    let err = db::check_schema(&testdb.url).await.unwrap_err();
+    let err = db::check_schema(&testdb.url, &db::DbTls::default()).await.unwrap_err();
     assert!(matches!(err, DbError::SchemaTooNew { database: 99, .. }), "{err}");
 }
 
@@ -97,9 +97,48 @@ async fn a_database_behind_the_binary_is_refused_by_functions_until_migrated() {
     let testdb = TestDb::create().await;
     let mut c = testdb.client().await;
     db::migrate(&mut c, Some(1)).await.unwrap();
-    let err = db::check_schema(&testdb.url).await.unwrap_err();
+    let err = db::check_schema(&testdb.url, &db::DbTls::default()).await.unwrap_err();
     assert!(matches!(err, DbError::SchemaTooOld { database: 1, .. }), "{err}");
     assert!(err.to_string().contains("migrate"), "says what to do: {err}");
     db::migrate(&mut c, None).await.unwrap();
-    db::check_schema(&testdb.url).await.unwrap();
+    db::check_schema(&testdb.url, &db::DbTls::default()).await.unwrap();
+}
+
+/// Issue 14 item 9: V9 makes a host's address unique (without case). A database that already
+/// has two host records for one flintlockd is refused with the duplicates named, and
+/// migrates once one of them is gone. Each database gets its own deployment id.
+#[tokio::test]
+async fn v9_refuses_two_host_records_for_one_address_and_gives_each_database_a_deployment_id() {
+    let testdb = TestDb::create().await;
+    let mut c = testdb.client().await;
+    db::migrate(&mut c, Some(5)).await.unwrap();
+    c.batch_execute(
+        "INSERT INTO hosts (name, address) VALUES
+             ('host-a', 'flint.example:9090'), ('host-b', 'FLINT.example:9090'), ('host-c', '10.0.0.1:9090')",
+    )
+    .await
+    .unwrap();
+    let err = db::migrate(&mut c, None).await.unwrap_err();
+    assert!(matches!(err, DbError::Migrate(_)), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("flint.example:9090 (hosts host-a, host-b)"), "names the duplicates: {text}");
+    assert!(!text.contains("host-c"), "{text}");
+
+    c.batch_execute("DELETE FROM hosts WHERE name = 'host-b'").await.unwrap();
+    db::migrate(&mut c, None).await.unwrap();
+    let dup = c.execute("INSERT INTO hosts (name, address) VALUES ('host-d', 'Flint.Example:9090')", &[]).await;
+    assert_eq!(dup.unwrap_err().code(), Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION));
+
+    let id_of = async |c: &tokio_postgres::Client| -> String {
+        c.query_one("SELECT id FROM deployment", &[]).await.unwrap().get(0)
+    };
+    let first = id_of(&c).await;
+    let other = TestDb::create().await;
+    let mut o = other.client().await;
+    db::migrate(&mut o, None).await.unwrap();
+    let second = id_of(&o).await;
+    for id in [&first, &second] {
+        assert!(poolmgr_core::deployment::validate_deployment_id(id).is_ok() && id.len() == 12, "{id}");
+    }
+    assert_ne!(first, second, "two databases, two deployments");
 }

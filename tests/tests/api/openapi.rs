@@ -42,8 +42,19 @@ const CONTRACT_ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/events"),
     ("GET", "/metrics"),
     ("GET", "/healthz"),
+    // Issue 13: the process probes.
+    ("GET", "/livez"),
+    ("GET", "/readyz"),
     ("GET", "/openapi.json"),
 ];
+
+/// Operations that need no token.
+const OPEN: &[&str] = &["/healthz", "/livez", "/readyz", "/openapi.json"];
+
+/// Probes of a long-running process (`poolmgr-local`, a container) that every Router serves
+/// but API Gateway does not route: on Lambda nothing probes a function, and `/healthz` (on
+/// the pools function) is the deployment's readiness check.
+const PROCESS_PROBES: &[&str] = &["/livez", "/readyz"];
 
 const NO_ROUTE: &str = "no such route: see the HTTP API reference";
 
@@ -203,7 +214,7 @@ async fn every_operation_needs_a_token_except_health_and_the_document() {
     );
     for (method, path) in doc.operations() {
         let op = doc.operation(&Method::from_bytes(method.as_bytes()).unwrap(), &path);
-        let open = path == "/healthz" || path == "/openapi.json";
+        let open = OPEN.contains(&path.as_str());
         assert_eq!(op.get("security").is_none(), open, "{method} {path}: security {:?}", op.get("security"));
         if !open {
             assert_eq!(op["security"], json!([{"bearer": []}]), "{method} {path}");
@@ -229,6 +240,12 @@ async fn each_lambda_function_routes_what_api_gateway_sends_it() {
     ];
     let events = template_http_events();
     for (method, path) in doc.operations() {
+        if PROCESS_PROBES.contains(&path.as_str()) {
+            for (f, router) in &functions {
+                assert!(routes(router, &method, &path).await, "the {f} function does not route {method} {path}");
+            }
+            continue;
+        }
         // The function the SAM template sends this route to.
         let owners: Vec<&String> =
             events.iter().filter(|(_, ops)| ops.contains(&(method.clone(), path.clone()))).map(|(f, _)| f).collect();
@@ -291,7 +308,9 @@ async fn real_answers_of_every_resource_validate_against_the_document() {
     let doc = Doc::fetch(&app).await;
 
     // Operations.
-    doc.check(Method::GET, "/healthz", &app.request(Method::GET, "/healthz", None, None, &[]).await);
+    for path in ["/healthz", "/livez", "/readyz"] {
+        doc.check(Method::GET, path, app.request(Method::GET, path, None, None, &[]).await.assert_ok_response(200));
+    }
     doc.check(Method::GET, "/openapi.json", &app.request(Method::GET, "/openapi.json", None, None, &[]).await);
 
     // Hosts.

@@ -8,6 +8,7 @@ use std::time::Duration;
 use flintlock_proto::types::micro_vm_status::MicroVmState;
 use poolmgr_core::api::{self, ClaimResponse};
 use poolmgr_core::domain::{HookFailurePolicy, Phase, PoolSpec, Replenishment, Strategy};
+use poolmgr_core::reconcile::{PassReport, ReconcileError};
 use poolmgr_core::store::PoolStatus;
 use poolmgr_core::template::{IfaceType, NetworkInterface};
 use poolmgr_tests::*;
@@ -860,4 +861,140 @@ async fn vm_counts_sort_every_phase_as_the_strategies_count_them() {
         status,
         json!({"available": 1, "claiming": 2, "leased": 1, "provisioning": 2, "quarantined": 1, "deleting": 1})
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// A forced delete against the expiry sweep (issue 14 item 10)
+// ---------------------------------------------------------------------------------------
+
+/// Waits until `n` lock requests of the test database's sessions wait (not granted).
+async fn wait_for_lock_waiters(app: &TestApp, n: i64) {
+    let sql = format!(
+        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+         WHERE NOT l.granted AND a.datname = '{}'",
+        app.db.name
+    );
+    for _ in 0..500 {
+        if app.scalar_i64(&sql).await >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{n} lock waiters never appeared");
+}
+
+/// A session of the test's own holding `lease_id`'s row (`FOR UPDATE`) until it sends
+/// `ROLLBACK`: whatever locks the lease next waits there, holding what it locked before.
+async fn hold_lease_row(app: &TestApp, lease_id: &str) -> tokio_postgres::Client {
+    let holder = app.db.client().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder.execute("SELECT 1 FROM leases WHERE lease_id = $1 FOR UPDATE", &[&lease_id]).await.unwrap();
+    holder
+}
+
+/// Asserts that another session (`who`) holds `vm_id`'s row: a `NOWAIT` lock on it fails.
+async fn assert_vm_row_locked(app: &TestApp, vm_id: &str, who: &str) {
+    let probe = app.db.client().await;
+    let err = probe
+        .query("SELECT 1 FROM vms WHERE id = $1 FOR UPDATE NOWAIT", &[&vm_id])
+        .await
+        .expect_err(&format!("{who} must already hold its VM"));
+    assert_eq!(err.code(), Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE), "{err}");
+}
+
+/// A pool of one VM whose lease has expired (by the app's clock), with the lease id.
+async fn pool_with_an_expired_lease(app: &TestApp) -> (String, String) {
+    app.create_pool("ci", 1).await;
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    let lease = app.claimed(CLIENT_A, "ci", Some("r-1")).await.lease.lease_id;
+    app.advance_clock(Duration::from_secs(121));
+    (vm.id, lease)
+}
+
+/// A pool of one VM whose lease has expired, a session holding that lease's row
+/// ([`hold_lease_row`]) and a reconcile pass started and waiting for it in the expiry sweep.
+async fn a_sweep_stopped_at_a_held_lease(
+    app: &TestApp,
+) -> (String, tokio_postgres::Client, tokio::task::JoinHandle<Result<PassReport, ReconcileError>>) {
+    let (vm_id, lease_id) = pool_with_an_expired_lease(app).await;
+    let holder = hold_lease_row(app, &lease_id).await;
+    let pass = {
+        let state = app.state.clone();
+        tokio::spawn(async move { poolmgr_core::reconcile::run_pass(&state).await })
+    };
+    wait_for_lock_waiters(app, 1).await;
+    (vm_id, holder, pass)
+}
+
+/// Issue 14 item 10: the expiry sweep locks a lease's VM before the lease, as a forced pool
+/// delete does (VM rows first, by id, then leases). Forced here: the test holds the expired
+/// lease's row, so the sweep stops at it; by then it must already hold the VM row (a
+/// `NOWAIT` lock on it fails). Taking the lease first and the VM second, the sweep and a
+/// forced delete (VM first, lease second) deadlocked.
+#[tokio::test]
+async fn the_expiry_sweep_locks_the_vm_before_the_lease() {
+    let app = TestApp::spawn().await;
+    let (vm_id, holder, pass) = a_sweep_stopped_at_a_held_lease(&app).await;
+    assert_vm_row_locked(&app, &vm_id, "the sweep waiting for the lease").await;
+
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    let report = pass.await.unwrap().unwrap();
+    assert_eq!(report.expired, 1);
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+}
+
+/// Issue 14 item 10: a forced pool delete and the expiry sweep working on the same VM and
+/// lease at the same moment. Forced order: the sweep takes the expired lease's row the
+/// moment the test lets it go, while the delete already waits behind it. With the sweep
+/// locking lease then VM (and the delete VM then lease) this deadlocked: one of them failed.
+/// Both finish now, without an error.
+#[tokio::test]
+async fn a_forced_pool_delete_racing_the_expiry_sweep_does_not_deadlock() {
+    let app = Arc::new(TestApp::spawn().await);
+    let (vm_id, holder, pass) = a_sweep_stopped_at_a_held_lease(&app).await;
+    let delete = {
+        let app = app.clone();
+        tokio::spawn(async move { app.delete(ADMIN, "/v1/pools/default/ci?force=true").await })
+    };
+    wait_for_lock_waiters(&app, 2).await;
+    holder.batch_execute("ROLLBACK").await.unwrap();
+
+    let report = pass.await.unwrap().unwrap();
+    let deleted = delete.await.unwrap();
+    assert_eq!(deleted.status.as_u16(), 204, "{}", deleted.body);
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM pools").await, 0);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+    assert_eq!(app.phase_of(&vm_id).await, None, "the VM is deleted");
+}
+
+/// Issue 14 item 10: a claim that expires its request_id's dead lease (item 2) locks the
+/// lease's VM before the lease too, like the sweep and a forced pool delete. Forced here as
+/// for the sweep: the test holds the expired lease's row, so the retried claim stops at it;
+/// by then it must already hold the VM row (a `NOWAIT` lock on it fails). Taking the lease
+/// first, it could deadlock with a forced delete of the pool.
+#[tokio::test]
+async fn a_claim_expiring_its_dead_lease_locks_the_vm_before_the_lease() {
+    let app = Arc::new(TestApp::spawn().await);
+    app.create_pool("ci", 2).await;
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    let lease_id = app.claimed(CLIENT_A, "ci", Some("r-1")).await.lease.lease_id;
+    let spare = app.seed_vm("ci", Phase::Available).await;
+    app.advance_clock(Duration::from_secs(121));
+    let holder = hold_lease_row(&app, &lease_id).await;
+
+    let retry = {
+        let app = app.clone();
+        tokio::spawn(async move { app.claim(CLIENT_A, "ci", Some("r-1")).await })
+    };
+    wait_for_lock_waiters(&app, 1).await;
+    assert_vm_row_locked(&app, &vm.id, "the claim waiting for the lease").await;
+
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    let claimed: api::ClaimResponse = retry.await.unwrap().assert_ok_response(200).json();
+    assert!(!claimed.replayed);
+    assert_eq!(claimed.vm.id, spare.id, "a fresh VM, the dead lease's is being deleted");
+    assert_eq!(app.phase_of(&vm.id).await.as_deref(), Some("DELETING"));
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
 }

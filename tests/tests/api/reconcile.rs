@@ -387,7 +387,8 @@ async fn orphans_are_deleted_and_foreign_namespaces_left_alone() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     app.settle(40, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
-    let ghost = app.sim.insert_vm("poolmgr-default", "ci-01jzzzzzzzzzzzzzzzzzzzzzzz", MicroVmState::Created);
+    let ns = app.flintlock_namespace("default").await;
+    let ghost = app.sim.insert_vm(&ns, "ci-01jzzzzzzzzzzzzzzzzzzzzzzz", MicroVmState::Created);
     let foreign = app.sim.insert_vm("team-x", "ci-01jyyyyyyyyyyyyyyyyyyyyyyy", MicroVmState::Created);
     let r = app.pass().await;
     assert_eq!(r.orphans_deleted, 1);
@@ -421,8 +422,9 @@ async fn the_scheduled_event_decodes_and_runs_one_pass() {
     let raw = include_str!("../../../functions/reconcile/events/scheduled.json");
     let event: aws_lambda_events::eventbridge::EventBridgeEvent<serde_json::Value> = serde_json::from_str(raw).unwrap();
     assert_eq!(event.detail_type, "Scheduled Event");
+    let payload: serde_json::Value = serde_json::from_str(raw).unwrap();
     let report =
-        reconcile_fn::handle(&app.state, lambda_runtime::LambdaEvent::new(event, Default::default())).await.unwrap();
+        reconcile_fn::handle(&app.state, lambda_runtime::LambdaEvent::new(payload, Default::default())).await.unwrap();
     assert_eq!(report.pools, 1);
     assert_eq!(report.created, 2);
     assert_eq!(app.count_phase("ci", "PROVISIONING").await, 2);
@@ -528,4 +530,191 @@ async fn a_pass_on_one_connection_steps_many_pools_without_any_waiting_for_it() 
     assert_eq!(app.count_phase("p0", "AVAILABLE").await, 1, "the surplus VM was deleted");
     assert_eq!(app.count_events("VM_DELETED_ON_SCALE_DOWN").await, 1);
     assert_no_orphans(&app).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Hosts that stop answering (issue 14 item 7)
+// ---------------------------------------------------------------------------------------
+
+/// Inserts a VM row of pool default/`pool` on host `host` in `phase`, with a uid flintlock
+/// never saw (the host cannot be asked anyway).
+async fn row_on(app: &TestApp, pool: &str, host: &str, phase: Phase) -> String {
+    let id = poolmgr_core::reconcile::new_vm_id(pool);
+    let uid = ulid::Ulid::generate().to_string();
+    let pref = poolmgr_tests::pool(pool);
+    poolmgr_core::store::vm_insert(
+        &**app.conn().await,
+        &poolmgr_core::store::VmInsert {
+            id: &id,
+            uid: Some(&uid),
+            pool: &pref,
+            flintlock_host: host,
+            phase,
+            network_interfaces: &json!({}),
+        },
+    )
+    .await
+    .unwrap();
+    id
+}
+
+/// Issue 14 item 7: a host whose address is a listener that never answers (the kernel
+/// accepts the TCP connection, nobody ever reads it: every call runs into the 3 s flintlock
+/// timeout). Two pools each have two DELETING and one PROVISIONING VM on it. Stepped one at a
+/// time, the six calls took 18 s, the pass's 8 s deadline ran out and replenishment never
+/// ran, every pass. Now the first failure marks the host sick for the rest of the pass and
+/// every other VM on it is skipped (one call to it per pass: at most one at a time, by
+/// `POOLMGR_RECONCILE_HOST_CONCURRENCY`=1, so the second pool's call waits for the first
+/// and then finds the host sick), and each pool's replenishment runs beside its VM steps:
+/// both pools get their missing VM on the healthy host in this very pass.
+#[tokio::test]
+async fn a_host_that_never_answers_costs_one_timeout_and_does_not_stall_replenishment() {
+    let app = TestApp::spawn_with(|env| {
+        env.push(("POOLMGR_RECONCILE_DEADLINE_SECONDS".into(), "8".into()));
+        env.push(("POOLMGR_RECONCILE_HOST_CONCURRENCY".into(), "1".into()));
+    })
+    .await;
+    assert_eq!(app.state.config.flintlock_timeout, Duration::from_secs(3));
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    app.created_host(json!({"name": "silent", "address": silent.local_addr().unwrap().to_string()})).await;
+    let mut on_silent = vec![];
+    for pool in ["a", "b"] {
+        let mut spec = pool_spec(pool, 2);
+        spec["flintlock_hosts"] = json!(["silent", SIM_HOST]);
+        app.created_pool(spec).await;
+        on_silent.push(row_on(&app, pool, "silent", Phase::Deleting).await);
+        on_silent.push(row_on(&app, pool, "silent", Phase::Deleting).await);
+        on_silent.push(row_on(&app, pool, "silent", Phase::Provisioning).await);
+    }
+
+    let started = std::time::Instant::now();
+    let report = app.pass().await;
+    let took = started.elapsed();
+    assert!(!report.deadline_reached, "the deadline ran out after {took:?}: {report:?}");
+    assert_eq!(report.created, 2, "each pool got its missing VM in this pass: {report:?}");
+    assert_eq!(
+        app.scalar_i64("SELECT count(*) FROM vms WHERE flintlock_host = 'sim' AND phase = 'PROVISIONING'").await,
+        2,
+        "the new VMs are on the healthy host"
+    );
+    let tried = app.scalar_i64("SELECT count(*) FROM vms WHERE flintlock_host = 'silent' AND attempts > 0").await;
+    assert_eq!(tried, 1, "one call to the silent host; its other VMs were skipped");
+    assert_eq!(report.skipped, 6, "its five other VMs and its orphan scan: {report:?}");
+    assert_eq!(
+        app.scalar_i64("SELECT count(*) FROM vms WHERE flintlock_host = 'silent'").await,
+        6,
+        "nothing on the silent host was given up on"
+    );
+    drop(silent);
+}
+
+// ---------------------------------------------------------------------------------------
+// Deployments sharing hosts (issue 14 item 9)
+// ---------------------------------------------------------------------------------------
+
+/// Live (not DELETING) microVMs in a simulator, in any namespace.
+fn live_anywhere(sim: &flintlock_sim::Sim) -> Vec<String> {
+    sim.vms()
+        .into_iter()
+        .filter(|m| m.status.as_ref().is_some_and(|s| s.state != MicroVmState::Deleting as i32))
+        .filter_map(|m| m.spec.and_then(|s| s.uid))
+        .collect()
+}
+
+/// Issue 14 item 9: two poolmgr deployments (two databases) share one flintlockd, each with
+/// a pool of the same name (default/ci), one VM of each leased. Every pass of either scans
+/// the shared host for orphans. Each deployment's VMs live in a flintlock namespace carrying
+/// its deployment id, and a scan deletes only microVMs it can attribute to its own
+/// deployment: neither deletes the other's VMs, leased ones included. A microVM in the
+/// namespace poolmgr used before deployment ids (`poolmgr-default`, no row anywhere) cannot
+/// be attributed either, and is left alone.
+#[tokio::test]
+async fn two_deployments_sharing_a_host_never_delete_each_others_vms() {
+    let a = TestApp::spawn().await;
+    let b = TestApp::spawn().await;
+    // B registers A's simulator as its host `shared`.
+    b.created_host(json!({"name": "shared", "address": a.sim_server.addr.to_string()})).await;
+    a.create_pool("ci", 2).await;
+    let mut spec = pool_spec("ci", 2);
+    spec["flintlock_hosts"] = json!(["shared"]);
+    b.created_pool(spec).await;
+    let unattributable = a.sim.insert_vm("poolmgr-default", "ci-01jxxxxxxxxxxxxxxxxxxxxxxx", MicroVmState::Created);
+    for _ in 0..40 {
+        a.pass().await;
+        b.pass().await;
+        if a.count_phase("ci", "AVAILABLE").await == 2 && b.count_phase("ci", "AVAILABLE").await == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    assert_eq!(
+        (a.count_phase("ci", "AVAILABLE").await, b.count_phase("ci", "AVAILABLE").await),
+        (2, 2),
+        "both pools filled on the shared host (VM_ORPHAN_DELETED: A {}, B {})",
+        a.count_events("VM_ORPHAN_DELETED").await,
+        b.count_events("VM_ORPHAN_DELETED").await
+    );
+    let (da, db) = (a.state.deployment().await.unwrap(), b.state.deployment().await.unwrap());
+    assert_ne!(da.id(), db.id(), "each database has its own deployment id");
+    let la = a.claimed(CLIENT_A, "ci", Some("r-a")).await;
+    let lb = b.claimed(CLIENT_A, "ci", Some("r-b")).await;
+    for _ in 0..5 {
+        let (ra, rb) = (a.pass().await, b.pass().await);
+        assert_eq!((ra.orphans_deleted, rb.orphans_deleted), (0, 0), "A: {ra:?}\nB: {rb:?}");
+    }
+    for (app, lease) in [(&a, &la), (&b, &lb)] {
+        assert_eq!(app.count_phase("ci", "AVAILABLE").await, 1);
+        assert_eq!(app.count_phase("ci", "LEASED").await, 1);
+        app.heartbeat(CLIENT_A, &lease.lease.lease_id).await.assert_ok(200);
+        assert_eq!(app.count_events("VM_ORPHAN_DELETED").await, 0);
+        let uids: Vec<String> =
+            app.conn().await.query("SELECT uid FROM vms", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+        let live = live_anywhere(&a.sim);
+        for uid in &uids {
+            assert!(live.contains(uid), "VM {uid} of a deployment was deleted in flintlock");
+        }
+    }
+    assert!(live_anywhere(&a.sim).contains(&unattributable), "a VM no deployment can claim was deleted");
+    assert_eq!(live_anywhere(&a.sim).len(), 5);
+}
+
+/// Issue 14 item 7: a pass places a pool's new VMs beside its VM steps, so before those
+/// could find a dead host dead again; the host found unreachable by an earlier pass gets no
+/// new VMs for a while (`hosts.unreachable_until`, the backoff cap). Forced: pool `a`'s first
+/// VM lands on `down` (listed first, equally loaded) and fails; its retry is backed off past
+/// the next pass, so nothing in that pass calls `down` before pool `b` places its VM, which
+/// would otherwise go to `down` too. Once `down` answers again, the mark goes.
+#[tokio::test]
+async fn a_host_found_unreachable_gets_no_new_vms_in_the_next_pass() {
+    let app = TestApp::spawn_with(|env| {
+        env.push(("POOLMGR_RECONCILE_BACKOFF_MS".into(), "60000".into()));
+        env.push(("POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS".into(), "120".into()));
+    })
+    .await;
+    let (down, _down_server) = app.add_sim_host("down").await;
+    down.set_unavailable(true);
+    for pool in ["a", "b"] {
+        let mut spec = pool_spec(pool, 1);
+        spec["flintlock_hosts"] = json!(["down", SIM_HOST]);
+        app.created_pool(spec).await;
+        let r = app.pass().await;
+        assert_eq!(app.scalar_i64("SELECT count(*) FROM vms").await, if pool == "a" { 1 } else { 2 }, "{r:?}");
+    }
+    let host_of = |pool: &'static str| {
+        let app = &app;
+        async move {
+            let row = app.conn().await.query_one("SELECT flintlock_host FROM vms WHERE pool_name = $1", &[&pool]).await;
+            row.unwrap().get::<_, String>(0)
+        }
+    };
+    assert_eq!(host_of("a").await, "down", "the first placement, before anyone knew");
+    assert_eq!(host_of("b").await, SIM_HOST, "the next pass did not place on the unreachable host");
+    assert_eq!(down.calls(flintlock_sim::METHOD_CREATE), 1, "one create reached the dead host");
+
+    // Back: the next call that reaches it (the pass's orphan scan) lifts the mark.
+    down.set_unavailable(false);
+    let marked = "SELECT count(*) FROM hosts WHERE name = 'down' AND unreachable_until IS NOT NULL";
+    assert_eq!(app.scalar_i64(marked).await, 1);
+    app.pass().await;
+    assert_eq!(app.scalar_i64(marked).await, 0, "a host that answers again takes new VMs again");
 }

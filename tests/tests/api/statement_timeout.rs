@@ -20,16 +20,21 @@ async fn a_statement_stuck_on_a_lock_answers_503_and_is_cancelled_on_the_server(
     app.create_pool("ci", 1).await;
 
     // Another session holds the pools table exclusively: listing pools waits on the lock.
-    let mut locker = db::connect_one(&app.db.url).await.expect("locker connection");
+    let mut locker = db::connect_one(&app.db.url, &db::DbTls::default()).await.expect("locker connection");
     let tx = locker.transaction().await.unwrap();
     tx.batch_execute("LOCK TABLE pools IN ACCESS EXCLUSIVE MODE").await.unwrap();
 
+    // The lock is held until the test lets it go: an answer at all proves the limit applied
+    // (no upper bound on the time, which a busy machine could break; issue 14 item 15). The
+    // 60 s are against a hang.
     let t0 = Instant::now();
-    let r = app.get(ADMIN, "/v1/pools").await;
+    let r = tokio::time::timeout(Duration::from_secs(60), app.get(ADMIN, "/v1/pools"))
+        .await
+        .expect("the statement timeout never fired");
     r.assert_error(503, "UNAVAILABLE");
     assert_eq!(r.headers.get("retry-after").unwrap(), "1");
     let took = t0.elapsed();
-    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "took {took:?}");
+    assert!(took >= Duration::from_millis(900), "gave up before the 1 s limit: {took:?}");
 
     // The cancel request reached the server: nothing waits on the lock any more, although
     // the lock is still held.
@@ -64,13 +69,14 @@ async fn two_database_handles_in_one_process_keep_their_own_statement_limits() {
         check_idle: Duration::from_secs(60),
         statement_timeout: limit,
         cancel_on_timeout: false,
+        tls: db::DbTls::default(),
     };
     let limited = db::connect_pool(&app.db.url, &opts(Some(Duration::from_millis(300)))).unwrap();
     let unlimited = db::connect_pool(&app.db.url, &opts(None)).unwrap();
     assert_eq!(limited.limits().statement_timeout, Some(Duration::from_millis(300)));
     assert_eq!(unlimited.limits().statement_timeout, None);
 
-    let mut locker = db::connect_one(&app.db.url).await.expect("locker connection");
+    let mut locker = db::connect_one(&app.db.url, &db::DbTls::default()).await.expect("locker connection");
     let tx = locker.transaction().await.unwrap();
     tx.batch_execute("LOCK TABLE pools IN ACCESS EXCLUSIVE MODE").await.unwrap();
 
@@ -87,4 +93,51 @@ async fn two_database_handles_in_one_process_keep_their_own_statement_limits() {
     assert!(!waiter.is_finished(), "the unlimited handle gave up too");
     tx.rollback().await.unwrap();
     assert_eq!(waiter.await.unwrap().expect("the unlimited handle waits for the lock"), 0);
+}
+
+/// The server process behind a pooled connection.
+async fn backend(conn: &db::Conn) -> i32 {
+    use poolmgr_core::store::Executor;
+    conn.pg().query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0)
+}
+
+/// Issue 14 item 10: a connection whose statement was abandoned at the client-side timeout
+/// is never handed out again. Its statement may still be running on the server and the
+/// cancel request for it may arrive late; on a reused connection that cancel would hit the
+/// next, innocent query (57014). The pool (one connection) opens a fresh one instead: the
+/// server process behind it changes.
+#[tokio::test]
+async fn a_connection_whose_statement_timed_out_is_discarded_not_reused() {
+    let app = TestApp::spawn().await;
+    let opts = db::PoolOptions {
+        size: 1,
+        connect_timeout: Duration::from_secs(10),
+        check_idle: Duration::from_secs(60),
+        statement_timeout: Some(Duration::from_millis(300)),
+        cancel_on_timeout: false,
+        tls: db::DbTls::default(),
+    };
+    let limited = db::connect_pool(&app.db.url, &opts).unwrap();
+
+    // A connection that never timed out is reused.
+    let first = {
+        let conn = limited.get().await.unwrap();
+        backend(&conn).await
+    };
+    let conn = limited.get().await.unwrap();
+    assert_eq!(backend(&conn).await, first, "an idle connection is reused");
+
+    let mut locker = db::connect_one(&app.db.url, &db::DbTls::default()).await.expect("locker connection");
+    let tx = locker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE pools IN ACCESS EXCLUSIVE MODE").await.unwrap();
+    match store::pool_list(&conn, None).await {
+        Err(store::StoreError::Unavailable(m)) => assert!(m.contains("timed out"), "{m}"),
+        other => panic!("the statement should time out, got {other:?}"),
+    }
+    drop(conn);
+    tx.rollback().await.unwrap();
+
+    let conn = limited.get().await.unwrap();
+    assert_ne!(backend(&conn).await, first, "the timed-out connection was handed out again");
+    assert_eq!(store::pool_list(&conn, None).await.unwrap().len(), 0, "the fresh connection works");
 }

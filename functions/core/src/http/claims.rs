@@ -4,6 +4,8 @@
 //! both, calls `service::claim` and maps the answer (with `Idempotent-Replayed` on a replay).
 //! It must never touch the store or decide anything about the claim itself.
 
+use std::time::Instant;
+
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
@@ -19,6 +21,7 @@ use crate::api;
 use crate::app::AppState;
 use crate::domain::{PoolRef, RequestId};
 use crate::error::ApiError;
+use crate::rules::{IdempotencyKey, RequestIdText};
 use crate::service::claim;
 
 /// ClaimVM's request.
@@ -27,9 +30,8 @@ use crate::service::claim;
 #[schema(as = ClaimVMRequest, example = json!({"pool": {"namespace": "default", "name": "ci"}, "request_id": "job-42"}))]
 struct ClaimBody {
     pool: PoolRef,
-    /// Idempotency key, at most 255 bytes; empty or absent: every call claims a new VM.
     #[serde(default)]
-    #[schema(max_length = 255)]
+    #[schema(value_type = Option<RequestIdText>)]
     request_id: Option<String>,
 }
 
@@ -37,7 +39,7 @@ struct ClaimBody {
 #[utoipa::path(
     post, path = "/v1/claims", tag = "claims", operation_id = "claim_vm",
     security(("bearer" = [])),
-    params(("Idempotency-Key" = Option<String>, Header, description = "The same as the body's request_id (if both are given they must be equal)")),
+    params(("Idempotency-Key" = inline(Option<IdempotencyKey>), Header, description = "The same as the body's request_id (if both are given they must be equal)")),
     request_body = ClaimBody,
     responses(
         (status = 200, description = "The lease and its VM, fresh or replayed", body = api::ClaimResponse,
@@ -71,8 +73,10 @@ async fn claim_vm(
     // Order matters: an over-long request_id is refused before the pool is looked up.
     let request_id = RequestId::parse(&raw).map_err(ApiError::InvalidArgument)?;
     let pool = pool_ref(&body.pool.namespace, &body.pool.name)?;
-    let resp = claim::claim(&state, &p, claim::ClaimRequest { pool, request_id }).await?;
+    let started = Instant::now();
+    let resp = claim::claim(&state, &p, claim::ClaimRequest { pool: pool.clone(), request_id }).await?;
     let replayed = resp.replayed;
+    state.metrics.claim_duration(&pool, replayed, started.elapsed().as_secs_f64());
     let mut r = Json(resp).into_response();
     if replayed {
         r.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));

@@ -20,10 +20,8 @@ use crate::api;
 use crate::app::AppState;
 use crate::domain::NameFilter;
 use crate::error::ApiError;
+use crate::rules::{DEFAULT_EVENTS_LIMIT, EventsLimit, MAX_EVENTS_LIMIT, MAX_EVENTS_WAIT_SECONDS, WaitSeconds};
 use crate::service::event;
-
-/// Longest long-poll on the events feed.
-const MAX_EVENTS_WAIT_SECONDS: u64 = 20;
 
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -39,12 +37,11 @@ struct EventsQuery {
     /// Only pools of this name (empty means any).
     #[param(value_type = Option<NameFilter>, inline)]
     pool: Option<String>,
-    /// Default 100.
-    #[param(minimum = 1, maximum = 1000)]
+    #[param(value_type = Option<EventsLimit>, inline)]
     limit: Option<i64>,
     /// Long-poll: wait up to this long for a first new event.
     #[serde(default)]
-    #[param(minimum = 0, maximum = 20, default = 0)]
+    #[param(value_type = Option<WaitSeconds>, inline)]
     wait_seconds: u64,
 }
 
@@ -64,9 +61,9 @@ async fn list_events(
     Admin(_): Admin,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
-    let limit = q.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::InvalidArgument("limit must be between 1 and 1000".into()));
+    let limit = q.limit.unwrap_or(DEFAULT_EVENTS_LIMIT);
+    if !(1..=MAX_EVENTS_LIMIT).contains(&limit) {
+        return Err(ApiError::InvalidArgument(format!("limit must be between 1 and {MAX_EVENTS_LIMIT}")));
     }
     if q.wait_seconds > MAX_EVENTS_WAIT_SECONDS {
         return Err(ApiError::InvalidArgument(format!("wait_seconds must be at most {MAX_EVENTS_WAIT_SECONDS}")));

@@ -38,11 +38,36 @@ impl<T: DeserializeOwned + ToSchema + 'static, S: Send + Sync> FromRequest<S> fo
 /// unknown field, a NUL character, or an array where `T`'s schema documents an object (serde
 /// reads a struct from an array too; [`super::shape`] refuses it).
 pub(super) fn parse_json<T: DeserializeOwned + ToSchema + 'static>(bytes: &[u8]) -> Result<T, ApiError> {
-    let value =
-        serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
+    let value = serde_json::from_slice(bytes)
+        .or_else(|e| integral_floats_as_integers(bytes).ok_or(e))
+        .map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
     reject_nul_in_json(bytes)?;
     super::shape::check::<T>(bytes).map_err(|e| ApiError::InvalidArgument(format!("invalid JSON body: {e}")))?;
     Ok(value)
+}
+
+/// `bytes` as `T` with every integral float (`28.0`, `1e3`) read as the integer it is: JSON
+/// Schema, and so the OpenAPI document, calls them integers, serde's integer fields do not.
+/// `None` when there is none, or `T` still does not parse (the first error then stands).
+fn integral_floats_as_integers<T: DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+    fn fix(v: &mut serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::Number(n) if n.is_f64() => {
+                let f = n.as_f64().unwrap_or(f64::NAN);
+                // Exactly representable: |f| < 2^53.
+                if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 {
+                    *v = serde_json::Value::from(f as i64);
+                    return true;
+                }
+                false
+            }
+            serde_json::Value::Array(a) => a.iter_mut().fold(false, |changed, x| fix(x) | changed),
+            serde_json::Value::Object(o) => o.values_mut().fold(false, |changed, x| fix(x) | changed),
+            _ => false,
+        }
+    }
+    let mut value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    fix(&mut value).then(|| serde_json::from_value(value).ok()).flatten()
 }
 
 /// A body that could not be read, too large included, as a contract error (never axum's

@@ -15,26 +15,28 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, body_error, optional_name, parse_json};
-use super::openapi::{AdminOnly, AlreadyExists, Common, NotFound};
+use super::openapi::{AddressTaken, AdminOnly, AlreadyExists, Common, NotFound};
 use crate::api;
 use crate::app::AppState;
-use crate::domain::{NameFilter, Phase, PhaseFilter};
+use crate::domain::{Name, NameFilter, Phase, PhaseFilter};
 use crate::error::ApiError;
+use crate::rules::{CordonReason, MAX_CORDON_REASON_CHARS};
 use crate::service::{host, vm};
 
-/// A host name in a path.
+/// A host name in a path. Only `PUT` checks it (400); elsewhere a malformed name is NOT_FOUND
+/// like any unknown one.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 #[allow(dead_code)]
 struct HostPath {
-    #[param(example = "spare")]
+    #[param(value_type = Name, inline, example = "spare")]
     name: String,
 }
 
-/// Registers a flintlock host.
+/// Registers a flintlock host: once per name and once per address (one record per flintlockd).
 #[utoipa::path(
     post, path = "/v1/hosts", tag = "hosts", operation_id = "create_host",
-    security(("bearer" = [])), request_body = host::HostSpec,
+    security(("bearer" = [])), request_body = host::HostCreate,
     responses((status = 201, description = "The new host", body = api::Host), Common, AdminOnly, AlreadyExists)
 )]
 async fn create_host(
@@ -69,11 +71,12 @@ async fn get_host(
     Ok(Json(host::get(&state, &name).await?).into_response())
 }
 
-/// Replaces a host's address, TLS and credentials; a `name` in the body must match the path.
+/// Replaces a host's address, TLS and credentials; a `name` in the body must match the path,
+/// and the address must not be another host's.
 #[utoipa::path(
     put, path = "/v1/hosts/{name}", tag = "hosts", operation_id = "update_host",
     security(("bearer" = [])), params(HostPath), request_body = host::HostSpec,
-    responses((status = 200, description = "The updated host", body = api::Host), Common, AdminOnly, NotFound)
+    responses((status = 200, description = "The updated host", body = api::Host), Common, AdminOnly, NotFound, AddressTaken)
 )]
 async fn update_host(
     State(state): State<AppState>,
@@ -104,13 +107,13 @@ async fn delete_host(
 #[serde(deny_unknown_fields)]
 #[schema(as = CordonRequest)]
 struct CordonBody {
-    /// At most 1024 bytes.
     #[serde(default)]
-    #[schema(max_length = 1024)]
+    #[schema(value_type = Option<CordonReason>)]
     reason: Option<String>,
 }
 
-/// Cordons a host: no new placements on it. An empty body cordons without a reason.
+/// Cordons a host: no new placements on it. An empty body (or `null`) cordons without a
+/// reason.
 #[utoipa::path(
     post, path = "/v1/hosts/{name}/cordon", tag = "hosts", operation_id = "cordon_host",
     security(("bearer" = [])), params(HostPath),
@@ -124,12 +127,15 @@ async fn cordon_host(
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
-    // The body is optional: an empty one cordons without a reason.
-    let body: CordonBody =
-        if body.iter().all(u8::is_ascii_whitespace) { CordonBody::default() } else { parse_json(&body)? };
+    // The body is optional: an empty one, or JSON `null`, cordons without a reason.
+    let body: CordonBody = if body.iter().all(u8::is_ascii_whitespace) || body.trim_ascii() == b"null" {
+        CordonBody::default()
+    } else {
+        parse_json(&body)?
+    };
     let reason = body.reason.unwrap_or_default();
-    if reason.len() > 1024 {
-        return Err(ApiError::InvalidArgument("reason is longer than 1024 bytes".into()));
+    if reason.chars().count() > MAX_CORDON_REASON_CHARS {
+        return Err(ApiError::InvalidArgument(format!("reason is longer than {MAX_CORDON_REASON_CHARS} characters")));
     }
     Ok(Json(host::set_cordon(&state, &name, Some(&reason)).await?).into_response())
 }

@@ -18,6 +18,7 @@ use crate::api;
 use crate::app::AppState;
 use crate::domain::NameFilter;
 use crate::error::ApiError;
+use crate::rules::{LeaseIdText, PageSize, PageToken};
 use crate::service::lease;
 
 /// A lease id in a path.
@@ -27,6 +28,7 @@ use crate::service::lease;
 struct LeasePath {
     /// A lease id (`lease_id` of a LeaseRecord); a malformed one is NOT_FOUND like any unknown
     /// id, and so is another principal's unless the token is an admin's.
+    #[param(value_type = LeaseIdText, inline)]
     lease_id: String,
 }
 
@@ -89,10 +91,11 @@ struct LeaseListQuery {
     /// Pool name; give both `namespace` and `pool`, or neither (empty means absent).
     #[param(value_type = Option<NameFilter>, inline)]
     pool: Option<String>,
-    /// Default 100.
-    #[param(minimum = 1, maximum = 1000)]
+    #[param(value_type = Option<PageSize>, inline)]
     page_size: Option<i64>,
-    /// A `next_page_token`, passed back unchanged (anything else is INVALID_ARGUMENT).
+    /// A `next_page_token`, passed back unchanged (anything else is INVALID_ARGUMENT); empty
+    /// for the first page.
+    #[param(value_type = Option<PageToken>, inline)]
     page_token: Option<String>,
 }
 

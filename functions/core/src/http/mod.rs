@@ -19,7 +19,8 @@
 //!   the parsers of path and query values; `shape`: the check behind `ApiJson` that refuses
 //!   an array where the body's schema documents an object.
 //! - `claims`, `leases`, `pools`, `hosts` (hosts and VMs), `events`: one file per function's
-//!   routes; `ops`: `/healthz`, `/metrics` and the 404/405 fallbacks, on every function.
+//!   routes; `ops`: `/livez`, `/readyz`, `/healthz`, `/metrics` and the 404/405 fallbacks,
+//!   on every function.
 //! - [`openapi`]: what the document's operations share (error responses, bearer scheme) and
 //!   the builder of a document from a route table.
 //!

@@ -42,7 +42,7 @@ pub const BEARER: &str = "bearer";
         (name = "pools", description = "Pools (the pools function)"),
         (name = "hosts", description = "flintlock hosts and VMs (the hosts function)"),
         (name = "events", description = "The event feed (the events function)"),
-        (name = "operations", description = "Health, metrics and this document (every function)"),
+        (name = "operations", description = "Probes, health, metrics and this document (every function)"),
     )
 )]
 pub struct ApiDoc;
@@ -106,7 +106,7 @@ error_responses!(
         "400" => ("INVALID_ARGUMENT: malformed JSON, a missing, unknown or invalid field, query parameter or path parameter; FAILED_PRECONDITION where the operation says so", false),
         "401" => ("UNAUTHENTICATED: missing or unknown token", false),
         "500" => ("INTERNAL: an unexpected server error (no internals in the message); for a claim also a failed pre-lease hook", false),
-        "503" => ("UNAVAILABLE: flintlock or the database could not be reached; retry", true),
+        "503" => ("UNAVAILABLE: flintlock or the database could not be reached, or the database reported a retryable error (deadlock, serialization failure, cancelled statement, lock not available); retry", true),
     }
 );
 
@@ -126,6 +126,11 @@ error_responses!(
 );
 
 error_responses!(
+    /// A host update to an address another host has.
+    AddressTaken { "409" => ("ALREADY_EXISTS: another host is registered at this address (one record per flintlockd)", false) }
+);
+
+error_responses!(
     /// The claim's outcomes beyond the common ones.
     ClaimErrors {
         "404" => ("NOT_FOUND: unknown pool", false),
@@ -135,9 +140,9 @@ error_responses!(
 );
 
 error_responses!(
-    /// `/healthz`: no token, so only the server-side failures.
+    /// `/readyz` and `/healthz`: no token, so only the server-side failures.
     HealthErrors {
         "500" => ("INTERNAL: an unexpected server error", false),
-        "503" => ("UNAVAILABLE: the database could not be reached", true),
+        "503" => ("UNAVAILABLE: the database could not be reached, or its schema is not this binary's (the message says which and what to do)", true),
     }
 );

@@ -1,5 +1,7 @@
-//! The routes every function serves: `/healthz` and `/metrics`, and the JSON answers for an
-//! unknown route (404) or a wrong method (405).
+//! The routes every function serves: the probes `/livez` (the process answers; no database)
+//! and `/readyz` (the database answers with this binary's schema), `/healthz` (kept: the same
+//! as `/readyz`), `/metrics`, and the JSON answers for an unknown route (404) or a wrong
+//! method (405).
 //!
 //! Handlers call `service::ops` and map the answer; they must never touch the store.
 //! `/openapi.json` is served from `mod.rs`, next to the route table it documents, so that no
@@ -19,14 +21,39 @@ use crate::app::AppState;
 use crate::error::ApiError;
 use crate::service::ops;
 
-/// Liveness with a database round trip. No token needed.
+fn ok() -> Response {
+    Json(api::Health { status: "ok".into() }).into_response()
+}
+
+/// Liveness: the process answers. Touches no database, so an unreachable database never
+/// gets a live process restarted. No token needed.
+#[utoipa::path(
+    get, path = "/livez", tag = "operations", operation_id = "livez",
+    responses((status = 200, description = "The process is up", body = api::Health))
+)]
+async fn livez() -> Response {
+    ok()
+}
+
+/// Readiness: the database answers and its newest applied migration is this binary's
+/// newest (version, name and checksum). No token needed.
+#[utoipa::path(
+    get, path = "/readyz", tag = "operations", operation_id = "readyz",
+    responses((status = 200, description = "The database answers, with this binary's schema", body = api::Health), HealthErrors)
+)]
+async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
+    ops::ready(&state).await?;
+    Ok(ok())
+}
+
+/// The same check as `/readyz`, kept under its old name. No token needed.
 #[utoipa::path(
     get, path = "/healthz", tag = "operations", operation_id = "healthz",
-    responses((status = 200, description = "The database answers", body = api::Health), HealthErrors)
+    responses((status = 200, description = "The database answers, with this binary's schema (as /readyz)", body = api::Health), HealthErrors)
 )]
 async fn healthz(State(state): State<AppState>) -> Result<Response, ApiError> {
-    ops::health(&state).await?;
-    Ok(Json(api::Health { status: "ok".into() }).into_response())
+    ops::ready(&state).await?;
+    Ok(ok())
 }
 
 /// Prometheus metrics; the pool gauges are computed from the database at scrape time.
@@ -52,7 +79,11 @@ pub(super) async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::MethodNotAllowed(format!("method {method} is not allowed on {}: see the Allow header", uri.path()))
 }
 
-/// Health and metrics, on every function.
+/// Probes, health and metrics, on every function.
 pub(super) fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(metrics))
+    OpenApiRouter::new()
+        .routes(routes!(livez))
+        .routes(routes!(readyz))
+        .routes(routes!(healthz))
+        .routes(routes!(metrics))
 }

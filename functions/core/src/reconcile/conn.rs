@@ -24,16 +24,27 @@ impl<'a> StepConn<'a> {
     }
 
     /// The step's connection, checked out now if none is held. A held connection the
-    /// database closed meanwhile (a restart, a dropped socket) is let go and replaced, as the
-    /// pool's own checkout would, so one failed statement does not fail the rest of the step.
+    /// database closed meanwhile (a restart, a dropped socket), or one a statement timed out
+    /// on (it is discarded: see [`crate::store::Executor::discard`]), is let go and replaced,
+    /// as the pool's own checkout would, so one failed statement does not fail the rest of
+    /// the step.
     pub(super) async fn client(&mut self) -> Result<&Conn, ReconcileError> {
-        if self.held.as_ref().is_some_and(|c| c.is_closed()) {
+        Ok(self.held_conn().await?)
+    }
+
+    /// [`StepConn::client`], mutable: for a transaction.
+    pub(super) async fn client_mut(&mut self) -> Result<&mut Conn, ReconcileError> {
+        self.held_conn().await
+    }
+
+    async fn held_conn(&mut self) -> Result<&mut Conn, ReconcileError> {
+        if self.held.as_ref().is_some_and(|c| c.is_closed() || c.is_discarded()) {
             self.held = None;
         }
         if self.held.is_none() {
             self.held = Some(self.db.get().await?);
         }
-        Ok(self.held.as_ref().expect("checked out just above"))
+        Ok(self.held.as_mut().expect("checked out just above"))
     }
 
     /// Gives the connection back to the pool (a no-op when none is held).

@@ -33,15 +33,16 @@ impl ReconcileError {
     /// Whether the same work can succeed later without anyone changing anything.
     ///
     /// Retryable: the database unreachable, a dropped connection or a statement timeout
-    /// ([`StoreError::Unavailable`]); a flintlock host that is down, slow or answered an
+    /// ([`StoreError::Unavailable`]), a deadlock, serialization failure, cancelled statement
+    /// or lock timeout ([`StoreError::Busy`]); a flintlock host that is down, slow or answered an
     /// error for this call. Not retryable: a statement the database rejects
-    /// ([`StoreError::Db`]: a schema or a bug a new deploy fixes), a host whose stored
+    /// ([`StoreError::Db`], [`StoreError::UniqueViolation`]: a schema or a bug a new deploy fixes), a host whose stored
     /// settings are unusable or whose flintlockd lacks the API, and a spec flintlock refuses
     /// as invalid: each needs an operator first.
     pub fn is_retryable(&self) -> bool {
         match self {
-            ReconcileError::Store(StoreError::Unavailable(_)) => true,
-            ReconcileError::Store(StoreError::Db(_) | StoreError::UniqueViolation(_)) => false,
+            ReconcileError::Store(StoreError::Unavailable(_) | StoreError::Busy { .. }) => true,
+            ReconcileError::Store(StoreError::Db(_) | StoreError::UniqueViolation { .. }) => false,
             ReconcileError::Flintlock { source, .. } => match source {
                 FlintlockError::Unavailable { .. } | FlintlockError::Exec { .. } => true,
                 FlintlockError::Rpc { code, .. } => *code != tonic::Code::InvalidArgument,
@@ -64,6 +65,19 @@ mod tests {
         assert!(ReconcileError::from(StoreError::Unavailable("connection refused".into())).is_retryable());
         assert!(ReconcileError::from(StoreError::Unavailable("statement timed out after 5 ms".into())).is_retryable());
         assert!(!ReconcileError::from(StoreError::Db("relation \"vms\" does not exist".into())).is_retryable());
+    }
+
+    /// Issue 14 item 10: what PostgreSQL answers when it rolled a statement back for now.
+    #[test]
+    fn a_busy_database_is_retryable_and_a_refused_duplicate_is_not() {
+        for code in ["40P01", "40001", "57014", "55P03"] {
+            let e = StoreError::Busy { code: code.into(), message: "m".into() };
+            assert_eq!(e.retry_at_once(), code.starts_with("40"), "{code}");
+            assert!(ReconcileError::from(e).is_retryable(), "{code}");
+        }
+        let dup = StoreError::UniqueViolation { constraint: "hosts_address_key".into(), message: "m".into() };
+        assert!(!dup.retry_at_once());
+        assert!(!ReconcileError::from(dup).is_retryable());
     }
 
     #[test]

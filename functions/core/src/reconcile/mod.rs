@@ -14,9 +14,9 @@
 //!
 //! # Layout
 //!
-//! - `mod.rs` (here): [`run_pass`], [`PassReport`], the pass's shared state (`Pass`), the
-//!   pool workers with their reconcile-lease handling, and a pool's step in order
-//!   (`reconcile_pool`).
+//! - `mod.rs` (here): [`run_pass`], [`PassReport`], the pass's shared state (`Pass`: sick
+//!   hosts, the per-host bound on flintlock calls), the pool workers with their
+//!   reconcile-lease handling, and a pool's step in order (`reconcile_pool`).
 //! - [`strategy`]: the pure arithmetic: [`desired_new`], [`surplus`] of a pool's `VmCounts`.
 //! - `provision`: new VMs (placement, CreateMicroVM), adopting a VM whose create reply was
 //!   lost, polling PROVISIONING VMs until flintlock says CREATED.
@@ -47,9 +47,22 @@
 //! so one slow host would hold up every pool. With the rule, workers on one connection take
 //! turns statement group by statement group, and every wait for a connection ends as soon as
 //! the holder's statements do. Hence also: the teardown checks out its own connection after
-//! its gRPC call (a step gives its own back first), the create hooks of a pool, which run
-//! side by side, each check one out for their own writes, and the cross-pool work
-//! (deleted pools, orphan scans) has its own.
+//! its gRPC call (a step gives its own back first), the VM steps and create hooks of a pool,
+//! which run side by side, each check one out for their own writes, and so do a pool's
+//! replenishment and the cross-pool work (deleted pools, orphan scans).
+//!
+//! # Hosts that stop answering
+//!
+//! Every flintlock call waits at most the flintlock timeout (10 s), and a host that stopped
+//! answering makes every call to it wait that long. So: a call that fails because the host
+//! could not be reached marks the host *sick* for the rest of the pass (`Pass::on_host`),
+//! and every later step that would call it is skipped (`PassReport::skipped`), in every
+//! pool; a pass has at most `POOLMGR_RECONCILE_HOST_CONCURRENCY` MicroVM calls in flight per
+//! host, so the calls queued behind the first failure are skipped rather than each waiting
+//! out its timeout; a pool's VMs are stepped side by side (each host's bounded), and its
+//! replenishment runs beside them, placing only on hosts not (yet) sick. A dead host costs
+//! a pass about one timeout, not one per VM, and never keeps a pool from being topped up on
+//! its healthy hosts.
 
 mod conn;
 mod error;
@@ -57,28 +70,44 @@ mod hooks;
 mod orphans;
 mod provision;
 mod retention;
+pub mod select;
 pub mod strategy;
 mod sweeps;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
 use serde::Serialize;
+use tokio::sync::Semaphore;
 
 use crate::app::AppState;
+use crate::deployment::Deployment;
 use crate::domain::{Phase, PoolRef};
+use crate::flintlock::FlintlockError;
 use crate::store::{self, HostRow, PoolRow, VmRow};
+use crate::teardown::TeardownError;
 use conn::StepConn;
 
 pub use error::ReconcileError;
 pub use provision::new_vm_id;
+pub use select::{needs_step, pools_with_work};
 pub use strategy::{desired_new, surplus};
+
+/// How many pools a pass leases (and sweeps: expiry, warnings, abandoned claims) in one go.
+/// A few per worker: enough that the batch statements replace many per-pool round trips,
+/// few enough that a pass leaves the rest of a long selection to an overlapping pass.
+const LEASE_BATCH: usize = 32;
 
 /// What one pass did, for logs, the Lambda's answer and tests.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct PassReport {
+    /// Pools the selection found work in (`select`); the others cost the pass nothing.
+    pub selected: usize,
+    /// Pools stepped (their reconcile lease taken by this pass).
     pub pools: usize,
     pub created: usize,
     pub adopted: usize,
@@ -90,15 +119,35 @@ pub struct PassReport {
     pub orphans_deleted: usize,
     /// Events deleted because they were older than the retention.
     pub events_pruned: u64,
+    /// Steps not taken because their host failed a call earlier in this pass (the next pass
+    /// tries again).
+    pub skipped: usize,
     /// Steps that failed and will be retried by a later pass.
     pub errors: Vec<String>,
     /// The deadline stopped the pass before every pool was visited.
     pub deadline_reached: bool,
     pub duration_ms: u128,
+    /// Per flintlock host: the MicroVM calls this pass made to it and how fast it created.
+    pub hosts: BTreeMap<String, HostPassStats>,
+}
+
+/// One host's share of a pass: what a filling pass is limited by once the database is not.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct HostPassStats {
+    /// MicroVM calls made (create, get, list, delete), and how many of them failed.
+    pub calls: usize,
+    pub failed: usize,
+    /// VMs created (CreateMicroVM answered with a uid).
+    pub created: usize,
+    /// Time spent in calls to this host, summed over the calls in flight side by side.
+    pub busy_ms: u128,
+    /// `created` over the pass's duration.
+    pub creates_per_s: f64,
 }
 
 impl PassReport {
     fn merge(&mut self, o: PassReport) {
+        self.selected += o.selected;
         self.pools += o.pools;
         self.created += o.created;
         self.adopted += o.adopted;
@@ -109,8 +158,16 @@ impl PassReport {
         self.failed += o.failed;
         self.orphans_deleted += o.orphans_deleted;
         self.events_pruned += o.events_pruned;
+        self.skipped += o.skipped;
         self.errors.extend(o.errors);
         self.deadline_reached |= o.deadline_reached;
+        for (host, h) in o.hosts {
+            let mine = self.hosts.entry(host).or_default();
+            mine.calls += h.calls;
+            mine.failed += h.failed;
+            mine.created += h.created;
+            mine.busy_ms += h.busy_ms;
+        }
     }
 }
 
@@ -120,8 +177,45 @@ struct Pass<'a> {
     owner: String,
     started_db: DateTime<Utc>,
     deadline: Instant,
-    /// Hosts that failed a call during this pass: no new placements on them this pass.
+    /// This deployment's flintlock namespaces: where VMs are created, and which ones the
+    /// orphan scan may delete.
+    deployment: Deployment,
+    /// Hosts that could not be reached during this pass: no calls to them, no placements.
     sick_hosts: Mutex<HashSet<String>>,
+    /// Per host, a slot per MicroVM call in flight (`POOLMGR_RECONCILE_HOST_CONCURRENCY`).
+    host_slots: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// Hosts whose row says "unreachable" (`unreachable_until`, no placements): cleared by
+    /// the first call of this pass that reaches the host.
+    marked_unreachable: Mutex<HashSet<String>>,
+    /// How long a pool lease of this pass lasts: past the deadline plus a hook command
+    /// started just before it, so a pool is never worked past its lease.
+    lease_secs: f64,
+    /// The selected pools whose leases are not taken yet, oldest lease first.
+    pending: Mutex<VecDeque<PoolRef>>,
+    /// Pools leased (and swept) by this pass and not yet stepped.
+    leased: Mutex<VecDeque<PoolRow>>,
+    /// Held by the worker taking the next batch of leases, so one batch is taken at a time.
+    taking: tokio::sync::Mutex<()>,
+    /// Per host, the calls of this pass so far (the report's `hosts`).
+    host_stats: Mutex<BTreeMap<String, HostPassStats>>,
+}
+
+/// A failed flintlock call that says its host could not be reached (not that the host
+/// refused this one call): the host is sick for the rest of the pass.
+trait HostFailure {
+    fn host_unreachable(&self) -> bool;
+}
+
+impl HostFailure for FlintlockError {
+    fn host_unreachable(&self) -> bool {
+        matches!(self, FlintlockError::Unavailable { .. })
+    }
+}
+
+impl HostFailure for TeardownError {
+    fn host_unreachable(&self) -> bool {
+        matches!(self, TeardownError::Flintlock(e) if e.host_unreachable())
+    }
 }
 
 impl Pass<'_> {
@@ -129,12 +223,85 @@ impl Pass<'_> {
         Instant::now() >= self.deadline
     }
 
-    fn sick(&self, host: &str) {
-        self.sick_hosts.lock().expect("sick hosts").insert(host.to_owned());
+    /// Marks `host` sick for this pass; `true` if it was not yet.
+    fn sick(&self, host: &str) -> bool {
+        self.sick_hosts.lock().expect("sick hosts").insert(host.to_owned())
+    }
+
+    fn is_sick(&self, host: &str) -> bool {
+        self.sick_hosts.lock().expect("sick hosts").contains(host)
     }
 
     fn sick_list(&self) -> Vec<String> {
         self.sick_hosts.lock().expect("sick hosts").iter().cloned().collect()
+    }
+
+    /// Runs `call`, a flintlock call to `host`, in one of the host's slots; `None`, without
+    /// calling, when the host is sick (checked again once a slot is free: the call that
+    /// held it may have found the host dead). A call failing because the host could not be
+    /// reached marks it sick *before* its slot is given back, so whatever queued behind it
+    /// is skipped instead of waiting out its own timeout. Give the step's connection back
+    /// first (`StepConn::released`): waiting for a slot is waiting for something else.
+    async fn on_host<T, E: HostFailure>(
+        &self,
+        host: &str,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Option<Result<T, E>> {
+        if self.is_sick(host) {
+            return None;
+        }
+        let slots = {
+            let limit = self.state.config.reconcile.host_concurrency;
+            let mut all = self.host_slots.lock().expect("host slots");
+            all.entry(host.to_owned()).or_insert_with(|| Arc::new(Semaphore::new(limit))).clone()
+        };
+        let _slot = slots.acquire_owned().await.ok()?;
+        if self.is_sick(host) {
+            return None;
+        }
+        let t = Instant::now();
+        let r = call.await;
+        self.count_call(host, t.elapsed(), r.is_err());
+        let unreachable = matches!(&r, Err(e) if e.host_unreachable());
+        if unreachable && self.sick(host) {
+            tracing::warn!(host, "flintlock host unreachable: skipping its VMs for the rest of this pass");
+            // And no placements on it by the next passes for a while: they place new VMs
+            // before their own calls could find it dead. Best effort: this pass knows anyway.
+            self.marked_unreachable.lock().expect("marked hosts").insert(host.to_owned());
+            let window = self.state.config.reconcile.backoff_cap.as_secs_f64();
+            self.record_reachability(host, Some(window)).await;
+        } else if !unreachable && self.marked_unreachable.lock().expect("marked hosts").remove(host) {
+            // It answered (a success or an error of its own): one lost reply must not keep
+            // new VMs off a healthy host.
+            self.record_reachability(host, None).await;
+        }
+        Some(r)
+    }
+
+    fn count_call(&self, host: &str, took: Duration, failed: bool) {
+        let mut stats = self.host_stats.lock().expect("host stats");
+        let h = stats.entry(host.to_owned()).or_default();
+        h.calls += 1;
+        h.failed += usize::from(failed);
+        h.busy_ms += took.as_millis();
+    }
+
+    fn count_create(&self, host: &str) {
+        self.host_stats.lock().expect("host stats").entry(host.to_owned()).or_default().created += 1;
+    }
+
+    /// Marks `host` unreachable for `window` seconds in its row, or clears that (`None`).
+    async fn record_reachability(&self, host: &str, window: Option<f64>) {
+        let recorded = match self.state.db.get().await {
+            Ok(c) => match window {
+                Some(secs) => store::host_mark_unreachable(&c, host, secs).await,
+                None => store::host_clear_unreachable(&c, host).await,
+            },
+            Err(e) => Err(e),
+        };
+        if let Err(e) = recorded {
+            tracing::warn!(host, error = %e, "could not record whether the host is reachable");
+        }
     }
 
     /// Puts a failing VM step off (exponential backoff, in the VM's row).
@@ -145,40 +312,75 @@ impl Pass<'_> {
     }
 }
 
-/// Runs one reconcile pass over every pool whose lease it can take, then the cross-pool
-/// work (stragglers of deleted pools, orphan scans). Fails only when the pass cannot start
-/// (the database's clock cannot be read); per-pool failures are in the report.
+/// Runs one reconcile pass: selects the pools with work in one statement, steps each of them
+/// whose lease it can take (leased and swept in batches), then the cross-pool work
+/// (stragglers of deleted pools, orphan scans). Fails only when the pass cannot start (the
+/// database's clock cannot be read); per-pool failures are in the report.
 pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     let t0 = Instant::now();
     let rc = &state.config.reconcile;
-    let started_db: DateTime<Utc> = {
+    let (started_db, marked_unreachable) = {
         let conn = state.db.get().await?;
-        store::database_now(&conn).await?
+        let now = store::database_now(&conn).await?;
+        let marked = store::host_list(&conn)
+            .await?
+            .into_iter()
+            .filter_map(|(h, _)| h.unreachable_until.is_some_and(|t| t > now).then_some(h.name));
+        (now, marked.collect())
     };
+    let cfg = &state.config;
     let pass = Arc::new(Pass {
         state,
-        owner: format!("pass-{}", ulid::Ulid::new()),
+        owner: format!("pass-{}", ulid::Ulid::generate()),
         started_db,
         deadline: t0 + rc.deadline,
+        deployment: state.deployment().await?,
         sick_hosts: Mutex::default(),
+        host_slots: Mutex::default(),
+        marked_unreachable: Mutex::new(marked_unreachable),
+        lease_secs: rc.deadline.as_secs_f64() + cfg.hooks.command_timeout.as_secs_f64() + 30.0,
+        pending: Mutex::default(),
+        leased: Mutex::default(),
+        taking: tokio::sync::Mutex::new(()),
+        host_stats: Mutex::default(),
     });
 
-    let workers = (0..rc.concurrency).map(|_| pool_worker(&pass));
     let mut report = PassReport::default();
+    match select::pools_with_work(state, started_db).await {
+        Ok(pools) => {
+            report.selected = pools.len();
+            *pass.pending.lock().expect("pending pools") = pools.into();
+        }
+        Err(e) => report.errors.push(format!("selecting the pools with work: {e}")),
+    }
+    let workers = (0..rc.concurrency).map(|_| pool_worker(&pass));
     for r in futures::future::join_all(workers).await {
         report.merge(r);
     }
+    release_unstepped(&pass, &mut report).await;
     report.merge(sweeps::finish_deleted_pools(&pass).await);
     report.merge(orphans::scan_orphans(&pass).await);
     report.merge(retention::prune_events(&pass).await);
     report.deadline_reached |= pass.past_deadline();
-    report.duration_ms = t0.elapsed().as_millis();
+    let elapsed = t0.elapsed();
+    report.duration_ms = elapsed.as_millis();
+    for (host, mut h) in std::mem::take(&mut *pass.host_stats.lock().expect("host stats")) {
+        h.creates_per_s = h.created as f64 / elapsed.as_secs_f64().max(1e-3);
+        report.hosts.insert(host, h);
+    }
+    // A pass succeeded when it visited every pool and no step failed; only then does
+    // `poolmgr_reconcile_last_success_timestamp_seconds` move (wall-clock time, for alerts).
+    let succeeded = report.errors.is_empty() && !report.deadline_reached;
+    let end = Utc::now().timestamp_millis() as f64 / 1000.0;
+    state.metrics.reconcile_pass(elapsed.as_secs_f64(), succeeded, end);
     tracing::info!(
+        selected = report.selected,
         pools = report.pools,
         created = report.created,
         available = report.available,
         deleted = report.deleted,
         expired = report.expired,
+        skipped = report.skipped,
         errors = report.errors.len(),
         duration_ms = report.duration_ms as u64,
         "reconcile pass done"
@@ -186,28 +388,13 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     Ok(report)
 }
 
-/// Takes pool leases one at a time until none is left for this pass or the deadline.
+/// Steps leased pools one at a time until none is left for this pass or the deadline.
 async fn pool_worker(pass: &Pass<'_>) -> PassReport {
     let mut report = PassReport::default();
     let mut db = StepConn::new(&pass.state.db);
-    // The lease outlives the deadline plus a hook command started just before it, so a pool
-    // is never worked past its lease.
-    let cfg = &pass.state.config;
-    let lease_secs = cfg.reconcile.deadline.as_secs_f64() + cfg.hooks.command_timeout.as_secs_f64() + 30.0;
     while !pass.past_deadline() {
-        let pool = match db.client().await {
-            Ok(c) => store::pool_take_reconcile_lease(c, &pass.owner, pass.started_db, lease_secs)
-                .await
-                .map_err(ReconcileError::from),
-            Err(e) => Err(e),
-        };
-        let pool = match pool {
-            Ok(Some(p)) => p,
-            Ok(None) => break,
-            Err(e) => {
-                report.errors.push(format!("taking a pool lease: {e}"));
-                break;
-            }
+        let Some(pool) = next_pool(pass, &mut db, &mut report).await else {
+            break;
         };
         let pref = pool.pool_ref();
         report.pools += 1;
@@ -225,16 +412,85 @@ async fn pool_worker(pass: &Pass<'_>) -> PassReport {
     report
 }
 
+/// The next pool this pass leased and has not stepped; when none is left, takes the leases of
+/// the next `LEASE_BATCH` selected pools in one statement and sweeps them together
+/// (`sweeps::sweep_batch`). `None`: nothing left, the deadline, or the leases could not be
+/// taken (in the report).
+async fn next_pool(pass: &Pass<'_>, db: &mut StepConn<'_>, report: &mut PassReport) -> Option<PoolRow> {
+    // Never wait for the batch lock holding a connection: its holder may need that one
+    // (a one-connection pool on Lambda).
+    db.release();
+    let _taking = pass.taking.lock().await;
+    loop {
+        if let Some(pool) = pass.leased.lock().expect("leased pools").pop_front() {
+            return Some(pool);
+        }
+        if pass.past_deadline() {
+            report.deadline_reached = true;
+            return None;
+        }
+        let batch: Vec<PoolRef> = {
+            let mut pending = pass.pending.lock().expect("pending pools");
+            let n = LEASE_BATCH.min(pending.len());
+            pending.drain(..n).collect()
+        };
+        if batch.is_empty() {
+            return None;
+        }
+        let taken = match db.client().await {
+            Ok(c) => store::pool_take_reconcile_leases(c, &pass.owner, pass.started_db, pass.lease_secs, &batch)
+                .await
+                .map_err(ReconcileError::from),
+            Err(e) => Err(e),
+        };
+        let taken = match taken {
+            Ok(t) => t,
+            Err(e) => {
+                report.errors.push(format!("taking pool leases: {e}"));
+                return None;
+            }
+        };
+        // Pools another pass took since the selection are simply not in `taken`.
+        let refs: Vec<PoolRef> = taken.iter().map(PoolRow::pool_ref).collect();
+        if !refs.is_empty()
+            && let Err(e) = sweeps::sweep_batch(pass, db, &refs, report).await
+        {
+            tracing::warn!(pools = refs.len(), error = %e, "sweeping a batch of pools failed; the next pass retries");
+            report.errors.push(format!("sweeping {} pools: {e}", refs.len()));
+        }
+        pass.leased.lock().expect("leased pools").extend(taken);
+    }
+}
+
+/// Gives back, in one statement, the leases of pools this pass took but did not step (the
+/// deadline stopped it first), so the next pass need not wait out the lease.
+async fn release_unstepped(pass: &Pass<'_>, report: &mut PassReport) {
+    let left: Vec<PoolRef> = pass.leased.lock().expect("leased pools").drain(..).map(|p| p.pool_ref()).collect();
+    if left.is_empty() {
+        return;
+    }
+    report.deadline_reached = true;
+    let released = match pass.state.db.get().await {
+        Ok(c) => store::pool_release_reconcile_leases(&c, &left, &pass.owner).await.map_err(ReconcileError::from),
+        Err(e) => Err(e.into()),
+    };
+    if let Err(e) = released {
+        report.errors.push(format!("releasing {} unstepped pool leases: {e}; they expire by themselves", left.len()));
+    }
+}
+
 /// Gives a pool's reconcile lease back, retrying until the pass deadline. A lease left behind
 /// keeps every pass away from the pool for the whole lease (deadline + hook timeout + 30 s,
 /// close to two minutes by default), so a database blip of a few seconds that failed the
 /// pool's step must not also leave the lease: that stalled replenishment long after the
 /// database was back (found by scripts/chaos.sh, scenario pg-restart).
 async fn release_reconcile_lease(pass: &Pass<'_>, db: &mut StepConn<'_>, pref: &PoolRef, report: &mut PassReport) {
-    let mut delay = std::time::Duration::from_millis(100);
+    let mut delay = Duration::from_millis(100);
     loop {
         let released = match db.client().await {
-            Ok(c) => store::pool_release_reconcile_lease(c, pref, &pass.owner).await.map_err(ReconcileError::from),
+            Ok(c) => store::pool_release_reconcile_leases(c, std::slice::from_ref(pref), &pass.owner)
+                .await
+                .map_err(ReconcileError::from),
             Err(e) => Err(e),
         };
         match released {
@@ -248,7 +504,7 @@ async fn release_reconcile_lease(pass: &Pass<'_>, db: &mut StepConn<'_>, pref: &
                 // Never sleep on a connection; the next attempt checks out a fresh one.
                 db.release();
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(2));
+                delay = (delay * 2).min(Duration::from_secs(2));
             }
         }
     }
@@ -262,7 +518,9 @@ fn due(vm: &VmRow, now: DateTime<Utc>) -> bool {
     vm.next_attempt_at.is_none_or(|t| t <= now)
 }
 
-/// One pool, one step per VM: expiry, deletions, provisioning progress, then new VMs.
+/// One pool (its expiry and abandoned claims swept with its batch): its VMs stepped (one step
+/// each: deletions, provisioning progress, create hooks) and, beside them, new VMs for what
+/// is missing.
 async fn reconcile_pool(
     pass: &Pass<'_>,
     db: &mut StepConn<'_>,
@@ -270,39 +528,105 @@ async fn reconcile_pool(
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {
     let pref = pool.pool_ref();
-    sweeps::expire_leases(pass, db, &pref, report).await?;
-    sweeps::recover_abandoned_claims(pass, db, &pref).await?;
-
     let hosts = hosts_by_name(db).await?;
     let vms = store::vm_list_for_pool(db.client().await?, &pref).await?;
+    // Counted before the VM steps, which run beside the replenishment: a VM that fails in
+    // this pass's steps is replaced by the next pass.
+    let counts = store::vm_counts_for_pool(db.client().await?, &pref).await?;
+    sweeps::shed_surplus(db, pool, counts).await?;
+    // The VM steps and the replenishment each take connections of their own.
+    db.release();
+    let replenish = async {
+        let mut db = StepConn::new(&pass.state.db);
+        let mut r = PassReport::default();
+        let res = provision::replenish(pass, &mut db, pool, counts, &hosts, &mut r).await;
+        (r, res)
+    };
+    let ((stepped, stepped_res), (replenished, replenished_res)) =
+        futures::join!(step_vms(pass, pool, &vms, &hosts), replenish);
+    report.merge(stepped);
+    report.merge(replenished);
+    stepped_res.and(replenished_res)
+}
+
+/// One step for each of the pool's VMs that is due: every host's VMs side by side with the
+/// other hosts', at most `host_concurrency` of one host's at once, and the create hooks beside
+/// them. A VM whose host turned sick is skipped.
+async fn step_vms(
+    pass: &Pass<'_>,
+    pool: &PoolRow,
+    vms: &[(VmRow, bool)],
+    hosts: &HashMap<String, HostRow>,
+) -> (PassReport, Result<(), ReconcileError>) {
     let now = pass.state.clock.now();
+    let mut by_host: BTreeMap<&str, Vec<&VmRow>> = BTreeMap::new();
     let mut hook_vms = vec![];
-    for (vm, _) in &vms {
-        if pass.past_deadline() {
-            report.deadline_reached = true;
-            return Ok(());
-        }
+    for (vm, _) in vms {
         if !due(vm, now) {
             continue;
         }
-        let host = hosts.get(&vm.flintlock_host);
         match vm.phase {
-            Phase::Deleting => sweeps::delete_vm(pass, db, vm, host, report).await?,
-            Phase::Provisioning if vm.uid.is_none() => {
-                provision::create_or_adopt(pass, db, pool, vm, &hosts, report).await?
-            }
-            Phase::Provisioning => provision::poll_provisioning(pass, db, pool, vm, host, report).await?,
+            Phase::Deleting | Phase::Provisioning => by_host.entry(vm.flintlock_host.as_str()).or_default().push(vm),
             Phase::CreateHookRunning => hook_vms.push(vm),
             _ => {}
         }
     }
-    // The hooks run side by side, each on a connection of its own taken after its gRPC
-    // calls: give the step's back first, or with one connection they would wait for it.
-    db.release();
-    hooks::run_create_hooks(pass, pool, hook_vms, &hosts, report).await?;
+    let limit = pass.state.config.reconcile.host_concurrency;
+    // Built with loops, not closures: a closure over `&VmRow` kept in the stream makes the
+    // pass's future not `Send` (a higher-ranked lifetime rustc cannot prove).
+    let mut per_host = vec![];
+    for vms in by_host.into_values() {
+        let mut steps = vec![];
+        for vm in vms {
+            steps.push(step_vm(pass, pool, vm, hosts));
+        }
+        per_host.push(futures::stream::iter(steps).buffer_unordered(limit).collect::<Vec<_>>());
+    }
+    let hooks = async {
+        let mut report = PassReport::default();
+        if pass.past_deadline() {
+            report.deadline_reached = true;
+            return (report, Ok(()));
+        }
+        let (sick, hook_vms): (Vec<&VmRow>, Vec<&VmRow>) =
+            hook_vms.into_iter().partition(|vm| pass.is_sick(&vm.flintlock_host));
+        report.skipped += sick.len();
+        let res = hooks::run_create_hooks(pass, pool, hook_vms, hosts, &mut report).await;
+        (report, res)
+    };
+    let (stepped, (mut report, mut result)) = futures::join!(futures::future::join_all(per_host), hooks);
+    for (r, res) in stepped.into_iter().flatten() {
+        report.merge(r);
+        result = result.and(res);
+    }
+    (report, result)
+}
 
-    // Replenish, counting what is there after the steps above.
-    let counts = store::vm_counts_for_pool(db.client().await?, &pref).await?;
-    sweeps::shed_surplus(db, pool, counts).await?;
-    provision::replenish(pass, db, pool, counts, &hosts, report).await
+/// One VM's step, on a connection of its own.
+async fn step_vm(
+    pass: &Pass<'_>,
+    pool: &PoolRow,
+    vm: &VmRow,
+    hosts: &HashMap<String, HostRow>,
+) -> (PassReport, Result<(), ReconcileError>) {
+    let mut report = PassReport::default();
+    if pass.past_deadline() {
+        report.deadline_reached = true;
+        return (report, Ok(()));
+    }
+    if pass.is_sick(&vm.flintlock_host) {
+        report.skipped += 1;
+        return (report, Ok(()));
+    }
+    let mut db = StepConn::new(&pass.state.db);
+    let host = hosts.get(&vm.flintlock_host);
+    let res = match vm.phase {
+        Phase::Deleting => sweeps::delete_vm(pass, &mut db, vm, host, &mut report).await,
+        Phase::Provisioning if vm.uid.is_none() => {
+            provision::create_or_adopt(pass, &mut db, pool, vm, hosts, &mut report).await
+        }
+        Phase::Provisioning => provision::poll_provisioning(pass, &mut db, pool, vm, host, &mut report).await,
+        _ => Ok(()),
+    };
+    (report, res)
 }

@@ -1,9 +1,13 @@
-//! The orphan scan: microVMs in poolmgr's flintlock namespaces that no row accounts for are
-//! deleted, one host per scan lease, each host at most once per pass.
+//! The orphan scan: microVMs in this deployment's flintlock namespaces that no row accounts
+//! for are deleted, one host per scan lease, each host at most once per pass.
 //!
-//! Never deletes a microVM whose row is still being resolved (a row without a uid), nor
-//! anything outside the managed namespace prefix; flintlock is listed *before* the rows are
-//! read, so a VM created meanwhile (its row committed first) is never taken for an orphan.
+//! Never deletes a microVM it cannot attribute to this deployment: only those in a
+//! namespace of this deployment (`<prefix><deployment id>-<pool namespace>`, see
+//! [`crate::deployment`]) are looked at, so another deployment sharing the host, poolmgr's
+//! namespaces from before deployment ids and anyone else's VMs are left alone. Never
+//! deletes a microVM whose row is still being resolved (a row without a uid); flintlock is
+//! listed *before* the rows are read, so a VM created meanwhile (its row committed first)
+//! is never taken for an orphan.
 
 use std::collections::HashMap;
 
@@ -15,24 +19,22 @@ use super::{Pass, PassReport, ReconcileError};
 use crate::domain::{EventType, PoolRef};
 use crate::store::{self, HostRow};
 
-/// The pool a managed VM belongs to, from its flintlock namespace and id (for events about
+/// The pool a managed VM belongs to, from its pool namespace and id (for events about
 /// orphans, which have no row).
-fn pool_of_orphan(prefix: &str, namespace: &str, id: &str) -> PoolRef {
-    let ns = namespace.strip_prefix(prefix).unwrap_or(namespace);
+fn pool_of_orphan(pool_namespace: &str, id: &str) -> PoolRef {
     // Strip "-<26-char ULID>".
     let name = if id.len() > 27 && id.as_bytes()[id.len() - 27] == b'-' { &id[..id.len() - 27] } else { id };
-    PoolRef { namespace: ns.to_owned(), name: name.to_owned() }
+    PoolRef { namespace: pool_namespace.to_owned(), name: name.to_owned() }
 }
 
-/// Deletes microVMs in poolmgr's namespaces that no row accounts for: no row with that id,
-/// a row on another host, or a row with another uid. Rows without a uid are still being
-/// resolved and their VMs are left alone. flintlock is listed *before* the rows are read, so
-/// a VM created meanwhile (its row committed first) is never mistaken for an orphan.
+/// Deletes microVMs in this deployment's namespaces that no row accounts for: no row with
+/// that id, a row on another host, or a row with another uid. Rows without a uid are still
+/// being resolved and their VMs are left alone. flintlock is listed *before* the rows are
+/// read, so a VM created meanwhile (its row committed first) is never mistaken for an orphan.
 pub(super) async fn scan_orphans(pass: &Pass<'_>) -> PassReport {
     let mut report = PassReport::default();
     let state = pass.state;
     let mut db = StepConn::new(&state.db);
-    let prefix = state.config.flintlock_namespace_prefix.clone();
     let interval = state.config.reconcile.orphan_scan_interval.as_secs_f64();
     while !pass.past_deadline() {
         let host = match db.client().await {
@@ -47,7 +49,7 @@ pub(super) async fn scan_orphans(pass: &Pass<'_>) -> PassReport {
                 break;
             }
         };
-        if let Err(e) = scan_host(pass, &mut db, &host, &prefix, &mut report).await {
+        if let Err(e) = scan_host(pass, &mut db, &host, &mut report).await {
             report.errors.push(format!("orphan scan of {}: {e}", host.name));
         }
     }
@@ -58,32 +60,32 @@ async fn scan_host(
     pass: &Pass<'_>,
     db: &mut StepConn<'_>,
     host: &HostRow,
-    prefix: &str,
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {
     let state = pass.state;
-    let all = match db.released(state.flintlock.list(&host.endpoint(), "", None)).await {
-        Ok(v) => v,
-        Err(e) => {
-            pass.sick(&host.name);
-            return Err(ReconcileError::flintlock("list", e));
-        }
+    let Some(listed) = db.released(pass.on_host(&host.name, state.flintlock.list(&host.endpoint(), "", None))).await
+    else {
+        // It failed a call earlier in this pass; its next scan is due after the interval.
+        report.skipped += 1;
+        return Ok(());
     };
+    let all = listed.map_err(|e| ReconcileError::flintlock("list", e))?;
     let managed: Vec<_> = all
         .into_iter()
         .filter_map(|m| {
             let spec = m.spec?;
             let deleting = m.status.as_ref().is_some_and(|s| s.state == MicroVmState::Deleting as i32);
-            (spec.namespace.starts_with(prefix) && !deleting).then_some(spec)
+            let pool_namespace = pass.deployment.pool_namespace(&spec.namespace)?.to_owned();
+            (!deleting).then_some((spec, pool_namespace))
         })
         .collect();
     if managed.is_empty() {
         return Ok(());
     }
-    let ids: Vec<String> = managed.iter().map(|s| s.id.clone()).collect();
+    let ids: Vec<String> = managed.iter().map(|(s, _)| s.id.clone()).collect();
     let rows: HashMap<String, (String, Option<String>)> =
         store::vm_identities(db.client().await?, &ids).await?.into_iter().map(|(id, h, uid)| (id, (h, uid))).collect();
-    for spec in managed {
+    for (spec, pool_namespace) in managed {
         let uid = spec.uid.clone().unwrap_or_default();
         let orphan = match rows.get(&spec.id) {
             None => true,
@@ -94,11 +96,18 @@ async fn scan_host(
         if !orphan || uid.is_empty() {
             continue;
         }
-        if let Err(e) = db.released(state.flintlock.delete(&host.endpoint(), &uid)).await {
-            report.errors.push(format!("deleting orphan {uid} on {}: {e}", host.name));
-            continue;
+        match db.released(pass.on_host(&host.name, state.flintlock.delete(&host.endpoint(), &uid))).await {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                report.errors.push(format!("deleting orphan {uid} on {}: {e}", host.name));
+                continue;
+            }
+            None => {
+                report.skipped += 1;
+                continue;
+            }
         }
-        let pool = pool_of_orphan(prefix, &spec.namespace, &spec.id);
+        let pool = pool_of_orphan(&pool_namespace, &spec.id);
         state.metrics.orphan(&pool.namespace, &pool.name, "deleted");
         report.orphans_deleted += 1;
         tracing::warn!(host = %host.name, id = %spec.id, %uid, "deleted an orphaned microVM");
@@ -123,9 +132,6 @@ mod tests {
     #[test]
     fn orphan_pool_is_derived_from_namespace_and_id() {
         let id = new_vm_id("ci-large");
-        assert_eq!(
-            pool_of_orphan("poolmgr-", "poolmgr-team", &id),
-            PoolRef { namespace: "team".into(), name: "ci-large".into() }
-        );
+        assert_eq!(pool_of_orphan("team", &id), PoolRef { namespace: "team".into(), name: "ci-large".into() });
     }
 }

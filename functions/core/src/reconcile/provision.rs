@@ -22,7 +22,7 @@ use crate::store::{self, HostRow, PoolRow, VmRow};
 
 /// A new VM id: `<pool name>-<lowercase ULID>`, unique across pools and time.
 pub fn new_vm_id(pool: &str) -> String {
-    format!("{pool}-{}", ulid::Ulid::new().to_string().to_lowercase())
+    format!("{pool}-{}", ulid::Ulid::generate().to_string().to_lowercase())
 }
 
 fn nics_json(vm: &flintlock_proto::types::MicroVm) -> serde_json::Value {
@@ -42,7 +42,7 @@ fn nics_json(vm: &flintlock_proto::types::MicroVm) -> serde_json::Value {
 }
 
 /// Why a pool's quarantined VMs stop its replenishment (`POOL_SIZE_BELOW_TARGET`'s reason).
-const BELOW_TARGET_QUARANTINE_FULL: &str = "quarantined VMs fill the pool (quarantined >= size): \
+pub(super) const BELOW_TARGET_QUARANTINE_FULL: &str = "quarantined VMs fill the pool (quarantined >= size): \
      replenishment stopped until they are discarded (DELETE /v1/vms/{id}, poolmgrctl vm delete) or the size is raised";
 /// Why a pool gets no new VM while every host it names is cordoned, unregistered or failing.
 const BELOW_TARGET_NO_HOST: &str = "no eligible flintlock host";
@@ -65,9 +65,15 @@ async fn below_target(
     Ok(())
 }
 
-/// Tops the pool up: as many new VMs as its strategy asks for (`counts` taken after this
-/// pass's other steps), at most `max_creates_per_pool`, each placed, then created. Nothing
-/// while its quarantined VMs fill it (the bound of [`quarantine_full`]).
+/// Tops the pool up: as many new VMs as its strategy asks for (`counts` taken before this
+/// pass's VM steps, which run beside this), at most `max_creates_per_pool`: all placed first
+/// (one statement each, so each placement sees the last), then created side by side, each
+/// waiting for a slot of its host (`Pass::on_host`), so a pool filling on several hosts is
+/// limited by the hosts, not by one create after another. Nothing while its quarantined VMs
+/// fill it (the bound of [`quarantine_full`]).
+/// Placement skips the hosts that are sick in this pass and those an earlier pass found
+/// unreachable a moment ago (`hosts.unreachable_until`), since this runs before the VM steps
+/// could find out.
 pub(super) async fn replenish(
     pass: &Pass<'_>,
     db: &mut StepConn<'_>,
@@ -98,27 +104,57 @@ pub(super) async fn replenish(
         )
         .await?;
     }
+    let mut placed = Vec::new();
+    let mut held_back = None;
     for _ in 0..want {
         if pass.past_deadline() {
             report.deadline_reached = true;
-            return Ok(()); // The next pass goes on; what held the pool back is unknown yet.
+            break;
         }
         let id = new_vm_id(&pool.name);
-        let placed = store::vm_place_and_insert(db.client().await?, &pref, &id, &pass.sick_list()).await?;
-        let Some(vm) = placed else {
-            tracing::info!(pool = %pref, "no eligible flintlock host: every host is cordoned, unregistered or failing");
-            return below_target(db, pool, Some(BELOW_TARGET_NO_HOST), counts).await;
-        };
-        create_vm(pass, db, pool, &vm, hosts.get(&vm.flintlock_host), report).await?;
+        match store::vm_place_and_insert(db.client().await?, &pref, &id, &pass.sick_list()).await? {
+            Some(vm) => placed.push(vm),
+            None => {
+                tracing::info!(pool = %pref, "no eligible flintlock host: every host is cordoned, unregistered or failing");
+                held_back = Some(BELOW_TARGET_NO_HOST);
+                break;
+            }
+        }
+    }
+    // Each create checks out its own connection once flintlock answered.
+    db.release();
+    let mut creates = Vec::with_capacity(placed.len());
+    for vm in &placed {
+        creates.push(create_placed(pass, pool, vm, hosts.get(&vm.flintlock_host)));
+    }
+    let mut result = Ok(());
+    for (r, res) in futures::future::join_all(creates).await {
+        report.merge(r);
+        result = result.and(res);
+    }
+    result?;
+    if report.deadline_reached && held_back.is_none() {
+        return Ok(()); // The next pass goes on; what held the pool back is unknown yet.
     }
     // Placed what it wanted (or wanted nothing): nothing holds the pool back now.
-    below_target(db, pool, None, counts).await
+    below_target(db, pool, held_back, counts).await
 }
 
-fn flintlock_failed(pass: &Pass<'_>, report: &mut PassReport, vm: &VmRow, what: &str, e: &FlintlockError) {
-    if matches!(e, FlintlockError::Unavailable { .. }) {
-        pass.sick(&vm.flintlock_host);
-    }
+/// [`create_vm`] on a connection of its own, for the creates of a pool running side by side.
+async fn create_placed(
+    pass: &Pass<'_>,
+    pool: &PoolRow,
+    vm: &VmRow,
+    host: Option<&HostRow>,
+) -> (PassReport, Result<(), ReconcileError>) {
+    let mut report = PassReport::default();
+    let mut db = StepConn::new(&pass.state.db);
+    let res = create_vm(pass, &mut db, pool, vm, host, &mut report).await;
+    (report, res)
+}
+
+/// A failed call for one VM, reported; an unreachable host was marked sick by `Pass::on_host`.
+fn flintlock_failed(report: &mut PassReport, vm: &VmRow, what: &str, e: &FlintlockError) {
     tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, error = %e, "{what} failed; backing off");
     report.errors.push(format!("{}: {what}: {e}", vm.id));
 }
@@ -136,8 +172,15 @@ async fn create_vm(
     let Some(host) = host else {
         return drop_intent(db, vm, "its host is not registered").await;
     };
-    let spec = pool.microvm_template.to_spec(&vm.id, &state.flintlock_namespace(&pool.namespace));
-    match db.released(state.flintlock.create(&host.endpoint(), spec)).await {
+    let spec = pool.microvm_template.to_spec(&vm.id, &pass.deployment.namespace(&pool.namespace));
+    let Some(created) = db.released(pass.on_host(&host.name, state.flintlock.create(&host.endpoint(), spec))).await
+    else {
+        // The host turned sick since the placement: the row stays without a uid, and a later
+        // pass looks the id up before creating.
+        report.skipped += 1;
+        return Ok(());
+    };
+    match created {
         Ok(m) => {
             let uid = m.spec.as_ref().and_then(|s| s.uid.clone()).unwrap_or_default();
             if uid.is_empty() {
@@ -145,13 +188,14 @@ async fn create_vm(
                 return pass.backoff(db, &vm.id).await;
             }
             store::vm_set_uid(db.client().await?, &vm.id, &uid, EventType::VmProvisioned).await?;
+            pass.count_create(&host.name);
             report.created += 1;
             Ok(())
         }
         Err(e) => {
             // The create may have reached flintlock (a lost reply): the row stays without a
             // uid and the next pass looks the id up before creating again.
-            flintlock_failed(pass, report, vm, "CreateMicroVM", &e);
+            flintlock_failed(report, vm, "CreateMicroVM", &e);
             give_up_or_backoff(pass, db, vm).await
         }
     }
@@ -185,12 +229,21 @@ pub(super) async fn create_or_adopt(
     let Some(host) = hosts.get(&vm.flintlock_host) else {
         return drop_intent(db, vm, "its host is not registered").await;
     };
-    let ns = state.flintlock_namespace(&pool.namespace);
-    match db.released(state.flintlock.list(&host.endpoint(), &ns, Some(&vm.id))).await {
+    // By id in every namespace: the VM is in this deployment's namespace of the pool, or in
+    // the one poolmgr used before deployment ids (a create sent before that upgrade).
+    let Some(listed) =
+        db.released(pass.on_host(&host.name, state.flintlock.list(&host.endpoint(), "", Some(&vm.id)))).await
+    else {
+        report.skipped += 1;
+        return Ok(());
+    };
+    match listed {
         Ok(mut found) => {
             found.retain(|m| {
                 m.status.as_ref().is_none_or(|s| s.state != MicroVmState::Deleting as i32)
-                    && m.spec.as_ref().is_some_and(|s| s.id == vm.id && s.namespace == ns)
+                    && m.spec
+                        .as_ref()
+                        .is_some_and(|s| s.id == vm.id && pass.deployment.holds(&s.namespace, &pool.namespace))
             });
             // Several (a duplicate create): adopt the oldest uid; the orphan scan deletes the rest.
             found.sort_by_key(|m| m.spec.as_ref().and_then(|s| s.uid.clone()));
@@ -207,7 +260,7 @@ pub(super) async fn create_or_adopt(
             }
         }
         Err(e) => {
-            flintlock_failed(pass, report, vm, "ListMicroVMs", &e);
+            flintlock_failed(report, vm, "ListMicroVMs", &e);
             give_up_or_backoff(pass, db, vm).await
         }
     }
@@ -227,10 +280,14 @@ pub(super) async fn poll_provisioning(
         return fail_vm(pass, db, pool, vm, "its host is not registered", report).await;
     };
     let uid = vm.uid.as_deref().unwrap_or_default();
-    let m = match db.released(state.flintlock.get(&host.endpoint(), uid)).await {
+    let Some(got) = db.released(pass.on_host(&host.name, state.flintlock.get(&host.endpoint(), uid))).await else {
+        report.skipped += 1;
+        return Ok(());
+    };
+    let m = match got {
         Ok(m) => m,
         Err(e) => {
-            flintlock_failed(pass, report, vm, "GetMicroVM", &e);
+            flintlock_failed(report, vm, "GetMicroVM", &e);
             return pass.backoff(db, &vm.id).await;
         }
     };

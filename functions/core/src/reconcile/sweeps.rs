@@ -15,39 +15,39 @@ use crate::domain::VmCounts;
 use crate::store::{self, HostRow, PoolRow, VmFinish, VmRow};
 use crate::teardown;
 
-/// Expiry: leases past expires_at go, their VMs become DELETING (deleted later in the same
-/// pool step); leases about to expire get their VM_EXPIRING_SOON event.
-pub(super) async fn expire_leases(
+/// The sweeps of a batch of pools whose reconcile leases this pass just took, each in one
+/// statement for the whole batch: leases past expires_at go and their VMs become DELETING
+/// (deleted later in each pool's step); leases about to expire get their VM_EXPIRING_SOON
+/// event; claims whose function died mid-hook have their VMs deleted, never handed out.
+pub(super) async fn sweep_batch(
     pass: &Pass<'_>,
     db: &mut StepConn<'_>,
-    pref: &PoolRef,
+    pools: &[PoolRef],
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {
     let state = pass.state;
-    let c = db.client().await?;
-    let expired = store::lease_expire_for_pool(c, pref, state.clock.now_param()).await?;
+    let now_param = state.clock.now_param();
+    let expired = {
+        let conn = db.client_mut().await?;
+        let tx = conn.transaction().await?;
+        let expired = store::lease_expire_for_pools(&tx, pools, now_param).await?;
+        tx.commit().await?;
+        expired
+    };
     let now = Utc::now();
     for l in &expired {
-        state.metrics.release(pref, "expiry", Some((now - l.claimed_at).as_seconds_f64()));
+        let pref = l.pool_ref();
+        state.metrics.release(&pref, "expiry", Some((now - l.claimed_at).as_seconds_f64()));
         tracing::info!(pool = %pref, lease = %l.lease_id, vm = %l.vm_id, "lease expired");
     }
     report.expired += expired.len();
     let window = state.config.reconcile.warning_window.as_secs_f64();
-    report.expiry_warnings += store::lease_warn_expiring_for_pool(c, pref, window, state.clock.now_param()).await?;
-    Ok(())
-}
+    report.expiry_warnings +=
+        store::lease_warn_expiring_for_pools(db.client().await?, pools, window, now_param).await?;
 
-/// Claims whose function died mid-hook: their VMs are deleted, never handed out.
-pub(super) async fn recover_abandoned_claims(
-    pass: &Pass<'_>,
-    db: &mut StepConn<'_>,
-    pref: &PoolRef,
-) -> Result<(), ReconcileError> {
-    let after = pass.state.config.hooks.claim_abandon_after.as_secs_f64();
-    let abandoned =
-        store::vm_recover_abandoned_claims(db.client().await?, pref, after, pass.state.clock.now_param()).await?;
-    for id in &abandoned {
-        tracing::warn!(pool = %pref, vm = %id, "claim abandoned mid pre-lease hook; deleting the VM");
+    let after = state.config.hooks.claim_abandon_after.as_secs_f64();
+    for vm in store::vm_recover_abandoned_claims(db.client().await?, pools, after, now_param).await? {
+        tracing::warn!(pool = %vm.pool_ref(), vm = %vm.id, "claim abandoned mid pre-lease hook; deleting the VM");
     }
     Ok(())
 }
@@ -63,7 +63,12 @@ pub(super) async fn delete_vm(
 ) -> Result<(), ReconcileError> {
     let state = pass.state;
     // The teardown checks out its own connection once flintlock answered.
-    match db.released(teardown::finish_vm_delete(&state.flintlock, &state.db, vm, host)).await {
+    let teardown = teardown::finish_vm_delete(&state.flintlock, &state.db, vm, host);
+    let Some(finished) = db.released(pass.on_host(&vm.flintlock_host, teardown)).await else {
+        report.skipped += 1;
+        return Ok(());
+    };
+    match finished {
         Ok(VmFinish::Removed { lease, .. }) => {
             report.deleted += 1;
             if let Some(l) = lease {
@@ -75,7 +80,7 @@ pub(super) async fn delete_vm(
         }
         Ok(VmFinish::Gone) => Ok(()),
         Err(e) => {
-            pass.sick(&vm.flintlock_host);
+            // An unreachable host was marked sick by `on_host`.
             tracing::warn!(vm = %vm.id, error = %e, "delete failed; backing off");
             pass.backoff(db, &vm.id).await
         }

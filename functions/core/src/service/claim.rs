@@ -252,7 +252,7 @@ async fn take_and_finish(state: &AppState, principal: &Principal, req: &ClaimReq
     let taken = {
         let conn = state.conn().await?;
         match store::vm_claim_for_hook(&conn, &req.pool, &principal.name, rid).await {
-            Err(StoreError::UniqueViolation(_)) => return Ok(HookStep::Raced),
+            Err(StoreError::UniqueViolation { .. }) => return Ok(HookStep::Raced),
             other => other?,
         }
     };

@@ -2,15 +2,21 @@
 
 use serde::Deserialize;
 use utoipa::ToSchema;
+use utoipa::openapi::ObjectBuilder;
+use utoipa::openapi::schema::{AllOfBuilder, OneOfBuilder};
 
 use crate::api::Host;
 use crate::app::AppState;
-use crate::domain::{HostExec, Name, validate_name};
+use crate::domain::{HostExec, NAME_PATTERN, Name, validate_name};
 use crate::error::ApiError;
-use crate::store::{self, HostDelete, HostWrite};
+use crate::rules::{
+    BasicAuthToken, HOST_ADDRESS, HostAddress, MAX_BASIC_AUTH_TOKEN_CHARS, MAX_HOST_ADDRESS_CHARS, MAX_PEM_CHARS,
+    NO_CONTROL, PEM, Pem, null, reference, schema_only, string,
+};
+use crate::store::{self, HostDelete, HostWrite, StoreError};
 
 /// How to reach a flintlockd: plaintext (`insecure`), or TLS with a CA and optionally a
-/// client certificate. PEM blocks are at most 16 KiB.
+/// client certificate (see [`TlsRules`]).
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = HostTlsSpec)]
@@ -18,30 +24,62 @@ pub struct HostTls {
     #[serde(default)]
     pub insecure: bool,
     #[serde(default)]
+    #[schema(value_type = Option<Pem>)]
     pub ca_pem: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Option<Pem>)]
     pub cert_pem: Option<String>,
     #[serde(default)]
+    #[schema(value_type = Option<Pem>)]
     pub key_pem: Option<String>,
+}
+
+schema_only! {
+    /// A [`HostTls`] as [`HostSpec::validate`] accepts it: `insecure: true` and no PEM, or a
+    /// CA with an optional client certificate and key (both or neither).
+    TlsRules [HostTls] = AllOfBuilder::new().item(reference::<HostTls>()).item(
+        OneOfBuilder::new().item(tls_way(true, false, false)).item(tls_way(false, true, false)).item(tls_way(false, true, true)),
+    );
+
+    /// The body of `POST /v1/hosts`: a [`HostSpec`] with its `name`. (HostSpec's own example
+    /// has none: a PUT's body may leave it out, and one naming another host is refused.)
+    HostCreate [HostSpec] = AllOfBuilder::new()
+        .item(reference::<HostSpec>())
+        .item(ObjectBuilder::new().property("name", string().pattern(Some(NAME_PATTERN))).required("name"))
+        .examples([serde_json::json!({"name": "spare", "address": "127.0.0.1:9", "tls": {"insecure": true}})]);
+}
+
+/// One way [`TlsRules`] allows: `insecure` (required when true), a CA, a client certificate
+/// and key; each PEM either required or absent.
+fn tls_way(insecure: bool, ca: bool, cert_and_key: bool) -> ObjectBuilder {
+    let flag = ObjectBuilder::new().schema_type(utoipa::openapi::Type::Boolean).enum_values(Some([insecure]));
+    let mut way = ObjectBuilder::new().property("insecure", flag);
+    if insecure {
+        way = way.required("insecure");
+    }
+    for (field, has) in [("ca_pem", ca), ("cert_pem", cert_and_key), ("key_pem", cert_and_key)] {
+        way = if has { way.property(field, string()).required(field) } else { way.property(field, null()) };
+    }
+    way
 }
 
 /// A host as written by a client. `tls` omitted means a plaintext (`--insecure`) flintlockd.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"name": "spare", "address": "127.0.0.1:9", "tls": {"insecure": true}}))]
+#[schema(example = json!({"address": "127.0.0.1:9", "tls": {"insecure": true}}))]
 pub struct HostSpec {
     /// Required to create; on update it may be given and must match the path.
     #[serde(default)]
     #[schema(value_type = Option<Name>, inline)]
     pub name: Option<String>,
-    /// `host:port` of flintlockd's gRPC API, no scheme.
-    #[schema(max_length = 255)]
+    #[schema(value_type = HostAddress)]
     pub address: String,
+    /// Omitted or null: a plaintext (`--insecure`) flintlockd.
     #[serde(default)]
+    #[schema(value_type = Option<TlsRules>, inline)]
     pub tls: Option<HostTls>,
-    /// Write-only: never returned.
     #[serde(default)]
-    #[schema(min_length = 1, max_length = 1024)]
+    #[schema(value_type = Option<BasicAuthToken>)]
     pub basic_auth_token: Option<String>,
     /// Whether this host can run hooks (create and pre-lease commands): `auto` asks its
     /// ServerInfo when a pool with hooks names it; `enabled` / `disabled` declares it,
@@ -51,27 +89,23 @@ pub struct HostSpec {
     pub exec: HostExec,
 }
 
-const MAX_PEM_BYTES: usize = 16 * 1024;
-
 impl HostSpec {
     fn validate(&self) -> Result<HostTls, ApiError> {
         let bad = |m: String| ApiError::InvalidArgument(m);
-        let (host, port) = self
-            .address
-            .rsplit_once(':')
-            .ok_or_else(|| bad(format!("address {:?} must be host:port", self.address)))?;
-        if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) || self.address.len() > 255 {
-            return Err(bad(format!("address {:?} must be host:port with a port between 1 and 65535", self.address)));
-        }
-        if self.address.contains('/') || self.address.chars().any(char::is_whitespace) {
-            return Err(bad(format!("address {:?} must be host:port, without a scheme or path", self.address)));
+        if !HOST_ADDRESS.is_match(&self.address) || self.address.len() > MAX_HOST_ADDRESS_CHARS {
+            return Err(bad(format!(
+                "address {:?} must be host:port (at most {MAX_HOST_ADDRESS_CHARS} ASCII characters, no scheme, path or space) with a port between 1 and 65535",
+                self.address
+            )));
         }
         let tls = self.tls.clone().unwrap_or(HostTls { insecure: true, ..Default::default() });
         for (field, v) in [("tls.ca_pem", &tls.ca_pem), ("tls.cert_pem", &tls.cert_pem), ("tls.key_pem", &tls.key_pem)]
         {
             if let Some(v) = v {
-                if !v.contains("-----BEGIN ") || v.len() > MAX_PEM_BYTES {
-                    return Err(bad(format!("{field} must be a PEM block of at most {MAX_PEM_BYTES} bytes")));
+                if !PEM.is_match(v) || v.len() > MAX_PEM_CHARS {
+                    return Err(bad(format!(
+                        "{field} must be a PEM block (ASCII, with a -----BEGIN line) of at most {MAX_PEM_CHARS} characters"
+                    )));
                 }
                 if tls.insecure {
                     return Err(bad(format!("{field} makes no sense with tls.insecure=true")));
@@ -87,9 +121,11 @@ impl HostSpec {
             ));
         }
         if let Some(t) = &self.basic_auth_token
-            && (t.is_empty() || t.len() > 1024 || t.chars().any(|c| c.is_control()))
+            && (t.is_empty() || t.chars().count() > MAX_BASIC_AUTH_TOKEN_CHARS || !NO_CONTROL.is_match(t))
         {
-            return Err(bad("basic_auth_token must be 1-1024 printable characters".into()));
+            return Err(bad(format!(
+                "basic_auth_token must be 1-{MAX_BASIC_AUTH_TOKEN_CHARS} characters without control characters"
+            )));
         }
         Ok(tls)
     }
@@ -112,12 +148,36 @@ fn write<'a>(name: &'a str, spec: &'a HostSpec, tls: &'a HostTls) -> HostWrite<'
     }
 }
 
+/// A write refused because another host has the address: ALREADY_EXISTS, naming that host.
+/// One record per flintlockd: two would each take the other's VMs for VMs "on another host"
+/// and delete them as orphans.
+async fn address_taken(state: &AppState, e: StoreError, address: &str) -> ApiError {
+    match e {
+        StoreError::UniqueViolation { constraint, .. } if constraint == store::HOSTS_ADDRESS_KEY => {
+            let owner = match state.conn().await {
+                Ok(conn) => store::host_name_by_address(&conn, address).await.ok().flatten(),
+                Err(_) => None,
+            };
+            ApiError::AlreadyExists(format!(
+                "address {address} is already registered as host {}: register each flintlockd once",
+                owner.as_deref().unwrap_or("(another host)")
+            ))
+        }
+        e => e.into(),
+    }
+}
+
 pub async fn create(state: &AppState, spec: HostSpec) -> Result<Host, ApiError> {
     let name = spec.name.clone().ok_or_else(|| ApiError::InvalidArgument("name is required".into()))?;
     validate_name("name", &name).map_err(ApiError::InvalidArgument)?;
     let tls = spec.validate()?;
-    let conn = state.conn().await?;
-    let (row, n) = store::host_insert(&conn, &write(&name, &spec, &tls)).await?.ok_or_else(|| {
+    // The connection goes back before `address_taken` takes one (a pool may have only one).
+    let inserted = store::host_insert(&state.conn().await?, &write(&name, &spec, &tls)).await;
+    let inserted = match inserted {
+        Ok(r) => r,
+        Err(e) => return Err(address_taken(state, e, &spec.address).await),
+    };
+    let (row, n) = inserted.ok_or_else(|| {
         ApiError::AlreadyExists(format!("host {name} already exists: use PUT /v1/hosts/{name} to change it"))
     })?;
     tracing::info!(host = %name, address = %row.address, exec = %row.exec, "host registered");
@@ -134,8 +194,12 @@ pub async fn update(state: &AppState, name: &str, spec: HostSpec) -> Result<Host
         )));
     }
     let tls = spec.validate()?;
-    let conn = state.conn().await?;
-    let (row, n) = store::host_update(&conn, &write(name, &spec, &tls)).await?.ok_or_else(|| not_found(name))?;
+    let updated = store::host_update(&state.conn().await?, &write(name, &spec, &tls)).await;
+    let updated = match updated {
+        Ok(r) => r,
+        Err(e) => return Err(address_taken(state, e, &spec.address).await),
+    };
+    let (row, n) = updated.ok_or_else(|| not_found(name))?;
     tracing::info!(host = %name, address = %row.address, exec = %row.exec, "host updated");
     Ok(Host::new(&row, n))
 }

@@ -17,8 +17,8 @@ use crate::error::ApiError;
 use crate::store::{self, VmFinish};
 use crate::teardown::{self, TeardownError};
 
-pub const DEFAULT_PAGE_SIZE: i64 = 100;
-pub const MAX_PAGE_SIZE: i64 = 1000;
+pub use crate::rules::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
+use crate::rules::{MAX_PAGE_TOKEN_CHARS, PAGE_TOKEN};
 
 fn lease_not_found(id: &LeaseId) -> ApiError {
     ApiError::NotFound(format!("lease {} not found", id.as_str()))
@@ -50,8 +50,8 @@ fn page_after(page_token: Option<&str>) -> Result<Option<LeaseId>, ApiError> {
     let Some(token) = page_token.filter(|t| !t.is_empty()) else {
         return Ok(None);
     };
-    // The longest lease id (64 bytes) encodes to 86 characters: no need to decode more.
-    (token.len() <= 86)
+    // The longest lease id encodes to MAX_PAGE_TOKEN_CHARS: no need to decode more.
+    (PAGE_TOKEN.is_match(token) && token.len() <= MAX_PAGE_TOKEN_CHARS)
         .then(|| URL_SAFE_NO_PAD.decode(token).ok())
         .flatten()
         .and_then(|bytes| String::from_utf8(bytes).ok())

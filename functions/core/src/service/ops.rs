@@ -1,15 +1,18 @@
-//! Operations: the health check's database round trip and the Prometheus text of
-//! `/metrics`. Reads only: nothing here may write.
+//! Operations: the readiness check (the database answers and has this binary's schema) and
+//! the Prometheus text of `/metrics`. Reads only: nothing here may write. Liveness needs
+//! nothing from here: a process that answers is alive.
 
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::store;
+use crate::{db, store};
 
-/// One round trip to the database: `Ok` when it answers.
-pub async fn health(state: &AppState) -> Result<(), ApiError> {
+/// Ready to serve: the database answers and its newest applied migration is this binary's
+/// newest ([`db::schema_current`]). Checked on every call, so a database migrated by another
+/// build after this process connected makes it unready too.
+pub async fn ready(state: &AppState) -> Result<(), ApiError> {
     let conn = state.conn().await?;
-    store::ping(&conn).await?;
-    Ok(())
+    let applied = store::schema_latest_applied(&conn).await?;
+    db::schema_current(applied).map_err(|e| ApiError::unavailable(e.to_string(), &e))
 }
 
 /// The Prometheus text exposition (format 0.0.4): this process's counters, then the pool

@@ -154,18 +154,31 @@ pub async fn list(state: &AppState, namespace: Option<&str>) -> Result<Vec<Pool>
     Ok(store::pool_list(&conn, namespace).await?.into_iter().map(|(r, s)| Pool::new(&r, s)).collect())
 }
 
+/// The rows of a pool delete, in one transaction: committed when the pool was deleted,
+/// rolled back (dropped) when it was refused or not found.
+async fn delete_rows(state: &AppState, pool: &PoolRef, force: bool) -> store::Result<PoolDelete> {
+    let mut conn = state.db.get().await?;
+    let tx = conn.transaction().await?;
+    let outcome = store::pool_delete_and_mark_vms(&tx, pool, force).await?;
+    if matches!(outcome, PoolDelete::Deleted { .. }) {
+        tx.commit().await?;
+    }
+    Ok(outcome)
+}
+
 /// Deletes a pool: its row goes, every VM becomes DELETING and every lease is removed in one
 /// transaction; then each VM is deleted in flintlock, best effort. A VM whose delete fails
 /// stays DELETING and the reconciler finishes it.
+///
+/// The transaction runs a second time when the database rolled it back for a deadlock or a
+/// serialization failure (nothing of it was kept, and nothing outside the database happened
+/// yet); a second such failure answers 503 with Retry-After.
 pub async fn delete(state: &AppState, pool: &PoolRef, force: bool) -> Result<(), ApiError> {
     let state = state.clone();
     let pool = pool.clone();
     super::detached(async move {
-        let mut conn = state.conn().await?;
-        let tx = conn.transaction().await?;
-        let (vms, leases) = match store::pool_delete_and_mark_vms(&tx, &pool, force).await? {
+        let (vms, leases) = match store::retry_once(|| delete_rows(&state, &pool, force)).await? {
             PoolDelete::NotFound => return Err(not_found(&pool)),
-            // Dropping the transaction rolls the pool row back.
             PoolDelete::HasLeasedVms(n) => {
                 return Err(ApiError::FailedPrecondition(format!(
                     "pool {pool} has {n} leased VM(s): release them or delete with force=true"
@@ -173,8 +186,6 @@ pub async fn delete(state: &AppState, pool: &PoolRef, force: bool) -> Result<(),
             }
             PoolDelete::Deleted { vms, leases } => (vms, leases),
         };
-        tx.commit().await?;
-        drop(conn);
         let now = chrono::Utc::now();
         for l in &leases {
             state.metrics.release(&pool, "pool_delete", Some((now - l.claimed_at).as_seconds_f64()));

@@ -70,14 +70,11 @@ pub async fn lease_claim(
     principal: &str,
 ) -> Result<ClaimOutcome> {
     let row = if prepare {
-        let stmt =
-            timed(c.limits(), c.pg(), c.wrapper().prepare_typed_cached(LEASE_CLAIM_SQL, &[Type::TEXT; 5])).await?;
-        timed(
-            c.limits(),
-            c.pg(),
-            c.pg().query_one(&stmt, &[&pool.namespace, &pool.name, &lease_id, &request_id, &principal]),
-        )
-        .await?
+        let cached = c.wrapper();
+        let stmt = timed(c, || cached.prepare_typed_cached(LEASE_CLAIM_SQL, &[Type::TEXT; 5])).await?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+            [&pool.namespace, &pool.name, &lease_id, &request_id, &principal];
+        timed(c, || c.pg().query_one(&stmt, &params)).await?
     } else {
         c.timed_query_one(
             LEASE_CLAIM_SQL,

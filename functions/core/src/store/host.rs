@@ -30,6 +30,9 @@ pub struct HostRow {
     pub flintlock_version: Option<String>,
     pub exec_unavailable_reason: Option<String>,
     pub checked_at: Option<DateTime<Utc>>,
+    /// A reconcile pass could not reach it: no new VMs on it until then (V9).
+    #[serde(default)]
+    pub unreachable_until: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -82,7 +85,19 @@ fn host_with_count(row: &Row) -> Result<(HostRow, i64)> {
     Ok((json_req(row, "host")?, row.try_get("vm_count")?))
 }
 
-/// Inserts a host, uncordoned; `None` if the name is taken.
+/// The unique index on `lower(address)` (V9): one host record per flintlockd. A host insert
+/// or update that would repeat an address fails with [`super::StoreError::UniqueViolation`] naming it.
+pub const HOSTS_ADDRESS_KEY: &str = "hosts_address_key";
+
+/// The name of the host registered at `address` (compared without case), if any.
+pub async fn host_name_by_address(c: &impl Executor, address: &str) -> Result<Option<String>> {
+    let row =
+        c.timed_query_opt("SELECT name FROM hosts WHERE lower(address) = lower($1)", &[(&address, Type::TEXT)]).await?;
+    Ok(row.map(|r| r.get(0)))
+}
+
+/// Inserts a host, uncordoned; `None` if the name is taken. An address another host has
+/// fails with [`super::StoreError::UniqueViolation`] on [`HOSTS_ADDRESS_KEY`].
 pub async fn host_insert(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
     let row = c
         .timed_query_opt(
@@ -106,7 +121,8 @@ pub async fn host_insert(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<
 }
 
 /// Replaces address, TLS, token and exec declaration; keeps the cordon state and what the
-/// last ServerInfo probe said. `None` if unknown.
+/// last ServerInfo probe said. `None` if unknown. An address another host has fails with
+/// [`super::StoreError::UniqueViolation`] on [`HOSTS_ADDRESS_KEY`].
 pub async fn host_update(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
     let sql = format!(
         "UPDATE hosts AS h SET address = $2, tls_insecure = $3, ca_pem = $4, cert_pem = $5,
@@ -213,6 +229,27 @@ pub async fn host_take_scan(
         )
         .await?;
     row.as_ref().map(|r| json_req(r, "host")).transpose()
+}
+
+/// Records that a call to host `name` found it unreachable: no placements on it for
+/// `for_seconds` ([`super::vm_place_and_insert`]).
+pub async fn host_mark_unreachable(c: &impl Executor, name: &str, for_seconds: f64) -> Result<()> {
+    c.timed_execute(
+        "UPDATE hosts SET unreachable_until = now() + make_interval(secs => $2) WHERE name = $1",
+        &[(&name, Type::TEXT), (&for_seconds, Type::FLOAT8)],
+    )
+    .await?;
+    Ok(())
+}
+
+/// A call reached host `name` again: placements on it are fine again.
+pub async fn host_clear_unreachable(c: &impl Executor, name: &str) -> Result<()> {
+    c.timed_execute(
+        "UPDATE hosts SET unreachable_until = NULL WHERE name = $1 AND unreachable_until IS NOT NULL",
+        &[(&name, Type::TEXT)],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Stores what a ServerInfo probe of a host said.

@@ -153,7 +153,7 @@ pub async fn lease_delete(c: &impl Executor, lease_id: &str) -> Result<Option<Le
 
 /// What an expiry does after the CTE `exp` deleted the expired leases: their VMs → DELETING,
 /// one VM_DELETED_DUE_TO_EXPIRY each, and the leases returned. The one definition behind the
-/// sweep ([`lease_expire_for_pool`]) and a claim's expiry of one lease ([`lease_expire_one`]).
+/// sweep ([`lease_expire_for_pools`]) and a claim's expiry of one lease ([`lease_expire_one`]).
 const LEASE_EXPIRE_REST: &str = ", v AS (
                  UPDATE vms SET phase = 'DELETING', updated_at = now(), attempts = 0, next_attempt_at = NULL
                  FROM exp WHERE vms.id = exp.vm_id
@@ -164,34 +164,70 @@ const LEASE_EXPIRE_REST: &str = ", v AS (
              )
              SELECT to_jsonb(exp) AS lease FROM exp";
 
-/// Expires a pool's leases with `expires_at <= now()`: lease removed, VM → DELETING and
-/// VM_DELETED_DUE_TO_EXPIRY, in one statement. A concurrent heartbeat either commits first
-/// (and the lease is no longer expired when this re-checks it) or finds the lease gone.
-pub async fn lease_expire_for_pool(
+/// Expires the leases of `pools` with `expires_at <= now()`, every pool's in the same two
+/// statements (a pass expires the leases of a batch of pools at once): lease removed, VM →
+/// DELETING and VM_DELETED_DUE_TO_EXPIRY. A concurrent heartbeat either commits first (and
+/// the lease is no longer expired when this re-checks it) or finds the lease gone.
+///
+/// Must run inside a transaction, in two statements, for the lock order: the expired
+/// leases' VM rows are locked first (by id, across the pools), then the leases are deleted,
+/// the order of a forced pool delete ([`super::pool_delete_and_mark_vms`]: VMs, then leases).
+/// One statement deleting the leases and then updating their VMs took them the other way
+/// round, and a forced delete of the same pool deadlocked with it. A data-modifying CTE
+/// gives no order guarantee, hence the separate statement.
+pub async fn lease_expire_for_pools(
     c: &impl Executor,
-    pool: &PoolRef,
+    pools: &[PoolRef],
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<LeaseRow>> {
+    let (namespaces, names) = super::pool::pool_keys(pools);
+    let locked: Vec<String> = c
+        .timed_query(
+            "SELECT v.id FROM vms v JOIN leases l ON l.vm_id = v.id
+             WHERE (l.pool_namespace, l.pool_name) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+               -- $3: the clock's now (NULL: the database's).
+               AND l.expires_at <= coalesce($3, now())
+             ORDER BY v.id
+             FOR UPDATE OF v",
+            &[(&namespaces, Type::TEXT_ARRAY), (&names, Type::TEXT_ARRAY), (&now, Type::TIMESTAMPTZ)],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     let rows = c
         .timed_query(
             &format!(
                 "WITH exp AS (
-                     -- $3: the clock's now (NULL: the database's).
-                     DELETE FROM leases WHERE pool_namespace = $1 AND pool_name = $2
+                     -- Only leases whose VM row is locked above (or that have none): a lease that
+                     -- expired since would be taken before its VM.
+                     DELETE FROM leases l
+                     WHERE (pool_namespace, pool_name) IN (SELECT * FROM unnest($1::text[], $2::text[]))
                        AND expires_at <= coalesce($3, now())
+                       AND (vm_id = ANY ($4) OR NOT EXISTS (SELECT 1 FROM vms v WHERE v.id = l.vm_id))
                      RETURNING *
                  ){LEASE_EXPIRE_REST}"
             ),
-            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&now, Type::TIMESTAMPTZ)],
+            &[
+                (&namespaces, Type::TEXT_ARRAY),
+                (&names, Type::TEXT_ARRAY),
+                (&now, Type::TIMESTAMPTZ),
+                (&locked, Type::TEXT_ARRAY),
+            ],
         )
         .await?;
     rows.iter().map(|r| json_req(r, "lease")).collect()
 }
 
-/// Expires one lease, if it is past `expires_at`, exactly as [`lease_expire_for_pool`] does
+/// Expires one lease, if it is past `expires_at`, exactly as [`lease_expire_for_pools`] does
 /// for a pool (lease removed, VM → DELETING, VM_DELETED_DUE_TO_EXPIRY; same lock order: the
-/// lease row, then the VM row): for a claim whose request_id's lease expired before the sweep
+/// VM row, then the lease row): for a claim whose request_id's lease expired before the sweep
 /// came. `None` when it is no longer there (the sweep was first) or not expired.
+///
+/// One statement, the VM locked first all the same: the DELETE locks a lease row only once
+/// its scan has returned it, and the scan returns it only after checking it against `vm`,
+/// which has locked the VM row by then (`vm` is read, not data-modifying, so it runs when the
+/// DELETE asks for it).
 pub async fn lease_expire_one(
     c: &impl Executor,
     lease_id: &str,
@@ -200,9 +236,14 @@ pub async fn lease_expire_one(
     let row = c
         .timed_query_opt(
             &format!(
-                "WITH exp AS (
+                "WITH vm AS (
+                     SELECT v.id FROM leases l JOIN vms v ON v.id = l.vm_id
                      -- $2: the clock's now (NULL: the database's).
-                     DELETE FROM leases WHERE lease_id = $1 AND expires_at <= coalesce($2, now())
+                     WHERE l.lease_id = $1 AND l.expires_at <= coalesce($2, now())
+                     FOR UPDATE OF v
+                 ), exp AS (
+                     DELETE FROM leases l WHERE lease_id = $1 AND expires_at <= coalesce($2, now())
+                       AND (vm_id IN (SELECT id FROM vm) OR NOT EXISTS (SELECT 1 FROM vms v WHERE v.id = l.vm_id))
                      RETURNING *
                  ){LEASE_EXPIRE_REST}"
             ),
@@ -212,17 +253,19 @@ pub async fn lease_expire_one(
     row.as_ref().map(|r| json_req(r, "lease")).transpose()
 }
 
-/// Writes VM_EXPIRING_SOON once per expiry deadline for leases expiring within `window`.
-pub async fn lease_warn_expiring_for_pool(
+/// Writes VM_EXPIRING_SOON once per expiry deadline for the leases of `pools` expiring
+/// within `window`, every pool's in one statement.
+pub async fn lease_warn_expiring_for_pools(
     c: &impl Executor,
-    pool: &PoolRef,
+    pools: &[PoolRef],
     window_seconds: f64,
     now: Option<DateTime<Utc>>,
 ) -> Result<u64> {
+    let (namespaces, names) = super::pool::pool_keys(pools);
     c.timed_execute(
         "WITH w AS (
                  UPDATE leases SET warned_expires_at = expires_at
-                 WHERE pool_namespace = $1 AND pool_name = $2
+                 WHERE (pool_namespace, pool_name) IN (SELECT * FROM unnest($1::text[], $2::text[]))
                    -- $4: the clock's now (NULL: the database's).
                    AND expires_at > coalesce($4, now())
                    AND expires_at <= coalesce($4, now()) + make_interval(secs => $3)
@@ -234,8 +277,8 @@ pub async fn lease_warn_expiring_for_pool(
                     jsonb_build_object('expires_at', w.expires_at)
              FROM w",
         &[
-            (&pool.namespace, Type::TEXT),
-            (&pool.name, Type::TEXT),
+            (&namespaces, Type::TEXT_ARRAY),
+            (&names, Type::TEXT_ARRAY),
             (&window_seconds, Type::FLOAT8),
             (&now, Type::TIMESTAMPTZ),
         ],

@@ -18,7 +18,10 @@
 //! Every statement is issued through [`Timed`] (`timed_query`, `timed_query_one`, …), which
 //! bounds it by the client-side statement timeout of the executor's database handle
 //! ([`Limits`]): a server-side `statement_timeout` would need session state or a startup
-//! parameter that transaction poolers drop or refuse.
+//! parameter that transaction poolers drop or refuse. A connection whose statement was
+//! abandoned at that timeout is discarded; a statement that is its own transaction runs once
+//! more after a deadlock or serialization failure ([`timed`]), and [`retry_once`] does that
+//! for a caller's whole transaction.
 //!
 //! The store never decides what a result means to a client (404 or 409, retry or not: that
 //! is `service`'s and `reconcile`'s), and never lets a `tokio_postgres` error out untranslated.
@@ -28,7 +31,7 @@
 //! One file per table: its row type and every statement named after it, whoever calls the
 //! statement (`vm_*` is in `vm.rs`, whether the HTTP API or the reconciler runs it). A
 //! statement that touches several tables lives with the entity it is named after
-//! (`pool_delete_and_mark_vms` in `pool.rs`, `lease_expire_for_pool` in `lease.rs`).
+//! (`pool_delete_and_mark_vms` in `pool.rs`, `lease_expire_for_pools` in `lease.rs`).
 //!
 //! - `pool.rs`: `pools`. [`PoolRow`], [`PoolStatus`]; create, update, get, list, delete; the
 //!   reconcile lease a pass takes on a pool, and why the pass holds it below its target.
@@ -42,14 +45,16 @@
 //!   release, expiry and its warning.
 //! - `event.rs`: `events`. [`EventRow`]; insert, the feed (its horizon and list) and the
 //!   retention prune.
+//! - `deployment.rs`: `deployment`, the one row with this deployment's id.
 //! - `claim.rs`: the claim statements, which write `leases`, `vms` and `events` at once:
 //!   [`LEASE_CLAIM_SQL`] and [`lease_claim`], and the two-phase claim of pools with pre-lease
 //!   hooks ([`vm_claim_for_hook`], [`lease_insert_after_hook`]); what a duplicate of a claim
 //!   in flight reads and waits on ([`claim_get_by_request_id`], [`vm_wait_for_claimers`]).
 //! - `rows.rs`: [`LeaseRow`], kept below `vm.rs` and `lease.rs` because each of those returns
 //!   the other's row (no import circle).
-//! - this file: [`StoreError`] and [`interpret`], [`Executor`], [`Limits`] and [`Timed`], the
-//!   jsonb row decoding, [`ping`].
+//! - this file: [`StoreError`] and [`interpret`], [`Executor`], [`Limits`], [`Timed`] and
+//!   [`retry_once`], the jsonb row decoding, [`ping`], and [`schema_latest_applied`]
+//!   (refinery's history table, which `db` owns, read for the readiness check).
 
 use std::future::Future;
 use std::time::Duration;
@@ -59,6 +64,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row};
 
 mod claim;
+mod deployment;
 mod event;
 mod host;
 mod lease;
@@ -67,6 +73,7 @@ mod rows;
 mod vm;
 
 pub use claim::*;
+pub use deployment::*;
 pub use event::*;
 pub use host::*;
 pub use lease::*;
@@ -79,13 +86,29 @@ pub enum StoreError {
     /// The database could not be reached or dropped the connection: a retry may succeed.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// The database refused the statement for now, and nothing it did was kept: a deadlock
+    /// (40P01) or a serialization failure (40001), where running the statement or its
+    /// transaction again is the documented remedy ([`StoreError::retry_at_once`]), or a
+    /// cancelled statement (57014) or a lock it could not get (55P03), where the same wait
+    /// would likely happen again: the client backs off instead. Answered 503 with Retry-After.
+    #[error("database busy ({code}): {message}")]
+    Busy { code: String, message: String },
+    /// A unique constraint or index refused a row (`23505`): another transaction committed
+    /// the same key first. `constraint` names it; what that means is the caller's to say (a
+    /// claim's first transaction: a duplicate of its request_id is already running its hook;
+    /// a host write: another host has that address).
+    #[error("database refused a duplicate ({constraint}): {message}")]
+    UniqueViolation { constraint: String, message: String },
     #[error("database error: {0}")]
     Db(String),
-    /// A unique index refused a row (`23505`): another transaction committed the same key
-    /// first. Which key, and what that means, is the caller's to say (a claim's first
-    /// transaction: a duplicate of its request_id is already running its hook).
-    #[error("unique violation: {0}")]
-    UniqueViolation(String),
+}
+
+impl StoreError {
+    /// A deadlock or serialization failure: PostgreSQL rolled the statement (its whole
+    /// transaction) back, and running it again at once is expected to succeed.
+    pub fn retry_at_once(&self) -> bool {
+        matches!(self, StoreError::Busy { code, .. } if code == "40P01" || code == "40001")
+    }
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -96,20 +119,34 @@ pub fn interpret(e: tokio_postgres::Error) -> StoreError {
     if e.is_closed() {
         return StoreError::Unavailable(e.to_string());
     }
-    match e.code() {
-        // No SQLSTATE: an I/O or protocol failure talking to the server.
-        None => StoreError::Unavailable(e.to_string()),
-        Some(c)
-            if c.code().starts_with("08")
-                || *c == SqlState::ADMIN_SHUTDOWN
-                || *c == SqlState::CRASH_SHUTDOWN
-                || *c == SqlState::CANNOT_CONNECT_NOW
-                || *c == SqlState::TOO_MANY_CONNECTIONS =>
-        {
-            StoreError::Unavailable(e.to_string())
-        }
-        Some(c) if *c == SqlState::UNIQUE_VIOLATION => StoreError::UniqueViolation(e.to_string()),
-        Some(_) => StoreError::Db(e.to_string()),
+    let Some(c) = e.code() else {
+        // No SQLSTATE: an I/O, TLS or protocol failure talking to the server. Its source says
+        // which (tokio-postgres's own text is only "error performing TLS handshake").
+        return StoreError::Unavailable(match std::error::Error::source(&e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        });
+    };
+    // The server's own text (`e.to_string()` is only "db error" for a server error).
+    let message = e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_owned());
+    if c.code().starts_with("08")
+        || *c == SqlState::ADMIN_SHUTDOWN
+        || *c == SqlState::CRASH_SHUTDOWN
+        || *c == SqlState::CANNOT_CONNECT_NOW
+        || *c == SqlState::TOO_MANY_CONNECTIONS
+    {
+        StoreError::Unavailable(message)
+    } else if *c == SqlState::T_R_DEADLOCK_DETECTED
+        || *c == SqlState::T_R_SERIALIZATION_FAILURE
+        || *c == SqlState::QUERY_CANCELED
+        || *c == SqlState::LOCK_NOT_AVAILABLE
+    {
+        StoreError::Busy { code: c.code().to_owned(), message }
+    } else if *c == SqlState::UNIQUE_VIOLATION {
+        let constraint = e.as_db_error().and_then(|d| d.constraint()).unwrap_or_default().to_owned();
+        StoreError::UniqueViolation { constraint, message }
+    } else {
+        StoreError::Db(format!("{message} (SQLSTATE {})", c.code()))
     }
 }
 
@@ -163,6 +200,16 @@ pub trait Executor: Send + Sync {
     fn pg(&self) -> &Self::Client;
     /// The limits every statement on it runs under.
     fn limits(&self) -> Limits;
+    /// Statements run inside an explicit transaction: one that fails has aborted the whole
+    /// transaction, so it cannot be run again on its own ([`timed`] retries only statements
+    /// that are their own transaction).
+    fn in_transaction(&self) -> bool {
+        false
+    }
+    /// A statement on this connection was abandoned at the client-side timeout: the
+    /// connection must never run another statement (see [`timed`]). A no-op for clients the
+    /// store does not pool.
+    fn discard(&self) {}
 }
 
 impl Executor for tokio_postgres::Client {
@@ -183,27 +230,57 @@ impl<'a> Executor for tokio_postgres::Transaction<'a> {
     fn limits(&self) -> Limits {
         Limits::NONE
     }
+    fn in_transaction(&self) -> bool {
+        true
+    }
 }
 
-/// Runs one statement under `limits`. Past the timeout the statement's future is dropped
-/// (tokio-postgres discards the late answer), a cancel request is sent so the server stops
-/// working on it (poolers forward cancels; see [`Limits::cancel_on_timeout`]), and the caller
-/// gets `Unavailable`: the request answers 503 and a transaction it was part of rolls back.
-pub(crate) async fn timed<C: GenericClient + ?Sized, T>(
-    limits: Limits,
-    c: &C,
+/// Runs one statement on `e`: `statement` makes its future, and is called a second time when
+/// the first run hit a deadlock or serialization failure ([`StoreError::retry_at_once`]) and
+/// the statement is its own transaction (not [`Executor::in_transaction`]): PostgreSQL rolled
+/// all of it back, so running it again is safe whatever it writes. Inside a larger
+/// transaction the error aborted the transaction, and it is the caller's to rerun
+/// ([`retry_once`]) or to answer 503.
+///
+/// Each run is bounded by the executor's statement timeout. Past it the statement's future
+/// is dropped (tokio-postgres discards the late answer), a cancel request is sent so the
+/// server stops working on it (poolers forward cancels; see [`Limits::cancel_on_timeout`]),
+/// the connection is discarded ([`Executor::discard`]: the statement may still be running,
+/// and a cancel that arrives late would hit whatever the connection ran next, 57014 on an
+/// innocent query), and the caller gets `Unavailable`: the request answers 503 and a
+/// transaction it was part of rolls back.
+pub(crate) async fn timed<E, T, F, Fut>(e: &E, mut statement: F) -> Result<T>
+where
+    E: Executor + ?Sized,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+{
+    match timed_once(e, statement()).await {
+        Err(err) if err.retry_at_once() && !e.in_transaction() => {
+            tracing::info!(error = %err, "statement rolled back by the database; running it once more");
+            timed_once(e, statement()).await
+        }
+        r => r,
+    }
+}
+
+async fn timed_once<E: Executor + ?Sized, T>(
+    e: &E,
     statement: impl Future<Output = std::result::Result<T, tokio_postgres::Error>>,
 ) -> Result<T> {
+    let limits = e.limits();
     let Some(limit) = limits.statement_timeout else {
         return statement.await.map_err(interpret);
     };
     match tokio::time::timeout(limit, statement).await {
         Ok(r) => r.map_err(interpret),
         Err(_) => {
+            e.discard();
             if limits.cancel_on_timeout {
-                let cancel = c.client().cancel_token();
+                let cancel = e.pg().client().cancel_token();
                 tokio::spawn(async move {
-                    if let Err(e) = cancel.cancel_query(tokio_postgres::NoTls).await {
+                    // Over TLS when the connection is (see `db_tls::cancel_connector`).
+                    if let Err(e) = cancel.cancel_query(crate::db_tls::cancel_connector()).await {
                         tracing::debug!(error = %e, "cancel request after a statement timeout failed");
                     }
                 });
@@ -216,6 +293,23 @@ pub(crate) async fn timed<C: GenericClient + ?Sized, T>(
     }
 }
 
+/// Runs `attempt`, a whole transaction (or a step of several statements that is safe to
+/// repeat), and once more when the database rolled it back for a deadlock or a
+/// serialization failure. Any other outcome, and the second attempt's, is returned as is.
+pub async fn retry_once<T, F, Fut>(mut attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    match attempt().await {
+        Err(e) if e.retry_at_once() => {
+            tracing::info!(error = %e, "transaction rolled back by the database; running it once more");
+            attempt().await
+        }
+        r => r,
+    }
+}
+
 type Params<'a> = &'a [(&'a (dyn ToSql + Sync), Type)];
 
 /// `query_typed` and friends under the executor's limits, answering in `StoreError`.
@@ -224,28 +318,28 @@ pub trait Timed: Executor {
     where
         Self: Sized,
     {
-        timed(self.limits(), self.pg(), self.pg().query_typed(sql, params))
+        timed(self, || self.pg().query_typed(sql, params))
     }
 
     fn timed_query_one<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<Row>> + 'a
     where
         Self: Sized,
     {
-        timed(self.limits(), self.pg(), self.pg().query_typed_one(sql, params))
+        timed(self, || self.pg().query_typed_one(sql, params))
     }
 
     fn timed_query_opt<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<Option<Row>>> + 'a
     where
         Self: Sized,
     {
-        timed(self.limits(), self.pg(), self.pg().query_typed_opt(sql, params))
+        timed(self, || self.pg().query_typed_opt(sql, params))
     }
 
     fn timed_execute<'a>(&'a self, sql: &'a str, params: Params<'a>) -> impl Future<Output = Result<u64>> + 'a
     where
         Self: Sized,
     {
-        timed(self.limits(), self.pg(), self.pg().execute_typed(sql, params))
+        timed(self, || self.pg().execute_typed(sql, params))
     }
 }
 
@@ -272,4 +366,21 @@ pub async fn database_now(c: &impl Executor) -> Result<chrono::DateTime<chrono::
 pub async fn ping(c: &impl Executor) -> Result<()> {
     c.timed_query("SELECT 1", &[]).await?;
     Ok(())
+}
+
+/// The newest migration applied to the database, as refinery recorded it: version, name and
+/// checksum. `None` for a database never migrated (no history table, or an empty one).
+pub async fn schema_latest_applied(c: &impl Executor) -> Result<Option<(i32, String, String)>> {
+    let exists: bool =
+        c.timed_query_one("SELECT to_regclass('refinery_schema_history') IS NOT NULL", &[]).await?.get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let row = c
+        .timed_query_opt(
+            "SELECT version, name, checksum FROM refinery_schema_history ORDER BY version DESC LIMIT 1",
+            &[],
+        )
+        .await?;
+    Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
 }

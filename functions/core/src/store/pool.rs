@@ -187,6 +187,10 @@ pub enum PoolDelete {
 /// Deletes a pool and marks its VMs DELETING. Must run inside a transaction: the pool row and
 /// every VM row are locked first, so a claim cannot slip a lease in between the leased-VM
 /// check and the marking.
+///
+/// Lock order: the pool row, then its VM rows by id, then their leases. Every statement that
+/// locks a VM and its lease takes them in that order (VM first, lower ids first; see
+/// [`super::lease_expire_for_pools`]), so none of them can deadlock with this.
 pub async fn pool_delete_and_mark_vms(c: &impl Executor, pool: &PoolRef, force: bool) -> Result<PoolDelete> {
     let p: &[(&(dyn ToSql + Sync), Type)] = &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)];
     let deleted = c.timed_execute("DELETE FROM pools WHERE namespace = $1 AND name = $2", p).await?;
@@ -198,7 +202,10 @@ pub async fn pool_delete_and_mark_vms(c: &impl Executor, pool: &PoolRef, force: 
     let leased: i64 = c
         .timed_query_one(
             "WITH locked AS (
-                 SELECT id, phase FROM vms WHERE pool_namespace = $1 AND pool_name = $2 FOR UPDATE
+                 -- By id: the order every statement locking several VMs uses.
+                 SELECT id, phase FROM vms WHERE pool_namespace = $1 AND pool_name = $2
+                 ORDER BY id
+                 FOR UPDATE
              )
              SELECT count(*) FROM locked WHERE phase IN ('LEASED', 'PRE_LEASE_HOOK_RUNNING')",
             p,
@@ -234,30 +241,133 @@ pub async fn pool_gauges(c: &impl Executor) -> Result<Vec<(PoolRow, PoolStatus)>
     pool_list(c, None).await
 }
 
-/// Takes the reconcile lease of one pool this pass has not handled yet (`reconcile_until`
-/// before the pass started), oldest first. SKIP LOCKED: overlapping passes take different
-/// pools; the row lease then keeps them apart until `lease_seconds` pass.
-pub async fn pool_take_reconcile_lease(
+/// What the selection of a pass knows about a pool that may need a step
+/// ([`pool_list_with_work`]): its counts for the strategy, and whether anything else is due.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PoolWork {
+    pub namespace: String,
+    pub name: String,
+    pub strategy: Strategy,
+    pub size: i32,
+    pub min_size: Option<i32>,
+    pub below_target_reason: Option<String>,
+    pub counts: VmCounts,
+    /// The spec was written after the last pass released the pool (or none has yet).
+    pub changed: bool,
+    /// A lease to expire, or one expiring within the warning window not yet warned about.
+    pub leases_due: bool,
+    /// A DELETING, PROVISIONING or CREATE_HOOK_RUNNING VM whose backoff is over, or a claim
+    /// abandoned mid pre-lease hook.
+    pub vms_due: bool,
+}
+
+impl PoolWork {
+    pub fn pool_ref(&self) -> PoolRef {
+        PoolRef { namespace: self.namespace.clone(), name: self.name.clone() }
+    }
+}
+
+/// The selection of a reconcile pass, in one statement: every pool no pass holds and this
+/// pass has not visited yet (its `reconcile_until` is before both now and `pass_started`)
+/// that may need a step, oldest lease first. A pool is left out when nothing can be due:
+/// no changed spec, no lease due, no VM due, no reason recorded for being below target, no
+/// leased VM, and as many AVAILABLE, claiming and provisioning VMs as its size, which every
+/// strategy calls full. The rest come with their counts, for the strategy to decide
+/// (`reconcile::select`): the arithmetic stays in one place.
+///
+/// `now`: the clock's now (NULL: the database's); `warn_seconds`: the expiry warning window;
+/// `abandon_seconds`: how long a pre-lease hook may run before its claim counts as abandoned.
+/// Every `EXISTS` is an index probe (`leases_pool_expires_at`, `vms_pool_phase`), so a
+/// settled pool costs a few index lookups inside this statement, no round trip of its own.
+pub async fn pool_list_with_work(
+    c: &impl Executor,
+    pass_started: DateTime<Utc>,
+    now: Option<DateTime<Utc>>,
+    warn_seconds: f64,
+    abandon_seconds: f64,
+) -> Result<Vec<PoolWork>> {
+    let rows = c
+        .timed_query(
+            &format!(
+                // MATERIALIZED: a subquery in FROM is flattened, and each use of `counts`
+                // below then ran the correlated count again (eight times per pool: 1 s at
+                // 1000 pools, JIT compiling included; 70 ms once computed once).
+                "WITH w AS MATERIALIZED (
+                     SELECT p.namespace, p.name, p.strategy, p.size, p.min_size, p.below_target_reason,
+                            p.reconcile_until, c.counts,
+                            p.updated_at > p.reconcile_until AS changed,
+                            EXISTS (SELECT 1 FROM leases l
+                                    WHERE l.pool_namespace = p.namespace AND l.pool_name = p.name
+                                      AND l.expires_at <= coalesce($2, now()) + make_interval(secs => $3)
+                                      AND (l.expires_at <= coalesce($2, now())
+                                           OR l.warned_expires_at IS DISTINCT FROM l.expires_at)) AS leases_due,
+                            EXISTS (SELECT 1 FROM vms v
+                                    WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name
+                                      AND v.phase IN ('DELETING', 'PROVISIONING', 'CREATE_HOOK_RUNNING')
+                                      AND (v.next_attempt_at IS NULL OR v.next_attempt_at <= coalesce($2, now())))
+                            OR EXISTS (SELECT 1 FROM vms v
+                                    WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name
+                                      AND v.phase = 'PRE_LEASE_HOOK_RUNNING'
+                                      AND v.hook_started_at < coalesce($2, now()) - make_interval(secs => $4)) AS vms_due
+                     FROM pools p, LATERAL (SELECT {VM_COUNTS_OF_POOL_P} AS counts) c
+                     WHERE p.reconcile_until < least(now(), $1)
+                 )
+                 SELECT to_jsonb(w) AS work FROM w
+                 WHERE w.changed OR w.leases_due OR w.vms_due OR w.below_target_reason IS NOT NULL
+                    OR (w.counts->>'leased')::bigint > 0
+                    OR (w.counts->>'available')::bigint + (w.counts->>'claiming')::bigint
+                       + (w.counts->>'provisioning')::bigint <> w.size
+                 ORDER BY w.reconcile_until, w.namespace, w.name"
+            ),
+            &[
+                (&pass_started, Type::TIMESTAMPTZ),
+                (&now, Type::TIMESTAMPTZ),
+                (&warn_seconds, Type::FLOAT8),
+                (&abandon_seconds, Type::FLOAT8),
+            ],
+        )
+        .await?;
+    rows.iter().map(|r| json_req(r, "work")).collect()
+}
+
+/// `pools` as the two parallel arrays the batch statements take (`unnest($1, $2)`).
+pub(super) fn pool_keys(pools: &[PoolRef]) -> (Vec<&str>, Vec<&str>) {
+    pools.iter().map(|p| (p.namespace.as_str(), p.name.as_str())).unzip()
+}
+
+/// Takes the reconcile lease of each of `pools` that no pass holds and this pass has not
+/// visited yet, in one statement, and returns their rows (a pool another pass took since the
+/// selection is skipped, never waited for). The lease ends `lease_seconds` from now or when
+/// [`pool_release_reconcile_leases`] gives it back.
+pub async fn pool_take_reconcile_leases(
     c: &impl Executor,
     owner: &str,
     pass_started: DateTime<Utc>,
     lease_seconds: f64,
-) -> Result<Option<PoolRow>> {
-    let row = c
-        .timed_query_opt(
+    pools: &[PoolRef],
+) -> Result<Vec<PoolRow>> {
+    let (namespaces, names) = pool_keys(pools);
+    let rows = c
+        .timed_query(
             "UPDATE pools p SET reconcile_owner = $1, reconcile_until = now() + make_interval(secs => $3)
-             WHERE (p.namespace, p.name) = (
+             FROM (
                  SELECT namespace, name FROM pools
-                 WHERE reconcile_until < least(now(), $2)
-                 ORDER BY reconcile_until
-                 LIMIT 1
+                 WHERE (namespace, name) IN (SELECT * FROM unnest($4::text[], $5::text[]))
+                   AND reconcile_until < least(now(), $2)
                  FOR UPDATE SKIP LOCKED
-             )
+             ) picked
+             WHERE (p.namespace, p.name) = (picked.namespace, picked.name)
              RETURNING to_jsonb(p) AS pool",
-            &[(&owner, Type::TEXT), (&pass_started, Type::TIMESTAMPTZ), (&lease_seconds, Type::FLOAT8)],
+            &[
+                (&owner, Type::TEXT),
+                (&pass_started, Type::TIMESTAMPTZ),
+                (&lease_seconds, Type::FLOAT8),
+                (&namespaces, Type::TEXT_ARRAY),
+                (&names, Type::TEXT_ARRAY),
+            ],
         )
         .await?;
-    row.as_ref().map(|r| json_req(r, "pool")).transpose()
+    rows.iter().map(|r| json_req(r, "pool")).collect()
 }
 
 /// Records why the reconciler holds a pool below its target (`None`: nothing does any
@@ -290,12 +400,15 @@ pub async fn pool_set_below_target(
     Ok(row.try_get::<_, i64>(0)? == 1)
 }
 
-/// Gives a pool's reconcile lease back (only if this owner still holds it).
-pub async fn pool_release_reconcile_lease(c: &impl Executor, pool: &PoolRef, owner: &str) -> Result<()> {
+/// Gives back the reconcile leases this pass (`owner`) holds on `pools`. The lease ends at
+/// now, so no pass that started before this moment takes the pool again: each pass visits a
+/// pool at most once.
+pub async fn pool_release_reconcile_leases(c: &impl Executor, pools: &[PoolRef], owner: &str) -> Result<()> {
+    let (namespaces, names) = pool_keys(pools);
     c.timed_execute(
         "UPDATE pools SET reconcile_owner = NULL, reconcile_until = now()
-         WHERE namespace = $1 AND name = $2 AND reconcile_owner = $3",
-        &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&owner, Type::TEXT)],
+         WHERE (namespace, name) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND reconcile_owner = $3",
+        &[(&namespaces, Type::TEXT_ARRAY), (&names, Type::TEXT_ARRAY), (&owner, Type::TEXT)],
     )
     .await?;
     Ok(())

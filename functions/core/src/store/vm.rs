@@ -215,7 +215,8 @@ pub async fn vm_list_for_pool(c: &impl Executor, pool: &PoolRef) -> Result<Vec<(
 }
 
 /// Inserts a PROVISIONING intent row on the least-loaded eligible host of the pool, in one
-/// statement. Eligible: named by the pool, registered, not cordoned, not in `skip`. Load:
+/// statement. Eligible: named by the pool, registered, not cordoned, not in `skip`, not found
+/// unreachable a moment ago (`unreachable_until`, [`super::host_mark_unreachable`]). Load:
 /// this pool's VMs on the host, DELETING and FAILED not counted; ties go to the host listed
 /// first. The chosen host row is share-locked, so a cordon committing meanwhile waits for
 /// this insert (and the next placement sees it). `None`: no eligible host.
@@ -236,6 +237,7 @@ pub async fn vm_place_and_insert(
                  SELECT h.name, array_position(p.flintlock_hosts, h.name) AS ord
                  FROM hosts h, p
                  WHERE h.name = ANY (p.flintlock_hosts) AND NOT h.cordoned AND NOT (h.name = ANY ($4))
+                   AND (h.unreachable_until IS NULL OR h.unreachable_until <= now())
                  FOR SHARE OF h
              ), pick AS (
                  SELECT e.name FROM eligible e
@@ -385,20 +387,23 @@ pub async fn vm_set_hook_step(c: &impl Executor, vm_id: &str, step: i32) -> Resu
     Ok(n == 1)
 }
 
-/// Marks DELETING every VM of the pool stuck in PRE_LEASE_HOOK_RUNNING for longer than
-/// `older_than_seconds`: the claim that took it died mid-hook. Never back to AVAILABLE: the
-/// hook may have half-run, and the VM must not be handed out in an unknown state.
+/// Marks DELETING every VM of `pools` stuck in PRE_LEASE_HOOK_RUNNING for longer than
+/// `older_than_seconds` (every pool's in one statement): the claim that took it died
+/// mid-hook. Never back to AVAILABLE: the hook may have half-run, and the VM must not be
+/// handed out in an unknown state. Returns the VMs so marked.
 pub async fn vm_recover_abandoned_claims(
     c: &impl Executor,
-    pool: &PoolRef,
+    pools: &[PoolRef],
     older_than_seconds: f64,
     now: Option<DateTime<Utc>>,
-) -> Result<Vec<String>> {
+) -> Result<Vec<VmRow>> {
+    let (namespaces, names) = super::pool::pool_keys(pools);
     let rows = c
         .timed_query(
             "WITH v AS (
                  UPDATE vms SET phase = 'DELETING', attempts = 0, next_attempt_at = NULL, updated_at = now()
-                 WHERE pool_namespace = $1 AND pool_name = $2 AND phase = 'PRE_LEASE_HOOK_RUNNING'
+                 WHERE (pool_namespace, pool_name) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+                   AND phase = 'PRE_LEASE_HOOK_RUNNING'
                    -- $4: the clock's now (NULL: the database's).
                    AND hook_started_at < coalesce($4, now()) - make_interval(secs => $3)
                  RETURNING *
@@ -408,16 +413,16 @@ pub async fn vm_recover_abandoned_claims(
                         jsonb_build_object('hook', 'pre_lease', 'reason', 'claim abandoned mid-hook; VM deleted')
                  FROM v
              )
-             SELECT id FROM v",
+             SELECT to_jsonb(v) AS vm FROM v",
             &[
-                (&pool.namespace, Type::TEXT),
-                (&pool.name, Type::TEXT),
+                (&namespaces, Type::TEXT_ARRAY),
+                (&names, Type::TEXT_ARRAY),
                 (&older_than_seconds, Type::FLOAT8),
                 (&now, Type::TIMESTAMPTZ),
             ],
         )
         .await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    rows.iter().map(|r| json_req(r, "vm")).collect()
 }
 
 /// Shrinks a pool whose size went down: up to `n` AVAILABLE VMs (oldest first) → DELETING,

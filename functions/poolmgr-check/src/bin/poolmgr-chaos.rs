@@ -64,6 +64,11 @@ struct ClaimsArgs {
     /// Clients start new claims for this long, then finish what they are doing.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
     duration: Duration,
+    /// ... and, when given, until this file exists: the script creates it once its fault is
+    /// over, so the fault always meets the load however slow the machine (at most 10 minutes
+    /// past `--duration`).
+    #[arg(long)]
+    until_file: Option<std::path::PathBuf>,
     /// A client retrying one operation longer than this gives up (a failure).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "90s")]
     give_up: Duration,
@@ -291,11 +296,25 @@ struct ClientEnd {
     gave_up: Option<String>,
 }
 
-async fn run_client(c: Arc<Claimer>, idx: usize, keep: usize, duration: Duration, prefix: String) -> ClientEnd {
+/// Whether the load should keep starting claims: for `duration`, then until `until_file`
+/// exists (bounded).
+fn keep_going(t0: Instant, duration: Duration, until_file: Option<&std::path::Path>) -> bool {
+    let elapsed = t0.elapsed();
+    elapsed < duration || until_file.is_some_and(|f| !f.exists() && elapsed < duration + Duration::from_secs(600))
+}
+
+async fn run_client(
+    c: Arc<Claimer>,
+    idx: usize,
+    keep: usize,
+    duration: Duration,
+    until_file: Option<std::path::PathBuf>,
+    prefix: String,
+) -> ClientEnd {
     let t0 = Instant::now();
     let mut held: VecDeque<(String, String)> = VecDeque::new();
     let mut k = 0usize;
-    while t0.elapsed() < duration || held.len() < keep {
+    while keep_going(t0, duration, until_file.as_deref()) || held.len() < keep {
         let rid = format!("{prefix}-c{idx}-{k}");
         k += 1;
         let lease = match c.claim(&rid, false).await {
@@ -359,9 +378,9 @@ async fn claims(a: ClaimsArgs) -> anyhow::Result<bool> {
             }
         })
     };
-    let ends = futures::future::join_all(
-        (0..a.clients).map(|i| tokio::spawn(run_client(claimer.clone(), i, a.keep, a.duration, a.id_prefix.clone()))),
-    )
+    let ends = futures::future::join_all((0..a.clients).map(|i| {
+        tokio::spawn(run_client(claimer.clone(), i, a.keep, a.duration, a.until_file.clone(), a.id_prefix.clone()))
+    }))
     .await;
     progress.abort();
 
@@ -382,7 +401,9 @@ async fn claims(a: ClaimsArgs) -> anyhow::Result<bool> {
     }
 
     // What the database says this principal holds on this pool.
-    let db = db::connect_one(&a.database_url).await.context("connecting to the database to compare leases")?;
+    let db = db::connect_one(&a.database_url, &db::DbTls::from_env().map_err(anyhow::Error::msg)?)
+        .await
+        .context("connecting to the database to compare leases")?;
     let rows = db
         .query(
             "SELECT l.lease_id, coalesce(l.request_id, ''), coalesce(v.phase, 'NO ROW') FROM leases l
@@ -490,8 +511,10 @@ async fn passes(a: PassesArgs) -> anyhow::Result<bool> {
     );
     let check_opts = Options {
         database_url: a.database_url.clone(),
+        db_tls: cfg.db_tls.clone(),
         flintlock_overrides: vec![],
         namespace_prefix: cfg.flintlock_namespace_prefix.clone(),
+        deployment_id: cfg.deployment_id.clone(),
         flintlock_timeout: Duration::from_secs(5),
     };
     let t0 = Instant::now();

@@ -1,0 +1,44 @@
+//! The selection of a pass: which pools need a step at all. One statement
+//! ([`store::pool_list_with_work`]) returns the pools that may (anything due, or counts that
+//! are not plainly full), and [`needs_step`] decides with the strategy's own arithmetic, so
+//! a pool that needs nothing costs no round trip of its own and what "full" means stays
+//! written once ([`super::strategy`]).
+//!
+//! Never takes a lease or writes anything: the pass takes the reconcile leases of what this
+//! returns, in batches, and a pool another pass took meanwhile is skipped there.
+
+use chrono::{DateTime, Utc};
+
+use super::ReconcileError;
+use super::provision::BELOW_TARGET_QUARANTINE_FULL;
+use super::strategy::{quarantine_full, strategy_wants, surplus};
+use crate::app::AppState;
+use crate::domain::PoolRef;
+use crate::store::{self, PoolWork};
+
+/// Whether a pool's step would do anything: a changed spec, a lease or VM due, VMs beyond
+/// its size, VMs missing (unless quarantined VMs hold it back and that is already
+/// recorded), or a recorded reason for being below target that no longer holds.
+pub fn needs_step(w: &PoolWork) -> bool {
+    if w.changed || w.leases_due || w.vms_due || surplus(w.strategy, w.size, w.counts) > 0 {
+        return true;
+    }
+    let wants = strategy_wants(w.strategy, w.size, w.min_size, w.counts) > 0;
+    match (wants, quarantine_full(w.size, w.counts)) {
+        (true, true) => w.below_target_reason.as_deref() != Some(BELOW_TARGET_QUARANTINE_FULL),
+        (true, false) => true,
+        (false, _) => w.below_target_reason.is_some(),
+    }
+}
+
+/// The pools a pass that started at `pass_started` (the database's clock) should step, oldest
+/// reconcile lease first: those no pass holds, this pass has not visited and
+/// [`needs_step`] says need one.
+pub async fn pools_with_work(state: &AppState, pass_started: DateTime<Utc>) -> Result<Vec<PoolRef>, ReconcileError> {
+    let conn = state.db.get().await?;
+    let warn = state.config.reconcile.warning_window.as_secs_f64();
+    let abandon = state.config.hooks.claim_abandon_after.as_secs_f64();
+    let now = state.clock.now_param();
+    let candidates = store::pool_list_with_work(&conn, pass_started, now, warn, abandon).await?;
+    Ok(candidates.iter().filter(|w| needs_step(w)).map(PoolWork::pool_ref).collect())
+}

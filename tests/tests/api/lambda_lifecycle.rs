@@ -1,0 +1,211 @@
+//! The function binaries as AWS Lambda runs them (issue 12 section 1): each test starts a real
+//! binary (`target/<profile>/claims`, `…/reconcile`) under `lambda_emu`'s Runtime API, with its
+//! secrets behind an emulated Parameters and Secrets extension that, like AWS's, refuses every
+//! call until the runtime asked for its first event. The database is the suite's PostgreSQL,
+//! reached through the secret's credentials and the `POOLMGR_DATABASE_*` overrides as the SAM
+//! template sets them; reconcile drives the in-process flintlock-sim over gRPC.
+//!
+//! `scripts/test.sh` builds the binaries before the tests (`cargo test` does not build other
+//! packages' binaries); `POOLMGR_FUNCTION_BIN_DIR` points elsewhere.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lambda_emu::{Bytes, Emulator, ExtensionCalls, Function, Outcome, http_event};
+use poolmgr_tests::{ADMIN, CLIENT_A, CLIENT_B, TestApp};
+use serde_json::{Value, json};
+
+const DB_ARN: &str = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/db-AbCdEf";
+const TOKENS_ARN: &str = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/tokens-XyZ123";
+/// Generous: debug binaries on a busy 2-core machine.
+const ANSWER_WITHIN: Duration = Duration::from_secs(30);
+
+/// A function binary next to this test binary (`target/debug/deps/api-…` → `target/debug/`).
+fn function_bin(name: &str) -> PathBuf {
+    let dir = match std::env::var_os("POOLMGR_FUNCTION_BIN_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let exe = std::env::current_exe().expect("the test binary's path");
+            exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>/deps/").to_path_buf()
+        }
+    };
+    let bin = dir.join(name);
+    assert!(
+        bin.is_file(),
+        "{} is missing: build the function binaries first (`cargo build --bin claims --bin reconcile`; \
+         scripts/test.sh does), or point POOLMGR_FUNCTION_BIN_DIR at them",
+        bin.display()
+    );
+    bin
+}
+
+/// The database secret as RDS writes it (its host is the instance, which the functions must
+/// not use), and the function environment of the SAM template: both secret ARNs and the
+/// overrides that point the connection at the proxy (here: the suite's PostgreSQL).
+fn lambda_setup(app: &TestApp) -> (String, Vec<(String, String)>) {
+    let cfg: tokio_postgres::Config = app.db.app_url.parse().expect("the test database URL");
+    let host = match &cfg.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+        other => panic!("the test database must be reached over TCP, not {other:?}"),
+    };
+    let password = cfg.get_password().map(|p| String::from_utf8_lossy(p).into_owned()).unwrap_or_default();
+    let secret = json!({
+        "engine": "postgres",
+        "username": cfg.get_user().expect("a user in the test database URL"),
+        "password": password,
+        "host": "poolmgr-db.abcdefghijkl.eu-west-1.rds.amazonaws.com",
+        "port": 5432,
+        "dbname": "postgres",
+    });
+    let env = [
+        ("POOLMGR_DATABASE_SECRET_ARN", DB_ARN.to_owned()),
+        ("POOLMGR_TOKENS_SECRET_ARN", TOKENS_ARN.to_owned()),
+        ("POOLMGR_DATABASE_HOST", host),
+        ("POOLMGR_DATABASE_PORT", cfg.get_ports()[0].to_string()),
+        ("POOLMGR_DATABASE_NAME", cfg.get_dbname().expect("a database name").to_owned()),
+        ("RUST_LOG", "info".to_owned()),
+    ];
+    (secret.to_string(), env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+}
+
+fn tokens_secret() -> String {
+    json!({"admin_tokens": format!("admin:{ADMIN}"), "client_tokens": [format!("client-a:{CLIENT_A}"), format!("client-b:{CLIENT_B}")]})
+        .to_string()
+}
+
+/// One invocation's outcome; panics (with the function's log) if it never answered.
+async fn invoke(f: &mut Function, payload: impl Into<Bytes>) -> Outcome {
+    match f.invoke(payload, ANSWER_WITHIN).await {
+        Ok(answer) => answer.outcome,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// An API Gateway response: status, headers, and the body as JSON.
+fn http_answer(outcome: &Outcome) -> (u64, Value, Value) {
+    let resp = outcome.json();
+    let status = resp["statusCode"].as_u64().unwrap_or_else(|| panic!("not an API Gateway response: {resp}"));
+    let body = serde_json::from_str(resp["body"].as_str().unwrap_or("null")).unwrap_or(Value::Null);
+    (status, resp["headers"].clone(), body)
+}
+
+fn claim_event(request_id: &str) -> Vec<u8> {
+    let body = json!({"pool": {"namespace": "default", "name": "ci"}, "request_id": request_id}).to_string();
+    let auth = format!("Bearer {CLIENT_A}");
+    http_event("POST", "/v1/claims", &[("authorization", &auth)], Some(&body)).to_string().into_bytes()
+}
+
+/// Pool default/ci with `vms` AVAILABLE VMs, and the claims function's emulated environment
+/// with the database secret in its extension (the tokens secret is the test's to add).
+async fn claims_setup(vms: usize) -> (TestApp, Emulator, Vec<(String, String)>) {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", vms as i32).await;
+    app.seed_available("ci", vms).await;
+    let emu = Emulator::start("claims").await.unwrap();
+    let (db_secret, env) = lambda_setup(&app);
+    emu.extension.put_secret(DB_ARN, &db_secret);
+    (app, emu, env)
+}
+
+#[tokio::test]
+async fn an_http_function_reads_its_secrets_in_the_invoke_phase_and_keeps_its_state() {
+    let (app, emu, env) = claims_setup(2).await;
+    emu.extension.put_secret(TOKENS_ARN, &tokens_secret());
+    let mut claims = emu.spawn(&function_bin("claims"), &env).unwrap();
+
+    let (status, _, body) = http_answer(&invoke(&mut claims, claim_event("job-1")).await);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["replayed"], json!(false), "{body}");
+    let lease_id = body["lease"]["lease_id"].as_str().expect("a lease").to_owned();
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
+    // Both secrets read once, and only once the runtime had asked for its event.
+    let read = ExtensionCalls { refused_in_init: 0, served: 2, not_found: 0, unauthorized: 0 };
+    assert_eq!(emu.extension.calls(), read);
+
+    // The next invocation reuses the instance's state: no secret is read again.
+    let (status, headers, body) = http_answer(&invoke(&mut claims, claim_event("job-1")).await);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["replayed"], json!(true), "{body}");
+    assert_eq!(body["lease"]["lease_id"], json!(lease_id));
+    assert_eq!(headers["idempotent-replayed"], json!("true"), "{headers}");
+    assert_eq!(emu.extension.calls(), read);
+    assert!(emu.runtime.init_errors().is_empty(), "{:?}", emu.runtime.init_errors());
+    assert!(claims.is_running(), "the function must keep serving:\n{}", claims.stderr());
+}
+
+#[tokio::test]
+async fn an_http_function_answers_503_while_its_secret_cannot_be_read_and_reads_it_on_the_next_invocation() {
+    let (app, emu, mut env) = claims_setup(1).await;
+    env.push(("POOLMGR_SECRETS_WAIT_MS".into(), "0".into()));
+    // The tokens secret does not exist yet (a role that may not read it answers alike).
+    let mut claims = emu.spawn(&function_bin("claims"), &env).unwrap();
+
+    let (status, headers, body) = http_answer(&invoke(&mut claims, claim_event("job-1")).await);
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], json!(503), "{body}");
+    assert_eq!(body["error"]["status"], json!("UNAVAILABLE"), "{body}");
+    let message = body["error"]["message"].as_str().expect("a message");
+    assert!(message.contains("retry"), "says what to do: {message}");
+    assert!(!message.contains("arn:"), "no internals in the answer: {message}");
+    assert_eq!(headers["retry-after"], json!("1"), "{headers}");
+    assert_eq!(headers["content-type"], json!("application/json"), "{headers}");
+    assert_eq!(emu.extension.calls().not_found, 1);
+    assert!(claims.is_running(), "a failed read must not end the instance:\n{}", claims.stderr());
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+
+    emu.extension.put_secret(TOKENS_ARN, &tokens_secret());
+    let (status, _, body) = http_answer(&invoke(&mut claims, claim_event("job-1")).await);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["replayed"], json!(false), "{body}");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
+    assert_eq!(emu.extension.calls().refused_in_init, 0);
+    assert!(emu.runtime.init_errors().is_empty(), "{:?}", emu.runtime.init_errors());
+}
+
+#[tokio::test]
+async fn the_reconcile_function_reads_its_secrets_in_the_invoke_phase_and_accepts_every_payload() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    let emu = Emulator::start("reconcile").await.unwrap();
+    let (db_secret, mut env) = lambda_setup(&app);
+    env.push(("POOLMGR_SECRETS_WAIT_MS".into(), "0".into()));
+    env.push(("POOLMGR_DB_POOL_SIZE".into(), "4".into()));
+    emu.extension.put_secret(TOKENS_ARN, &tokens_secret());
+    let mut reconcile = emu.spawn(&function_bin("reconcile"), &env).unwrap();
+    let scheduled = include_str!("../../../functions/reconcile/events/scheduled.json");
+
+    // No database secret yet: an error result a retry can fix, and the instance lives on.
+    match invoke(&mut reconcile, scheduled).await {
+        Outcome::Error { error_type, body } => {
+            assert_eq!(error_type, "Retryable", "{body}");
+            let message = body["errorMessage"].as_str().unwrap_or_default();
+            assert!(message.contains(DB_ARN) && message.contains("retry"), "{body}");
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    // A secret that is not a database secret: no retry helps until an operator fixes it.
+    emu.extension.put_secret(DB_ARN, "not a database secret");
+    match invoke(&mut reconcile, "{}").await {
+        Outcome::Error { error_type, body } => assert_eq!(error_type, "NotRetryable", "{body}"),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM vms").await, 0);
+
+    emu.extension.put_secret(DB_ARN, &db_secret);
+    let report = invoke(&mut reconcile, scheduled).await.json();
+    assert_eq!((report["pools"].clone(), report["created"].clone()), (json!(1), json!(2)), "{report}");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM vms").await, 2);
+    let read = emu.extension.calls();
+
+    // `aws lambda invoke` with `{}`, and `cargo lambda invoke` without data (null, or nothing
+    // at all): each runs one pass on the state already built.
+    for payload in ["{}", "null", ""] {
+        let report = invoke(&mut reconcile, payload).await.json();
+        assert_eq!(report["pools"], json!(1), "payload {payload:?}: {report}");
+        assert!(report["duration_ms"].is_u64(), "payload {payload:?}: {report}");
+    }
+    assert_eq!(emu.extension.calls(), read, "the state is kept: no secret read again");
+    assert_eq!(read.refused_in_init, 0);
+    assert!(emu.runtime.init_errors().is_empty(), "{:?}", emu.runtime.init_errors());
+    assert!(reconcile.is_running(), "{}", reconcile.stderr());
+}

@@ -1,0 +1,257 @@
+//! `infra/template.yaml` as a first deploy into a new account meets it: the properties
+//! `cfn-lint` cannot judge (it checks the template is valid, not that it does what we need),
+//! read off the YAML with a small evaluator of the few intrinsics they use.
+
+use std::collections::BTreeMap;
+
+use poolmgr_core::config::Config;
+use poolmgr_core::db::SslMode;
+use yaml_serde::Value;
+
+fn template() -> Value {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/template.yaml")).unwrap();
+    yaml_serde::from_str(&text).expect("infra/template.yaml is YAML")
+}
+
+fn resource<'a>(t: &'a Value, name: &str) -> &'a Value {
+    let r = &t["Resources"][name];
+    assert!(!r.is_null(), "no resource {name} in infra/template.yaml");
+    r
+}
+
+/// `!Tag value` → (tag without `!`, value).
+fn tagged(v: &Value) -> Option<(String, &Value)> {
+    match v {
+        Value::Tagged(t) => Some((t.tag.to_string().trim_start_matches('!').to_owned(), &t.value)),
+        _ => None,
+    }
+}
+
+fn is_ref(v: &Value, name: &str) -> bool {
+    tagged(v).is_some_and(|(tag, value)| tag == "Ref" && value.as_str() == Some(name))
+}
+
+fn sub_text(v: &Value) -> Option<&str> {
+    tagged(v).and_then(|(tag, value)| (tag == "Sub").then(|| value.as_str()).flatten())
+}
+
+fn str_of(v: &Value) -> &str {
+    v.as_str().unwrap_or_else(|| panic!("expected a string, got {v:?}"))
+}
+
+/// Evaluates a property under `params` (name → value, as CloudFormation passes them: strings).
+/// `None` is `AWS::NoValue`, i.e. the property is left out.
+fn eval(t: &Value, v: &Value, params: &BTreeMap<String, String>) -> Option<Value> {
+    let Some((tag, inner)) = tagged(v) else { return Some(v.clone()) };
+    match tag.as_str() {
+        "Ref" => {
+            let name = str_of(inner);
+            if name == "AWS::NoValue" {
+                return None;
+            }
+            Some(Value::String(params.get(name).unwrap_or_else(|| panic!("no parameter {name}")).clone()))
+        }
+        "If" => {
+            let args = inner.as_sequence().expect("!If [condition, then, else]");
+            let cond = str_of(&args[0]);
+            if condition(t, &t["Conditions"][cond], params) {
+                eval(t, &args[1], params)
+            } else {
+                eval(t, &args[2], params)
+            }
+        }
+        other => panic!("the evaluator does not know !{other}"),
+    }
+}
+
+fn condition(t: &Value, c: &Value, params: &BTreeMap<String, String>) -> bool {
+    let (tag, inner) = tagged(c).unwrap_or_else(|| panic!("a condition is an intrinsic: {c:?}"));
+    let args = inner.as_sequence();
+    match tag.as_str() {
+        "Not" => !condition(t, &args.unwrap()[0], params),
+        "Equals" => {
+            let a = args.unwrap();
+            let side = |v: &Value| match eval(t, v, params) {
+                Some(Value::String(s)) => s,
+                Some(Value::Number(n)) => n.to_string(),
+                other => panic!("cannot compare {other:?}"),
+            };
+            side(&a[0]) == side(&a[1])
+        }
+        "Condition" => condition(t, &t["Conditions"][str_of(inner)], params),
+        other => panic!("the evaluator does not know condition !{other}"),
+    }
+}
+
+/// Every parameter at its default (`""` when it has none).
+fn defaults(t: &Value) -> BTreeMap<String, String> {
+    t["Parameters"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .map(|(k, p)| {
+            let d = match &p["Default"] {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                _ => String::new(),
+            };
+            (str_of(k).to_owned(), d)
+        })
+        .collect()
+}
+
+fn functions(t: &Value) -> Vec<(String, &Value)> {
+    t["Resources"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .filter(|(_, r)| r["Type"].as_str() == Some("AWS::Serverless::Function"))
+        .map(|(k, r)| (str_of(k).to_owned(), r))
+        .collect()
+}
+
+#[test]
+fn rds_proxy_can_reach_the_secrets_manager_endpoint_without_a_nat_gateway() {
+    let t = template();
+    let endpoint = resource(&t, "SecretsManagerEndpoint");
+    let sgs = endpoint["Properties"]["SecurityGroupIds"].as_sequence().unwrap();
+    assert!(sgs.iter().any(|v| is_ref(v, "EndpointSecurityGroup")), "{sgs:?}");
+    let ingress = resource(&t, "EndpointSecurityGroup")["Properties"]["SecurityGroupIngress"].as_sequence().unwrap();
+    for source in ["FunctionSecurityGroup", "ProxySecurityGroup"] {
+        assert!(
+            ingress.iter().any(|r| is_ref(&r["SourceSecurityGroupId"], source)
+                && r["IpProtocol"].as_str() == Some("tcp")
+                && r["FromPort"].as_u64().is_some_and(|p| p <= 443)
+                && r["ToPort"].as_u64().is_some_and(|p| p >= 443)),
+            "the endpoint must let {source} in on 443: {ingress:?}"
+        );
+    }
+    // The proxy's own group keeps the default egress (everything), so 443 leaves it.
+    assert!(resource(&t, "ProxySecurityGroup")["Properties"]["SecurityGroupEgress"].is_null());
+}
+
+#[test]
+fn reserved_concurrency_of_zero_the_default_leaves_every_function_unreserved() {
+    let t = template();
+    let params = defaults(&t);
+    let fns = functions(&t);
+    assert!(fns.len() >= 7, "{:?}", fns.iter().map(|(n, _)| n).collect::<Vec<_>>());
+    let mut governed = 0;
+    for (name, f) in &fns {
+        let prop = &f["Properties"]["ReservedConcurrentExecutions"];
+        if prop.is_null() {
+            continue;
+        }
+        // Reserved only through a parameter, never a literal a new account cannot afford.
+        let (tag, args) = tagged(prop).unwrap_or_else(|| panic!("{name} reserves a fixed {prop:?}"));
+        assert_eq!(tag, "If", "{name}");
+        assert_eq!(eval(&t, prop, &params), None, "{name} must be unreserved with the defaults");
+        let param = tagged(&args[1]).map(|(_, v)| str_of(v).to_owned()).expect("the reserved value is a parameter");
+        assert_eq!(params[&param], "0", "{param} defaults to 0");
+        let mut five = params.clone();
+        five.insert(param.clone(), "5".into());
+        assert_eq!(eval(&t, prop, &five), Some(Value::String("5".into())), "{name} with {param}=5");
+        governed += 1;
+    }
+    assert_eq!(governed, 6, "the six concurrency parameters each govern their function");
+}
+
+#[test]
+fn each_stack_writes_its_metrics_to_its_own_namespace_and_its_empty_pool_alarm_reads_that_one() {
+    let t = template();
+    let env = &t["Globals"]["Function"]["Environment"]["Variables"];
+    let ns = sub_text(&env["POOLMGR_METRICS_NAMESPACE"]).expect("POOLMGR_METRICS_NAMESPACE is a !Sub");
+    assert!(ns.contains("${AWS::StackName}"), "{ns}");
+    let metrics = resource(&t, "PoolEmptyAlarm")["Properties"]["Metrics"].as_sequence().unwrap();
+    let query = metrics.iter().find_map(|m| sub_text(&m["Expression"])).expect("the alarm's query is a !Sub");
+    assert!(query.contains(&format!("SCHEMA(\"{ns}\"")), "{query} must read namespace {ns}");
+}
+
+#[test]
+fn the_functions_security_group_is_exported_under_the_stack_name() {
+    let t = template();
+    let outputs = t["Outputs"].as_mapping().unwrap();
+    let out = outputs
+        .values()
+        .find(|o| {
+            tagged(&o["Value"])
+                .is_some_and(|(tag, v)| tag == "GetAtt" && v.as_str() == Some("FunctionSecurityGroup.GroupId"))
+        })
+        .expect("an output with the functions' security group id");
+    let export = sub_text(&out["Export"]["Name"]).expect("an export named with !Sub");
+    assert!(export.contains("${AWS::StackName}"), "{export}");
+}
+
+#[test]
+fn the_api_access_log_is_json_with_the_lambda_request_id_to_join_function_logs() {
+    let t = template();
+    let format = str_of(&resource(&t, "HttpApi")["Properties"]["AccessLogSettings"]["Format"]);
+    let line: serde_json::Value = serde_json::from_str(format).expect("the access log format is one JSON object");
+    assert_eq!(line["integrationRequestId"], "$context.integration.requestId");
+    assert_eq!(line["requestId"], "$context.requestId");
+}
+
+#[test]
+fn the_database_and_the_proxy_have_health_alarms_that_notify_the_topic() {
+    let t = template();
+    let alarms: Vec<&Value> = t["Resources"]
+        .as_mapping()
+        .unwrap()
+        .values()
+        .filter(|r| r["Type"].as_str() == Some("AWS::CloudWatch::Alarm"))
+        .map(|r| &r["Properties"])
+        .collect();
+    // (metric, dimension, resource it must name)
+    for (metric, dim, target) in [
+        ("CPUUtilization", "DBInstanceIdentifier", "Database"),
+        ("FreeStorageSpace", "DBInstanceIdentifier", "Database"),
+        ("DatabaseConnectionsCurrentlyBorrowed", "ProxyName", "DatabaseProxy"),
+    ] {
+        let on_metric = |a: &&&Value| {
+            let direct = a["MetricName"].as_str() == Some(metric) && dims_name(&a["Dimensions"], dim, target);
+            let math = a["Metrics"].as_sequence().is_some_and(|ms| {
+                ms.iter().any(|m| {
+                    let m = &m["MetricStat"]["Metric"];
+                    m["MetricName"].as_str() == Some(metric) && dims_name(&m["Dimensions"], dim, target)
+                })
+            });
+            direct || math
+        };
+        let alarm = alarms.iter().find(on_metric).unwrap_or_else(|| panic!("no alarm on {metric} of {target}"));
+        let actions = alarm["AlarmActions"].as_sequence().unwrap();
+        assert!(actions.iter().any(|a| is_ref(a, "AlarmTopic")), "{metric}: {actions:?}");
+    }
+}
+
+fn dims_name(dims: &Value, name: &str, target: &str) -> bool {
+    dims.as_sequence()
+        .is_some_and(|ds| ds.iter().any(|d| d["Name"].as_str() == Some(name) && is_ref(&d["Value"], target)))
+}
+
+#[test]
+fn the_proxy_requires_tls_and_the_functions_accept_the_settings_the_template_gives_them() {
+    let t = template();
+    assert_eq!(resource(&t, "DatabaseProxy")["Properties"]["RequireTLS"], Value::Bool(true));
+    // The functions' configuration, read from the template's environment (stack "stack-a"),
+    // is accepted and means what the template says.
+    let env = &t["Globals"]["Function"]["Environment"]["Variables"];
+    let mut vars: BTreeMap<String, String> = env
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .filter_map(|(k, v)| {
+            let v = match v {
+                Value::String(s) => s.clone(),
+                _ => sub_text(v)?.replace("${AWS::StackName}", "stack-a"),
+            };
+            Some((str_of(k).to_owned(), v))
+        })
+        .collect();
+    vars.insert("DATABASE_URL".into(), "postgres://u:p@proxy.example/poolmgr".into());
+    vars.insert("POOLMGR_ADMIN_TOKENS".into(), "admin:0123456789abcdef".into());
+    vars.insert("AWS_LAMBDA_FUNCTION_NAME".into(), "claims".into());
+    let cfg =
+        Config::from_lookup(|k| vars.get(k).cloned()).expect("the template's environment is a valid configuration");
+    assert_eq!(cfg.db_tls.default_mode(), SslMode::VerifyFull);
+    assert_eq!(cfg.metrics_namespace, "poolmgr/stack-a");
+}
