@@ -115,6 +115,22 @@ async fn a_pool_with_a_provisioning_vm_is_selected_unless_it_backs_off() {
     assert_eq!(selected(&app).await, Vec::<String>::new(), "backing off");
     exec(&app, "UPDATE vms SET next_attempt_at = NULL WHERE id = $1", &vm).await;
     assert_eq!(selected(&app).await, ["w"]);
+    // The seeded microVM boots after the simulator's boot delay: wait until flintlock says
+    // CREATED, so the pass's poll has that answer to find (on a busy machine it may not yet).
+    let (uid, host) = {
+        let conn = app.conn().await;
+        let uid: String = conn.query_one("SELECT uid FROM vms WHERE id = $1", &[&vm]).await.unwrap().get(0);
+        (uid, poolmgr_core::store::host_get(&**conn, SIM_HOST).await.unwrap().unwrap().0.endpoint())
+    };
+    let t0 = std::time::Instant::now();
+    loop {
+        let m = app.state.flintlock.get(&host, &uid).await.unwrap().expect("the simulator knows the VM");
+        if m.status.is_some_and(|s| s.state == flintlock_proto::types::micro_vm_status::MicroVmState::Created as i32) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "the simulated VM never booted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let r = app.pass().await;
     assert_eq!(r.available, 1, "the poll found it CREATED: {r:?}");
 }
