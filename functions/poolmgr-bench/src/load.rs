@@ -296,29 +296,72 @@ enum Outcome {
     Err(String),
 }
 
+/// One poolmgr: where to send the load.
+struct Target {
+    /// `host:port` of the endpoint (plain HTTP on loopback).
+    authority: String,
+    /// `Bearer <token>`.
+    auth: http::HeaderValue,
+    /// The claim body up to the request_id's value: `{"pool": {...}, "request_id": "`.
+    body_head: String,
+}
+
+/// One client's keep-alive HTTP/1.1 connection, hyper's connection API with nothing on top:
+/// the load generator shares the machine with what it measures, so it costs per request as
+/// little as pgbench's client does (no shared connection pool, no URL parsing, the body
+/// written with `format!`). A connection that failed is opened again on the next request.
 struct Http {
-    client: reqwest::Client,
-    /// One poolmgr: its claims and leases URLs.
-    claims_url: String,
-    leases_url: String,
-    token: String,
-    pool: serde_json::Value,
+    target: Arc<Target>,
+    sender: Option<hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>>,
 }
 
 impl Http {
-    async fn claim(&self, request_id: &str) -> Outcome {
-        let body = json!({"pool": self.pool, "request_id": request_id});
-        let resp = match self.client.post(&self.claims_url).bearer_auth(&self.token).json(&body).send().await {
+    fn new(target: Arc<Target>) -> Http {
+        Http { target, sender: None }
+    }
+
+    async fn send(&mut self, method: http::Method, path: &str, body: String) -> Result<(u16, bytes::Bytes), String> {
+        if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
+            let stream = tokio::net::TcpStream::connect(&self.target.authority).await.map_err(|_| "transport")?;
+            let _ = stream.set_nodelay(true);
+            let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|_| "transport")?;
+            tokio::spawn(conn);
+            self.sender = Some(sender);
+        }
+        let sender = self.sender.as_mut().expect("opened above");
+        let req = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, &self.target.authority)
+            .header(http::header::AUTHORIZATION, self.target.auth.clone())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .map_err(|_| "bad-request")?;
+        let fail = |s: &mut Option<_>| {
+            *s = None;
+            "transport".to_string()
+        };
+        let resp = match sender.send_request(req).await {
             Ok(r) => r,
-            Err(_) => return Outcome::Err("transport".into()),
+            Err(_) => return Err(fail(&mut self.sender)),
         };
-        let status = resp.status();
-        let bytes = match resp.bytes().await {
-            Ok(b) => b,
-            Err(_) => return Outcome::Err("transport".into()),
+        let status = resp.status().as_u16();
+        match http_body_util::BodyExt::collect(resp.into_body()).await {
+            Ok(b) => Ok((status, b.to_bytes())),
+            Err(_) => Err(fail(&mut self.sender)),
+        }
+    }
+
+    async fn claim(&mut self, request_id: &str) -> Outcome {
+        let body = format!("{}{request_id}\"}}", self.target.body_head);
+        let (status, bytes) = match self.send(http::Method::POST, "/v1/claims", body).await {
+            Ok(r) => r,
+            Err(e) => return Outcome::Err(e),
         };
-        if !status.is_success() {
-            return Outcome::Err(status.as_u16().to_string());
+        if !(200..300).contains(&status) {
+            return Outcome::Err(status.to_string());
         }
         match serde_json::from_slice::<ClaimBody>(&bytes) {
             Ok(b) => Outcome::Ok(b),
@@ -326,13 +369,9 @@ impl Http {
         }
     }
 
-    async fn release(&self, lease_id: &str) -> Result<(), String> {
-        let url = format!("{}/{lease_id}", self.leases_url);
-        let resp =
-            self.client.delete(&url).bearer_auth(&self.token).send().await.map_err(|_| "transport".to_string())?;
-        let status = resp.status();
-        let _ = resp.bytes().await;
-        if status.is_success() { Ok(()) } else { Err(status.as_u16().to_string()) }
+    async fn release(&mut self, lease_id: &str) -> Result<(), String> {
+        let (status, _) = self.send(http::Method::DELETE, &format!("/v1/leases/{lease_id}"), String::new()).await?;
+        if (200..300).contains(&status) { Ok(()) } else { Err(status.to_string()) }
     }
 }
 
@@ -342,8 +381,9 @@ fn request_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-async fn worker(http: Arc<Http>, mode: Mode, start_timing: Instant, stop: Instant) -> WorkerOut {
+async fn worker(target: Arc<Target>, mode: Mode, start_timing: Instant, stop: Instant) -> WorkerOut {
     let mut out = WorkerOut::default();
+    let mut http = Http::new(target);
     let bump = |errors: &mut BTreeMap<String, u64>, e: String| *errors.entry(e).or_default() += 1;
     // Replay: the one lease this client keeps asking for.
     let mut replay_of: Option<(String, String)> = None;
@@ -440,22 +480,21 @@ pub async fn http_load(cfg: HttpLoad) -> anyhow::Result<(RunResult, Vec<String>)
     if cfg.endpoints.is_empty() {
         bail!("no endpoint to send the load to");
     }
-    let client =
-        reqwest::Client::builder().pool_max_idle_per_host(cfg.concurrency).timeout(Duration::from_secs(60)).build()?;
-    let targets: Vec<Arc<Http>> = cfg
+    let targets: Vec<Arc<Target>> = cfg
         .endpoints
         .iter()
         .map(|e| {
-            let endpoint = e.trim_end_matches('/');
-            Arc::new(Http {
-                client: client.clone(),
-                claims_url: format!("{endpoint}/v1/claims"),
-                leases_url: format!("{endpoint}/v1/leases"),
-                token: cfg.token.clone(),
-                pool: json!({"namespace": cfg.namespace, "name": cfg.pool}),
-            })
+            let authority = e.trim_end_matches('/').strip_prefix("http://").with_context(|| {
+                format!("endpoint {e}: the load generator speaks plain HTTP only (http://host:port)")
+            })?;
+            let pool = json!({"namespace": cfg.namespace, "name": cfg.pool});
+            Ok(Arc::new(Target {
+                authority: authority.to_string(),
+                auth: http::HeaderValue::from_str(&format!("Bearer {}", cfg.token)).context("the token")?,
+                body_head: format!("{{\"pool\": {pool}, \"request_id\": \""),
+            }))
         })
-        .collect();
+        .collect::<anyhow::Result<_>>()?;
     let start_timing = Instant::now() + cfg.warmup;
     let stop = start_timing + cfg.duration;
     let handles: Vec<_> = (0..cfg.concurrency)

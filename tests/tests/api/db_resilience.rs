@@ -449,3 +449,43 @@ async fn a_deadlock_in_a_reconcile_step_is_a_retryable_step_error() {
     no_more_failures(&app, "vms").await;
     app.settle(40, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
 }
+
+/// The pool hands out the connection returned last (LIFO): under light load the same few
+/// server processes serve every request and stay hot in the CPU's caches, instead of each
+/// request waking the one idle longest (FIFO, deadpool's default), which made every one of
+/// the pool's connections take turns even for 4 clients. Behind a transaction pooler the
+/// connections left idle at the back also time out first, and are pinged before use.
+#[tokio::test]
+async fn an_idle_pool_hands_out_the_connection_returned_last() {
+    use poolmgr_core::store::Executor;
+    async fn backend(conn: &db::Conn) -> i32 {
+        conn.pg().query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0)
+    }
+    let app = TestApp::spawn().await;
+    let opts = db::PoolOptions {
+        size: 4,
+        connect_timeout: Duration::from_secs(10),
+        check_idle: Duration::from_secs(60),
+        statement_timeout: None,
+        cancel_on_timeout: false,
+        tls: db::DbTls::default(),
+    };
+    let pool = db::connect_pool(&app.db.url, &opts).unwrap();
+    // Four connections open at once, returned in order: the fourth goes back last.
+    let mut held = vec![];
+    for _ in 0..4 {
+        held.push(pool.get().await.unwrap());
+    }
+    let mut pids = vec![];
+    for c in &held {
+        pids.push(backend(c).await);
+    }
+    let distinct: std::collections::HashSet<_> = pids.iter().collect();
+    assert_eq!(distinct.len(), 4, "four connections were held at once: {pids:?}");
+    drop(held);
+    // One request at a time: every one gets the connection returned last.
+    for i in 0..8 {
+        let conn = pool.get().await.unwrap();
+        assert_eq!(backend(&conn).await, pids[3], "request {i} did not get the connection returned last ({pids:?})");
+    }
+}

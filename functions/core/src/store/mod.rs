@@ -346,11 +346,35 @@ pub trait Timed: Executor {
 impl<E: Executor> Timed for E {}
 
 /// Decodes a `to_jsonb(...)` column; NULL (an outer join that found nothing) is `None`.
+/// Straight from the column's bytes into `T`: no `serde_json::Value` in between (the claim
+/// decodes three of these per request).
 fn json_col<T: DeserializeOwned>(row: &Row, col: &str) -> Result<Option<T>> {
-    let v: Option<serde_json::Value> = row.try_get(col)?;
-    match v {
-        None | Some(serde_json::Value::Null) => Ok(None),
-        Some(v) => serde_json::from_value(v).map(Some).map_err(|e| StoreError::Db(format!("decoding {col}: {e}"))),
+    match row.try_get::<_, Option<RawJson<'_>>>(col)? {
+        None => Ok(None),
+        Some(RawJson(bytes)) => {
+            serde_json::from_slice::<Option<T>>(bytes).map_err(|e| StoreError::Db(format!("decoding {col}: {e}")))
+        }
+    }
+}
+
+/// A `json` or `jsonb` column's text, borrowed from the row.
+struct RawJson<'a>(&'a [u8]);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for RawJson<'a> {
+    fn from_sql(ty: &Type, raw: &'a [u8]) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        if *ty == Type::JSONB {
+            // jsonb's binary form: a version byte (1), then the JSON text.
+            match raw.split_first() {
+                Some((1, text)) => Ok(RawJson(text)),
+                _ => Err("unsupported jsonb version".into()),
+            }
+        } else {
+            Ok(RawJson(raw))
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSONB || *ty == Type::JSON
     }
 }
 
