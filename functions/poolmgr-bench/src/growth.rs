@@ -358,3 +358,87 @@ pub fn chart(rs: &[SizeResult], out: &Path) -> anyhow::Result<()> {
     root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
 }
+
+/// `reconcile-settled`: the settled pass alone at a size the growth series takes long to
+/// fill. POOLS pools of VMS AVAILABLE VMs are written by SQL (the first pool through the
+/// service, the others copied from its row; the VM rows name microVMs no simulator holds,
+/// which a settled pass never asks flintlock about), every pool marked stepped; then one
+/// pass to settle whatever the seeding left, PASSES timed settled passes, and one pass after
+/// 1 % of the pools lost a VM to an operator's discard. For development and the design note's
+/// before/after numbers: the growth series (`run`) is the benchmark of record.
+pub async fn settled(pools: usize, vms: i32, hosts: usize, passes: usize) -> anyhow::Result<()> {
+    let cfg = Config::from_lookup(|k| match k {
+        "POOLMGR_AUTH" => Some("disabled".into()),
+        "POOLMGR_DB_POOL_SIZE" => Some("32".into()),
+        k => std::env::var(k).ok(),
+    })?;
+    db::migrate_url(&cfg.database_url, &cfg.db_tls).await?;
+    let state = AppState::new(&cfg, db::pool_from_config(&cfg)?);
+    let mut servers = vec![];
+    for i in 0..hosts.max(1) {
+        let sim = Sim::new(SimConfig::default());
+        let server = sim.serve("127.0.0.1:0".parse()?).await?;
+        let host = json!({"address": server.addr.to_string(), "name": format!("sim{i}"), "tls": {"insecure": true}});
+        service::host::create(&state, serde_json::from_value(host)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        servers.push(server);
+    }
+    let host_names: Vec<String> = (0..hosts.max(1)).map(|i| format!("sim{i}")).collect();
+    let spec: PoolSpec = serde_json::from_value(json!({
+        "name": "p0", "size": vms, "flintlock_hosts": host_names,
+        "replenishment": {"strategy": "REPLACE_ON_DELETE"},
+        "microvm_template": {
+            "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/x/root:1"}},
+            "interfaces": [{"device_id": "eth1", "type": "TAP"}]
+        }
+    }))?;
+    service::pool::create(&state, spec).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let t = Instant::now();
+    let conn = state.db.raw().get().await?;
+    conn.batch_execute(&format!(
+        "INSERT INTO pools
+         SELECT (jsonb_populate_record(p, jsonb_build_object('name', 'p' || i))).*
+         FROM pools p, generate_series(1, {last}) i WHERE p.name = 'p0';
+         INSERT INTO vms (id, uid, pool_namespace, pool_name, flintlock_host, phase, created_at, updated_at)
+         SELECT p.name || '-' || k, 'uid-' || p.name || '-' || k, p.namespace, p.name,
+                'sim' || (k % {hosts}), 'AVAILABLE', now() - interval '1 hour', now() - interval '1 hour'
+         FROM pools p, generate_series(1, {vms}) k;
+         UPDATE pools SET updated_at = now() - interval '1 hour', reconcile_until = now() - interval '1 minute';
+         ANALYZE",
+        last = pools.saturating_sub(1),
+        hosts = hosts.max(1),
+    ))
+    .await?;
+    drop(conn);
+    eprintln!("==> seeded {pools} pools of {vms} VMs by SQL in {:.1} s", t.elapsed().as_secs_f64());
+    let (took, r) = timed_pass(&state).await?;
+    eprintln!("    first pass: {:.0} ms (selected {}, errors {:?})", ms(took), r.selected, r.errors);
+    let mut settled = vec![];
+    for _ in 0..passes {
+        let (took, r) = timed_pass(&state).await?;
+        eprintln!("    settled pass: {:.1} ms (selected {}, errors {})", ms(took), r.selected, r.errors.len());
+        settled.push(ms(took));
+    }
+    let work_pools = pools.div_ceil(100);
+    for k in 0..work_pools {
+        let id = format!("p{}-1", (k * 100) % pools);
+        service::vm::discard(&state, &id, "bench").await.map_err(|e| anyhow::anyhow!("{id}: {e}"))?;
+    }
+    let (took, r) = timed_pass(&state).await?;
+    eprintln!(
+        "    1 % pass: {:.0} ms (selected {}, deleted {}, created {}, errors {})",
+        ms(took),
+        r.selected,
+        r.deleted,
+        r.created,
+        r.errors.len()
+    );
+    println!(
+        "{}",
+        json!({"pools": pools, "vms": vms, "settled_median_ms": median(settled.clone()),
+               "settled_ms": settled, "work_pools": work_pools, "work_ms": ms(took), "work_selected": r.selected})
+    );
+    for server in servers {
+        server.shutdown().await;
+    }
+    Ok(())
+}
