@@ -144,7 +144,7 @@ pub struct ReconcileConfig {
     /// the full checks off (tests of the signals alone).
     pub full_checks: i64,
     /// How far before the watermark the selection looks for VM writes and pool steps
-    /// (`POOLMGR_RECONCILE_SELECTION_MARGIN_MS`, 5000): for a transaction the watermark's
+    /// (`POOLMGR_RECONCILE_SELECTION_MARGIN_MS`, 1000): for a transaction the watermark's
     /// horizon cannot see (another role's; one starting in the instant the horizon is read).
     pub selection_margin: Duration,
 }
@@ -388,7 +388,7 @@ impl Config {
                 selection_margin: Duration::from_millis(parse_num(
                     &lookup,
                     "POOLMGR_RECONCILE_SELECTION_MARGIN_MS",
-                    5000u64,
+                    1000u64,
                 )?),
             },
         })

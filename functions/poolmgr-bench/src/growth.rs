@@ -150,6 +150,9 @@ pub async fn run(pools: usize, vms: i32, hosts: usize, max_passes: usize, out: O
     let filled = fill(&state, total, max_passes).await?;
     let fill_s = t_fill.elapsed().as_secs_f64();
 
+    // Settled: nothing changed within the selection's margin (a pass looks that far back for
+    // changes, so passes right after the fill still count the pools it touched last).
+    tokio::time::sleep(state.config.reconcile.selection_margin + Duration::from_millis(100)).await;
     eprintln!("==> five settled passes");
     let mut settled = vec![];
     for _ in 0..5 {

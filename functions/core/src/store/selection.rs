@@ -49,3 +49,11 @@ pub async fn selection_advance(c: &impl Executor, horizon: DateTime<Utc>, checke
     .await?;
     Ok(())
 }
+
+/// No JIT compilation for the rest of the transaction `c` is (`SET LOCAL`: nothing outlives
+/// it, so a transaction pooler may hand the connection on afterwards). For statements whose
+/// estimated cost passes `jit_above_cost` while their actual work is small.
+pub async fn session_without_jit(c: &impl Executor) -> Result<()> {
+    c.timed_execute("SET LOCAL jit = off", &[]).await?;
+    Ok(())
+}
