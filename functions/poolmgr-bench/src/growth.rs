@@ -105,6 +105,18 @@ async fn fill(state: &AppState, total: i64, max_passes: usize) -> anyhow::Result
     anyhow::bail!("not full after {max_passes} passes: raise --max-passes or look at the errors above")
 }
 
+/// A pool of the series: `vms` VMs placed on `hosts`, REPLACE_ON_DELETE.
+fn bench_pool(name: &str, vms: i32, hosts: &[impl serde::Serialize]) -> anyhow::Result<PoolSpec> {
+    Ok(serde_json::from_value(json!({
+        "name": name, "size": vms, "flintlock_hosts": hosts,
+        "replenishment": {"strategy": "REPLACE_ON_DELETE"},
+        "microvm_template": {
+            "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/x/root:1"}},
+            "interfaces": [{"device_id": "eth1", "type": "TAP"}]
+        }
+    }))?)
+}
+
 pub async fn run(pools: usize, vms: i32, hosts: usize, max_passes: usize, out: Option<&Path>) -> anyhow::Result<()> {
     let load_before = load_average();
     let cfg = Config::from_lookup(|k| match k {
@@ -132,15 +144,9 @@ pub async fn run(pools: usize, vms: i32, hosts: usize, max_passes: usize, out: O
     let host_names: Vec<&str> = sims.iter().map(|(n, ..)| n.as_str()).collect();
     eprintln!("==> creating {pools} pools of {vms} VMs on {} hosts", host_names.len());
     for i in 0..pools {
-        let spec: PoolSpec = serde_json::from_value(json!({
-            "name": format!("p{i}"), "size": vms, "flintlock_hosts": host_names,
-            "replenishment": {"strategy": "REPLACE_ON_DELETE"},
-            "microvm_template": {
-                "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/x/root:1"}},
-                "interfaces": [{"device_id": "eth1", "type": "TAP"}]
-            }
-        }))?;
-        service::pool::create(&state, spec).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        service::pool::create(&state, bench_pool(&format!("p{i}"), vms, &host_names)?)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         if (i + 1) % 1000 == 0 {
             eprintln!("    {} pools created", i + 1);
         }
@@ -386,15 +392,7 @@ pub async fn settled(pools: usize, vms: i32, hosts: usize, passes: usize) -> any
         servers.push(server);
     }
     let host_names: Vec<String> = (0..hosts.max(1)).map(|i| format!("sim{i}")).collect();
-    let spec: PoolSpec = serde_json::from_value(json!({
-        "name": "p0", "size": vms, "flintlock_hosts": host_names,
-        "replenishment": {"strategy": "REPLACE_ON_DELETE"},
-        "microvm_template": {
-            "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/x/root:1"}},
-            "interfaces": [{"device_id": "eth1", "type": "TAP"}]
-        }
-    }))?;
-    service::pool::create(&state, spec).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    service::pool::create(&state, bench_pool("p0", vms, &host_names)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     let t = Instant::now();
     let conn = state.db.raw().get().await?;
     conn.batch_execute(&format!(
