@@ -138,6 +138,15 @@ pub struct ReconcileConfig {
     /// (`POOLMGR_EVENTS_RETENTION`: `7d` by default; a number with a unit `s`, `m`, `h` or
     /// `d`, a bare number is seconds; `off` keeps events forever, `None`).
     pub events_retention: Option<Duration>,
+    /// Pools every pass checks in full (counts their VMs) whatever the selection's signals
+    /// say, in key order from where the last pass stopped (`POOLMGR_RECONCILE_FULL_CHECKS`,
+    /// 200): a transition no signal covers is found within ceil(pools / this) passes. 0 turns
+    /// the full checks off (tests of the signals alone).
+    pub full_checks: i64,
+    /// How far before the watermark the selection looks for VM writes and pool steps
+    /// (`POOLMGR_RECONCILE_SELECTION_MARGIN_MS`, 1000): for a transaction the watermark's
+    /// horizon cannot see (another role's; one starting in the instant the horizon is read).
+    pub selection_margin: Duration,
 }
 
 fn parse_num<T: std::str::FromStr>(
@@ -375,6 +384,12 @@ impl Config {
                     "POOLMGR_EVENTS_RETENTION",
                     Duration::from_secs(7 * 86_400),
                 )?,
+                full_checks: parse_num(&lookup, "POOLMGR_RECONCILE_FULL_CHECKS", 200i64)?.max(0),
+                selection_margin: Duration::from_millis(parse_num(
+                    &lookup,
+                    "POOLMGR_RECONCILE_SELECTION_MARGIN_MS",
+                    1000u64,
+                )?),
             },
         })
     }

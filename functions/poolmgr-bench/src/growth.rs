@@ -105,6 +105,18 @@ async fn fill(state: &AppState, total: i64, max_passes: usize) -> anyhow::Result
     anyhow::bail!("not full after {max_passes} passes: raise --max-passes or look at the errors above")
 }
 
+/// A pool of the series: `vms` VMs placed on `hosts`, REPLACE_ON_DELETE.
+fn bench_pool(name: &str, vms: i32, hosts: &[impl serde::Serialize]) -> anyhow::Result<PoolSpec> {
+    Ok(serde_json::from_value(json!({
+        "name": name, "size": vms, "flintlock_hosts": hosts,
+        "replenishment": {"strategy": "REPLACE_ON_DELETE"},
+        "microvm_template": {
+            "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/x/root:1"}},
+            "interfaces": [{"device_id": "eth1", "type": "TAP"}]
+        }
+    }))?)
+}
+
 pub async fn run(pools: usize, vms: i32, hosts: usize, max_passes: usize, out: Option<&Path>) -> anyhow::Result<()> {
     let load_before = load_average();
     let cfg = Config::from_lookup(|k| match k {
@@ -132,15 +144,9 @@ pub async fn run(pools: usize, vms: i32, hosts: usize, max_passes: usize, out: O
     let host_names: Vec<&str> = sims.iter().map(|(n, ..)| n.as_str()).collect();
     eprintln!("==> creating {pools} pools of {vms} VMs on {} hosts", host_names.len());
     for i in 0..pools {
-        let spec: PoolSpec = serde_json::from_value(json!({
-            "name": format!("p{i}"), "size": vms, "flintlock_hosts": host_names,
-            "replenishment": {"strategy": "REPLACE_ON_DELETE"},
-            "microvm_template": {
-                "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/x/root:1"}},
-                "interfaces": [{"device_id": "eth1", "type": "TAP"}]
-            }
-        }))?;
-        service::pool::create(&state, spec).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        service::pool::create(&state, bench_pool(&format!("p{i}"), vms, &host_names)?)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         if (i + 1) % 1000 == 0 {
             eprintln!("    {} pools created", i + 1);
         }
@@ -150,6 +156,9 @@ pub async fn run(pools: usize, vms: i32, hosts: usize, max_passes: usize, out: O
     let filled = fill(&state, total, max_passes).await?;
     let fill_s = t_fill.elapsed().as_secs_f64();
 
+    // Settled: nothing changed within the selection's margin (a pass looks that far back for
+    // changes, so passes right after the fill still count the pools it touched last).
+    tokio::time::sleep(state.config.reconcile.selection_margin + Duration::from_millis(100)).await;
     eprintln!("==> five settled passes");
     let mut settled = vec![];
     for _ in 0..5 {
@@ -356,5 +365,81 @@ pub fn chart(rs: &[SizeResult], out: &Path) -> anyhow::Result<()> {
         .draw()
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// `reconcile-settled`: the settled pass alone at a size the growth series takes long to
+/// fill. POOLS pools of VMS AVAILABLE VMs are written by SQL (the first pool through the
+/// service, the others copied from its row; the VM rows name microVMs no simulator holds,
+/// which a settled pass never asks flintlock about), every pool marked stepped; then one
+/// pass to settle whatever the seeding left, PASSES timed settled passes, and one pass after
+/// 1 % of the pools lost a VM to an operator's discard. For development and the design note's
+/// before/after numbers: the growth series (`run`) is the benchmark of record.
+pub async fn settled(pools: usize, vms: i32, hosts: usize, passes: usize) -> anyhow::Result<()> {
+    let cfg = Config::from_lookup(|k| match k {
+        "POOLMGR_AUTH" => Some("disabled".into()),
+        "POOLMGR_DB_POOL_SIZE" => Some("32".into()),
+        k => std::env::var(k).ok(),
+    })?;
+    db::migrate_url(&cfg.database_url, &cfg.db_tls).await?;
+    let state = AppState::new(&cfg, db::pool_from_config(&cfg)?);
+    let mut servers = vec![];
+    for i in 0..hosts.max(1) {
+        let sim = Sim::new(SimConfig::default());
+        let server = sim.serve("127.0.0.1:0".parse()?).await?;
+        let host = json!({"address": server.addr.to_string(), "name": format!("sim{i}"), "tls": {"insecure": true}});
+        service::host::create(&state, serde_json::from_value(host)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        servers.push(server);
+    }
+    let host_names: Vec<String> = (0..hosts.max(1)).map(|i| format!("sim{i}")).collect();
+    service::pool::create(&state, bench_pool("p0", vms, &host_names)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let t = Instant::now();
+    let conn = state.db.raw().get().await?;
+    conn.batch_execute(&format!(
+        "INSERT INTO pools
+         SELECT (jsonb_populate_record(p, jsonb_build_object('name', 'p' || i))).*
+         FROM pools p, generate_series(1, {last}) i WHERE p.name = 'p0';
+         INSERT INTO vms (id, uid, pool_namespace, pool_name, flintlock_host, phase, created_at, updated_at)
+         SELECT p.name || '-' || k, 'uid-' || p.name || '-' || k, p.namespace, p.name,
+                'sim' || (k % {hosts}), 'AVAILABLE', now() - interval '1 hour', now() - interval '1 hour'
+         FROM pools p, generate_series(1, {vms}) k;
+         UPDATE pools SET updated_at = now() - interval '1 hour', reconcile_until = now() - interval '1 minute';
+         ANALYZE",
+        last = pools.saturating_sub(1),
+        hosts = hosts.max(1),
+    ))
+    .await?;
+    drop(conn);
+    eprintln!("==> seeded {pools} pools of {vms} VMs by SQL in {:.1} s", t.elapsed().as_secs_f64());
+    let (took, r) = timed_pass(&state).await?;
+    eprintln!("    first pass: {:.0} ms (selected {}, errors {:?})", ms(took), r.selected, r.errors);
+    let mut settled = vec![];
+    for _ in 0..passes {
+        let (took, r) = timed_pass(&state).await?;
+        eprintln!("    settled pass: {:.1} ms (selected {}, errors {})", ms(took), r.selected, r.errors.len());
+        settled.push(ms(took));
+    }
+    let work_pools = pools.div_ceil(100);
+    for k in 0..work_pools {
+        let id = format!("p{}-1", (k * 100) % pools);
+        service::vm::discard(&state, &id, "bench").await.map_err(|e| anyhow::anyhow!("{id}: {e}"))?;
+    }
+    let (took, r) = timed_pass(&state).await?;
+    eprintln!(
+        "    1 % pass: {:.0} ms (selected {}, deleted {}, created {}, errors {})",
+        ms(took),
+        r.selected,
+        r.deleted,
+        r.created,
+        r.errors.len()
+    );
+    println!(
+        "{}",
+        json!({"pools": pools, "vms": vms, "settled_median_ms": median(settled.clone()),
+               "settled_ms": settled, "work_pools": work_pools, "work_ms": ms(took), "work_selected": r.selected})
+    );
+    for server in servers {
+        server.shutdown().await;
+    }
     Ok(())
 }

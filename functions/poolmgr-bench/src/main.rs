@@ -182,6 +182,18 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Settled passes over POOLS pools of VMS VMs seeded by SQL, and one pass with 1 % of
+    /// them needing work (DATABASE_URL must be an empty database).
+    ReconcileSettled {
+        #[arg(long, default_value_t = 10000)]
+        pools: usize,
+        #[arg(long, default_value_t = 10)]
+        vms: i32,
+        #[arg(long, default_value_t = 4)]
+        hosts: usize,
+        #[arg(long, default_value_t = 5)]
+        passes: usize,
+    },
     /// Write the growth series in --results into the generated section of --doc and the chart --svg.
     ReconcileReport {
         #[arg(long)]
@@ -436,6 +448,7 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Reconcile { pools, vms, hosts, max_passes, out } => {
             growth::run(pools, vms, hosts, max_passes, out.as_deref()).await
         }
+        Cmd::ReconcileSettled { pools, vms, hosts, passes } => growth::settled(pools, vms, hosts, passes).await,
         Cmd::ReconcileReport { results, machine, doc, svg } => {
             let rs = growth::read_results(&results)?;
             let chart_name = svg.file_name().context("--svg needs a file name")?.to_string_lossy().to_string();

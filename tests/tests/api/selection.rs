@@ -229,3 +229,294 @@ async fn creates_run_side_by_side_across_hosts_each_host_bounded() {
         assert!(h.creates_per_s > 0.0);
     }
 }
+
+// Issue 15, selection in O(work): the signals, the full checks, the watermark.
+
+/// No full checks and no margin: what a pass selects comes from the signals alone (events
+/// and pool steps since the watermark, leases and VMs due, the pools row).
+fn signals_only(env: &mut Vec<(String, String)>) {
+    env.push(("POOLMGR_RECONCILE_FULL_CHECKS".into(), "0".into()));
+    env.push(("POOLMGR_RECONCILE_SELECTION_MARGIN_MS".into(), "0".into()));
+}
+
+/// Pools `a` to `f` and `q` of 2 AVAILABLE VMs each, REPLACE_ON_DELETE but `a`
+/// (IMMEDIATE_ON_LEASE: a claim alone gives it work) and `q` (a pre-lease hook under
+/// QUARANTINE), stepped once, then settled: passes select none of them.
+async fn settled_signal_pools() -> TestApp {
+    let app = TestApp::spawn_with(signals_only).await;
+    for name in ["a", "b", "c", "d", "e", "f", "q"] {
+        let mut spec = pool_spec(name, 2);
+        if name == "a" {
+            spec["replenishment"] = json!({"strategy": "IMMEDIATE_ON_LEASE"});
+        }
+        if name == "q" {
+            spec["pre_lease_commands"] = json!(["reset-state"]);
+            spec["hook_failure_policy"] = json!("QUARANTINE");
+        }
+        app.post(ADMIN, "/v1/pools", spec).await.assert_ok(201);
+        app.seed_available(name, 2).await;
+    }
+    let first = app.pass().await;
+    assert_eq!(first.selected, 7, "{first:?}");
+    for _ in 0..2 {
+        let r = app.pass().await;
+        assert_eq!((r.selected, r.pools), (0, 0), "{r:?}");
+    }
+    app
+}
+
+/// The next pass after a change: exactly `pool` selected and stepped.
+async fn selects_exactly(app: &TestApp, pool: &str, what: &str) -> reconcile::PassReport {
+    assert_eq!(selected(app).await, [pool], "{what}");
+    let r = app.pass().await;
+    assert_eq!((r.selected, r.pools), (1, 1), "{what}: {r:?}");
+    r
+}
+
+/// Passes until one selects nothing (a step may leave work for the next one: a delete, then
+/// the poll of its replacement), at most `max`.
+async fn until_settled(app: &TestApp, max: usize, what: &str) {
+    for _ in 0..max {
+        if app.pass().await.selected == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    panic!("{what}: still selecting pools after {max} passes");
+}
+
+async fn reconcile_until(app: &TestApp, pool: &str) -> chrono::DateTime<chrono::Utc> {
+    let conn = app.conn().await;
+    conn.query_one("SELECT reconcile_until FROM pools WHERE name = $1", &[&pool]).await.unwrap().get(0)
+}
+
+#[tokio::test]
+async fn each_kind_of_change_selects_exactly_its_pool_in_the_next_pass_and_a_settled_pool_never() {
+    let app = settled_signal_pools().await;
+    let f_stepped = reconcile_until(&app, "f").await;
+
+    // A claim (IMMEDIATE_ON_LEASE: the claimed VM is replaced at once).
+    let lease_a = app.claimed(CLIENT_A, "a", None).await;
+    let r = selects_exactly(&app, "a", "a claim").await;
+    assert_eq!(r.created, 1, "{r:?}");
+    until_settled(&app, 40, "after the claim").await;
+    // Released again, so the clock moved below expires no lease of a.
+    app.release(CLIENT_A, &lease_a.lease.lease_id).await.assert_ok(204);
+    until_settled(&app, 40, "after the release on a").await;
+
+    // A release: the VM goes DELETING, is deleted and replaced.
+    let lease = app.claimed(CLIENT_A, "b", None).await;
+    assert_eq!(selected(&app).await, Vec::<String>::new(), "REPLACE_ON_DELETE: a claim alone is nothing to do");
+    until_settled(&app, 5, "after the claim on b").await;
+    app.release(CLIENT_A, &lease.lease.lease_id).await.assert_ok(204);
+    selects_exactly(&app, "b", "a release").await;
+    until_settled(&app, 40, "after the release").await;
+
+    // An operator's forced delete of a VM.
+    let vm = app.list_vms("pool=c").await.remove(0).id;
+    app.delete(ADMIN, &format!("/v1/vms/{vm}")).await.assert_ok(204);
+    selects_exactly(&app, "c", "a forced VM delete").await;
+    until_settled(&app, 40, "after the forced delete").await;
+
+    // A lease due: the clock alone, no row written.
+    app.claimed(CLIENT_A, "d", None).await;
+    until_settled(&app, 5, "after the claim on d").await;
+    app.advance_clock(Duration::from_secs(121));
+    let r = selects_exactly(&app, "d", "a lease due").await;
+    app.reset_clock();
+    assert_eq!(r.expired, 1, "{r:?}");
+    until_settled(&app, 40, "after the expiry").await;
+
+    // A spec change.
+    let mut spec = pool_spec("e", 2);
+    spec["heartbeat_expiry_seconds"] = json!(300);
+    app.put(ADMIN, "/v1/pools/default/e", spec).await.assert_ok(200);
+    selects_exactly(&app, "e", "a spec change").await;
+    until_settled(&app, 5, "after the spec change").await;
+
+    // A quarantine, by a claim whose pre-lease hook failed, outside any pass.
+    wait_booted(&app, "q").await;
+    app.sim.set_exec_rule("reset-state", flintlock_sim::ExecRule { exit_code: 3, ..Default::default() });
+    app.claim(CLIENT_A, "q", None).await.assert_error(500, "INTERNAL");
+    assert_eq!(app.count_phase("q", "QUARANTINED").await, 1);
+    let r = selects_exactly(&app, "q", "a quarantine").await;
+    assert_eq!(r.created, 1, "the quarantined VM is replaced: {r:?}");
+    until_settled(&app, 40, "after the quarantine").await;
+
+    assert_eq!(reconcile_until(&app, "f").await, f_stepped, "the settled pool f was never stepped again");
+}
+
+/// Waits until every simulated microVM of `pool` is CREATED (a hook needs it booted).
+async fn wait_booted(app: &TestApp, pool: &str) {
+    let uids: Vec<String> = app.list_vms(&format!("pool={pool}")).await.into_iter().filter_map(|v| v.uid).collect();
+    let t0 = std::time::Instant::now();
+    while !uids.iter().all(|u| {
+        app.sim
+            .vm(u)
+            .and_then(|m| m.status)
+            .is_some_and(|s| s.state == flintlock_proto::types::micro_vm_status::MicroVmState::Created as i32)
+    }) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the simulated VMs of {pool} never booted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Four settled pools, `n0` to `n3`; then one VM of `n2` quarantined by raw SQL: no signal
+/// sees that (no event, no pool stepped, nothing due), yet `n2` is one VM short.
+async fn a_vm_lost_without_a_signal(full_checks: &'static str) -> TestApp {
+    let app = TestApp::spawn_with(|env| {
+        signals_only(env);
+        env.retain(|(k, _)| k != "POOLMGR_RECONCILE_FULL_CHECKS");
+        env.push(("POOLMGR_RECONCILE_FULL_CHECKS".into(), full_checks.into()));
+    })
+    .await;
+    for name in ["n0", "n1", "n2", "n3"] {
+        app.create_pool(name, 2).await;
+        app.seed_available(name, 2).await;
+    }
+    until_settled(&app, 5, "the four pools").await;
+    app.pass().await;
+    let vm: String = app
+        .conn()
+        .await
+        .query_one("SELECT id FROM vms WHERE pool_name = 'n2' ORDER BY id LIMIT 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // Raw SQL: no event, no updated_at, the microVM left as it is (a deleted row would leave
+    // an orphan, whose deletion by the scan writes an event).
+    app.conn().await.execute("UPDATE vms SET phase = 'QUARANTINED' WHERE id = $1", &[&vm]).await.unwrap();
+    app
+}
+
+/// The full checks' bound: with 1 pool checked in full per pass and 4 pools, every pool is
+/// checked within 4 passes, so `n2` is refilled within 4.
+#[tokio::test]
+async fn a_pool_short_of_a_vm_no_signal_saw_is_refilled_within_the_full_checks_bound() {
+    let app = a_vm_lost_without_a_signal("1").await;
+    let mut refilled_in = None;
+    for pass in 1..=4 {
+        let r = app.pass().await;
+        if r.created > 0 {
+            assert_eq!((r.selected, r.created), (1, 1), "{r:?}");
+            refilled_in = Some(pass);
+            break;
+        }
+        assert_eq!(r.selected, 0, "{r:?}");
+    }
+    assert!(refilled_in.is_some(), "n2 not refilled within ceil(4 pools / 1) passes");
+}
+
+/// What the full checks are for: without them, no signal ever finds that row gone.
+#[tokio::test]
+async fn without_full_checks_a_pool_short_of_a_vm_no_signal_saw_stays_short() {
+    let app = a_vm_lost_without_a_signal("0").await;
+    for _ in 0..8 {
+        let r = app.pass().await;
+        assert_eq!((r.selected, r.created), (0, 0), "{r:?}");
+    }
+    assert_eq!(app.count_phase("n2", "AVAILABLE").await, 1);
+    assert_eq!(app.count_phase("n2", "PROVISIONING").await, 0);
+}
+
+/// A transaction that changed a VM (quarantined it, its event stamped with its start) and
+/// stays open across a whole pass, committing only after that pass recorded what it saw:
+/// the next pass still selects the pool. No margin: the pass's horizon (the oldest open
+/// transaction) alone keeps the watermark before the write.
+#[tokio::test]
+async fn a_vm_write_committed_after_a_pass_that_could_not_see_it_is_selected_by_the_next() {
+    let app = TestApp::spawn_with(signals_only).await;
+    app.create_pool("w", 2).await;
+    let vms = app.seed_available("w", 2).await;
+    until_settled(&app, 5, "pool w").await;
+
+    let mut conn = app.conn().await;
+    let tx = conn.transaction().await.unwrap();
+    // What a quarantine writes: the VM's phase and its event, stamped with the transaction's start.
+    tx.batch_execute(&format!(
+        "UPDATE vms SET phase = 'QUARANTINED', updated_at = now() WHERE id = '{id}';
+         INSERT INTO events (type, pool_namespace, pool_name, vm_id) VALUES ('VM_HOOK_FAILED', 'default', 'w', '{id}')",
+        id = vms[0].id
+    ))
+    .await
+    .unwrap();
+    let during = app.pass().await;
+    assert_eq!((during.selected, during.pools), (0, 0), "the write is not committed yet: {during:?}");
+    let seen_through: chrono::DateTime<chrono::Utc> =
+        app.conn().await.query_one("SELECT seen_through FROM reconcile_selection", &[]).await.unwrap().get(0);
+    let tx_start: chrono::DateTime<chrono::Utc> = tx.query_one("SELECT now()", &[]).await.unwrap().get(0);
+    assert!(seen_through <= tx_start, "the pass recorded a watermark past the open write");
+    tx.commit().await.unwrap();
+
+    let after = app.pass().await;
+    assert_eq!((after.selected, after.created), (1, 1), "the late write is seen: {after:?}");
+}
+
+/// Claims and releases on 8 pools from 8 tasks while 3 passes run over and over, all
+/// released at once, no full checks: the signals alone bring every pool back to its size,
+/// with no VM leased twice and no microVM without its row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_and_releases_racing_overlapping_passes_leave_every_pool_at_size() {
+    let app = Arc::new(TestApp::spawn_with(signals_only).await);
+    for i in 0..8 {
+        app.create_pool(&format!("r{i}"), 3).await;
+        app.seed_available(&format!("r{i}"), 3).await;
+    }
+    until_settled(&app, 5, "the 8 pools").await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(11));
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let claimers: Vec<_> = (0..8)
+        .map(|t| {
+            let (app, barrier, done) = (app.clone(), barrier.clone(), done.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let mut vms = vec![];
+                for k in 0..6 {
+                    let r = app.claim(CLIENT_A, &format!("r{}", (t + k) % 8), None).await;
+                    if r.status == 200 {
+                        let c: poolmgr_core::api::ClaimResponse = r.json();
+                        app.release(CLIENT_A, &c.lease.lease_id).await.assert_ok(204);
+                        vms.push(c.vm.id);
+                    }
+                }
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                vms
+            })
+        })
+        .collect();
+    let passers: Vec<_> = (0..3)
+        .map(|_| {
+            let (app, barrier, done) = (app.clone(), barrier.clone(), done.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                while done.load(std::sync::atomic::Ordering::SeqCst) < 8 {
+                    let r = app.pass().await;
+                    assert!(r.errors.is_empty(), "{:?}", r.errors);
+                }
+            })
+        })
+        .collect();
+    let mut claimed = vec![];
+    for c in claimers {
+        claimed.extend(c.await.unwrap());
+    }
+    for p in passers {
+        p.await.unwrap();
+    }
+    assert!(!claimed.is_empty(), "some claims got VMs");
+    let distinct: std::collections::HashSet<&String> = claimed.iter().collect();
+    assert_eq!(distinct.len(), claimed.len(), "a VM was leased twice");
+    app.settle(60, "every pool at 3 AVAILABLE and nothing else", || async {
+        app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'").await == 24
+            && app.scalar_i64("SELECT count(*) FROM vms").await == 24
+    })
+    .await;
+    for i in 0..8 {
+        assert_eq!(app.count_phase(&format!("r{i}"), "AVAILABLE").await, 3, "pool r{i}");
+    }
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+    let live = TestApp::sim_live(&app.sim);
+    assert_eq!(live.len(), 24, "one microVM per row, none left behind");
+    let settled = app.pass().await;
+    assert_eq!((settled.selected, settled.pools), (0, 0), "{settled:?}");
+}

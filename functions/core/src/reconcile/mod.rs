@@ -196,6 +196,8 @@ struct Pass<'a> {
     leased: Mutex<VecDeque<PoolRow>>,
     /// Held by the worker taking the next batch of leases, so one batch is taken at a time.
     taking: tokio::sync::Mutex<()>,
+    /// A batch of leases could not be taken: its pools were neither leased nor found held.
+    lease_failed: Mutex<bool>,
     /// Per host, the calls of this pass so far (the report's `hosts`).
     host_stats: Mutex<BTreeMap<String, HostPassStats>>,
 }
@@ -319,14 +321,14 @@ impl Pass<'_> {
 pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     let t0 = Instant::now();
     let rc = &state.config.reconcile;
-    let (started_db, marked_unreachable) = {
+    let (started_db, horizon, marked_unreachable) = {
         let conn = state.db.get().await?;
-        let now = store::database_now(&conn).await?;
-        let marked = store::host_list(&conn)
+        let (now, horizon) = store::selection_horizon(&conn).await?;
+        let marked = store::host_rows(&conn)
             .await?
             .into_iter()
-            .filter_map(|(h, _)| h.unreachable_until.is_some_and(|t| t > now).then_some(h.name));
-        (now, marked.collect())
+            .filter_map(|h| h.unreachable_until.is_some_and(|t| t > now).then_some(h.name));
+        (now, horizon, marked.collect())
     };
     let cfg = &state.config;
     let pass = Arc::new(Pass {
@@ -342,22 +344,30 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
         pending: Mutex::default(),
         leased: Mutex::default(),
         taking: tokio::sync::Mutex::new(()),
+        lease_failed: Mutex::new(false),
         host_stats: Mutex::default(),
     });
 
     let mut report = PassReport::default();
-    match select::pools_with_work(state, started_db).await {
-        Ok(pools) => {
-            report.selected = pools.len();
-            *pass.pending.lock().expect("pending pools") = pools.into();
+    let checked = match select::select(state, started_db).await {
+        Ok(selection) => {
+            report.selected = selection.pools.len();
+            *pass.pending.lock().expect("pending pools") = selection.pools.into();
+            Some(selection.checked)
         }
-        Err(e) => report.errors.push(format!("selecting the pools with work: {e}")),
-    }
+        Err(e) => {
+            report.errors.push(format!("selecting the pools with work: {e}"));
+            None
+        }
+    };
     let workers = (0..rc.concurrency).map(|_| pool_worker(&pass));
     for r in futures::future::join_all(workers).await {
         report.merge(r);
     }
     release_unstepped(&pass, &mut report).await;
+    if let Some(checked) = checked {
+        advance_selection(&pass, horizon, checked.as_ref(), &mut report).await;
+    }
     report.merge(sweeps::finish_deleted_pools(&pass).await);
     report.merge(orphans::scan_orphans(&pass).await);
     report.merge(retention::prune_events(&pass).await);
@@ -446,6 +456,7 @@ async fn next_pool(pass: &Pass<'_>, db: &mut StepConn<'_>, report: &mut PassRepo
         let taken = match taken {
             Ok(t) => t,
             Err(e) => {
+                *pass.lease_failed.lock().expect("lease failed") = true;
                 report.errors.push(format!("taking pool leases: {e}"));
                 return None;
             }
@@ -459,6 +470,30 @@ async fn next_pool(pass: &Pass<'_>, db: &mut StepConn<'_>, report: &mut PassRepo
             report.errors.push(format!("sweeping {} pools: {e}", refs.len()));
         }
         pass.leased.lock().expect("leased pools").extend(taken);
+    }
+}
+
+/// Moves the selection's watermark to this pass's `horizon` and its full checks' cursor to
+/// `checked`, when the pass took the lease of every pool it selected or found it held (a
+/// pool another pass holds is released after this pass's horizon, so its step counts as a
+/// signal; so does a release by this pass). A pass that left selected pools unleased (the
+/// deadline, a failed batch) records nothing: the next pass looks at the same changes again.
+async fn advance_selection(
+    pass: &Pass<'_>,
+    horizon: DateTime<Utc>,
+    checked: Option<&PoolRef>,
+    report: &mut PassReport,
+) {
+    let unleased = !pass.pending.lock().expect("pending pools").is_empty();
+    if unleased || *pass.lease_failed.lock().expect("lease failed") {
+        return;
+    }
+    let advanced = match pass.state.db.get().await {
+        Ok(c) => store::selection_advance(&c, horizon, checked).await.map_err(ReconcileError::from),
+        Err(e) => Err(e.into()),
+    };
+    if let Err(e) = advanced {
+        report.errors.push(format!("recording what the selection saw: {e}; the next pass looks again"));
     }
 }
 
@@ -511,7 +546,7 @@ async fn release_reconcile_lease(pass: &Pass<'_>, db: &mut StepConn<'_>, pref: &
 }
 
 async fn hosts_by_name(db: &mut StepConn<'_>) -> Result<HashMap<String, HostRow>, ReconcileError> {
-    Ok(store::host_list(db.client().await?).await?.into_iter().map(|(h, _)| (h.name.clone(), h)).collect())
+    Ok(store::host_rows(db.client().await?).await?.into_iter().map(|h| (h.name.clone(), h)).collect())
 }
 
 fn due(vm: &VmRow, now: DateTime<Utc>) -> bool {

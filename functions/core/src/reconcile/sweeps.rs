@@ -108,13 +108,6 @@ pub(super) async fn shed_surplus(
 pub(super) async fn finish_deleted_pools(pass: &Pass<'_>) -> PassReport {
     let mut report = PassReport::default();
     let mut db = StepConn::new(&pass.state.db);
-    let hosts = match hosts_by_name(&mut db).await {
-        Ok(h) => h,
-        Err(e) => {
-            report.errors.push(format!("loading hosts: {e}"));
-            return report;
-        }
-    };
     // One batch per pass: a failed delete backs off and waits for a later pass.
     let batch = match db.client().await {
         Ok(c) => store::vm_take_orphaned_deletions(c, 500).await.map_err(ReconcileError::from),
@@ -124,6 +117,17 @@ pub(super) async fn finish_deleted_pools(pass: &Pass<'_>) -> PassReport {
         Ok(b) => b,
         Err(e) => {
             report.errors.push(format!("taking deletions: {e}"));
+            return report;
+        }
+    };
+    if batch.is_empty() {
+        return report;
+    }
+    // Taken, they wait 30 s for a retry (`vm_take_orphaned_deletions`) if this fails.
+    let hosts = match hosts_by_name(&mut db).await {
+        Ok(h) => h,
+        Err(e) => {
+            report.errors.push(format!("loading hosts: {e}"));
             return report;
         }
     };

@@ -46,6 +46,8 @@
 //! - `event.rs`: `events`. [`EventRow`]; insert, the feed (its horizon and list) and the
 //!   retention prune.
 //! - `deployment.rs`: `deployment`, the one row with this deployment's id.
+//! - `selection.rs`: `reconcile_selection`, the one row saying what the reconcile passes have
+//!   seen (the watermark the selection starts from, the cursor of its full checks).
 //! - `claim.rs`: the claim statements, which write `leases`, `vms` and `events` at once:
 //!   [`LEASE_CLAIM_SQL`] and [`lease_claim`], and the two-phase claim of pools with pre-lease
 //!   hooks ([`vm_claim_for_hook`], [`lease_insert_after_hook`]); what a duplicate of a claim
@@ -70,6 +72,7 @@ mod host;
 mod lease;
 mod pool;
 mod rows;
+mod selection;
 mod vm;
 
 pub use claim::*;
@@ -79,6 +82,7 @@ pub use host::*;
 pub use lease::*;
 pub use pool::*;
 pub use rows::*;
+pub use selection::*;
 pub use vm::*;
 
 #[derive(Debug, thiserror::Error)]

@@ -267,32 +267,93 @@ impl PoolWork {
     }
 }
 
-/// The selection of a reconcile pass, in one statement: every pool no pass holds and this
-/// pass has not visited yet (its `reconcile_until` is before both now and `pass_started`)
-/// that may need a step, oldest lease first. A pool is left out when nothing can be due:
-/// no changed spec, no lease due, no VM due, no reason recorded for being below target, no
-/// leased VM, and as many AVAILABLE, claiming and provisioning VMs as its size, which every
-/// strategy calls full. The rest come with their counts, for the strategy to decide
-/// (`reconcile::select`): the arithmetic stays in one place.
+/// What a selection found ([`pool_list_with_work`]).
+#[derive(Debug, Clone, Deserialize)]
+pub struct PoolSelection {
+    /// The pools that may need a step, with their counts, oldest reconcile lease first.
+    pub work: Vec<PoolWork>,
+    /// The last pool (key order) this selection checked in full: where the next one's full
+    /// checks start ([`super::selection_advance`]). `None`: no pool exists.
+    pub checked: Option<PoolRef>,
+}
+
+/// The selection of a reconcile pass, in one statement: the pools no pass holds and this pass
+/// has not visited yet (`reconcile_until` before both now and `pass_started`) that may need a
+/// step, oldest lease first, each with its counts for the strategy (`reconcile::select`
+/// decides: the arithmetic stays in one place).
+///
+/// Only *candidates* are counted, and a pool is one only when something names it, each
+/// found through an index or the scan of `pools`, never by counting a pool's VMs: its row
+/// (a changed spec, a reason recorded for being below target, a step since the watermark), a
+/// lease due, a VM due, a claim abandoned mid-hook, an event since the watermark (every
+/// change to a pool's VMs outside a pass writes one), or its turn among the `full_checks` pools after the cursor of
+/// `reconcile_selection` (key order, wrapping around), checked whatever the signals say. The
+/// watermark is `reconcile_selection.seen_through` less `margin_seconds`. So a settled pool
+/// costs its share of one scan of `pools`, and counting is proportional to the work.
+///
+/// A candidate is then left out when nothing can be due: no changed spec, no lease due, no
+/// VM due, no reason recorded for being below target, no leased VM, and as many AVAILABLE,
+/// claiming and provisioning VMs as its size, which every strategy calls full.
 ///
 /// `now`: the clock's now (NULL: the database's); `warn_seconds`: the expiry warning window;
 /// `abandon_seconds`: how long a pre-lease hook may run before its claim counts as abandoned.
-/// Every `EXISTS` is an index probe (`leases_pool_expires_at`, `vms_pool_phase`), so a
-/// settled pool costs a few index lookups inside this statement, no round trip of its own.
 pub async fn pool_list_with_work(
     c: &impl Executor,
     pass_started: DateTime<Utc>,
     now: Option<DateTime<Utc>>,
     warn_seconds: f64,
     abandon_seconds: f64,
-) -> Result<Vec<PoolWork>> {
-    let rows = c
-        .timed_query(
+    margin_seconds: f64,
+    full_checks: i64,
+) -> Result<PoolSelection> {
+    let row = c
+        .timed_query_one(
             &format!(
-                // MATERIALIZED: a subquery in FROM is flattened, and each use of `counts`
-                // below then ran the correlated count again (eight times per pool: 1 s at
-                // 1000 pools, JIT compiling included; 70 ms once computed once).
-                "WITH w AS MATERIALIZED (
+                "WITH mark AS (
+                     SELECT seen_through - make_interval(secs => $5) AS since, checked_namespace, checked_name
+                     FROM reconcile_selection
+                 ), net AS MATERIALIZED (
+                     -- The full checks: the $6 pools after the cursor in key order (the primary
+                     -- key's order), wrapping around to the first pools at the end.
+                     SELECT lap, namespace, name FROM (
+                         (SELECT 0 AS lap, p.namespace, p.name FROM pools p, mark
+                          WHERE (p.namespace, p.name) > (mark.checked_namespace, mark.checked_name)
+                          ORDER BY p.namespace, p.name LIMIT $6)
+                         UNION ALL
+                         (SELECT 1, p.namespace, p.name FROM pools p, mark
+                          WHERE (p.namespace, p.name) <= (mark.checked_namespace, mark.checked_name)
+                          ORDER BY p.namespace, p.name LIMIT $6)
+                     ) laps
+                     ORDER BY lap, namespace, name LIMIT $6
+                 ), candidates AS (
+                     -- The pools row: a changed spec, a reason recorded, a step since the mark
+                     -- (whatever that step did: rows it deleted leave nothing else behind).
+                     SELECT p.namespace, p.name FROM pools p, mark
+                     WHERE p.updated_at > p.reconcile_until OR p.below_target_reason IS NOT NULL
+                        OR p.reconcile_until >= mark.since
+                     UNION
+                     -- Leases to expire or warn about (leases_expires_at).
+                     SELECT l.pool_namespace, l.pool_name FROM leases l
+                     WHERE l.expires_at <= coalesce($2, now()) + make_interval(secs => $3)
+                     UNION
+                     -- VMs due (vms_phase_due), claims abandoned mid-hook (vms_pre_lease_hook_started).
+                     SELECT v.pool_namespace, v.pool_name FROM vms v
+                     WHERE v.phase IN ('DELETING', 'PROVISIONING', 'CREATE_HOOK_RUNNING')
+                       AND (v.next_attempt_at IS NULL OR v.next_attempt_at <= coalesce($2, now()))
+                     UNION
+                     SELECT v.pool_namespace, v.pool_name FROM vms v
+                     WHERE v.phase = 'PRE_LEASE_HOOK_RUNNING'
+                       AND v.hook_started_at < coalesce($2, now()) - make_interval(secs => $4)
+                     UNION
+                     -- Events since the mark (events_created_at): what changed a pool's VMs
+                     -- outside a pass (claims, releases, discards, quarantines, expiries)
+                     -- writes one in the same statement, a removed VM row included.
+                     SELECT e.pool_namespace, e.pool_name FROM events e, mark WHERE e.created_at >= mark.since
+                     UNION
+                     SELECT namespace, name FROM net
+                 ), w AS MATERIALIZED (
+                     -- MATERIALIZED: a subquery in FROM is flattened, and each use of `counts`
+                     -- below then ran the correlated count again (eight times per pool).
                      SELECT p.namespace, p.name, p.strategy, p.size, p.min_size, p.below_target_reason,
                             p.reconcile_until, c.counts,
                             p.updated_at > p.reconcile_until AS changed,
@@ -309,25 +370,30 @@ pub async fn pool_list_with_work(
                                     WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name
                                       AND v.phase = 'PRE_LEASE_HOOK_RUNNING'
                                       AND v.hook_started_at < coalesce($2, now()) - make_interval(secs => $4)) AS vms_due
-                     FROM pools p, LATERAL (SELECT {VM_COUNTS_OF_POOL_P} AS counts) c
+                     FROM candidates k JOIN pools p ON (p.namespace, p.name) = (k.namespace, k.name),
+                          LATERAL (SELECT {VM_COUNTS_OF_POOL_P} AS counts) c
                      WHERE p.reconcile_until < least(now(), $1)
                  )
-                 SELECT to_jsonb(w) AS work FROM w
-                 WHERE w.changed OR w.leases_due OR w.vms_due OR w.below_target_reason IS NOT NULL
-                    OR (w.counts->>'leased')::bigint > 0
-                    OR (w.counts->>'available')::bigint + (w.counts->>'claiming')::bigint
-                       + (w.counts->>'provisioning')::bigint <> w.size
-                 ORDER BY w.reconcile_until, w.namespace, w.name"
+                 SELECT (SELECT coalesce(jsonb_agg(to_jsonb(w) ORDER BY w.reconcile_until, w.namespace, w.name), '[]')
+                         FROM w
+                         WHERE w.changed OR w.leases_due OR w.vms_due OR w.below_target_reason IS NOT NULL
+                            OR (w.counts->>'leased')::bigint > 0
+                            OR (w.counts->>'available')::bigint + (w.counts->>'claiming')::bigint
+                               + (w.counts->>'provisioning')::bigint <> w.size) AS work,
+                        (SELECT jsonb_build_object('namespace', n.namespace, 'name', n.name) FROM net n
+                         ORDER BY n.lap DESC, n.namespace DESC, n.name DESC LIMIT 1) AS checked"
             ),
             &[
                 (&pass_started, Type::TIMESTAMPTZ),
                 (&now, Type::TIMESTAMPTZ),
                 (&warn_seconds, Type::FLOAT8),
                 (&abandon_seconds, Type::FLOAT8),
+                (&margin_seconds, Type::FLOAT8),
+                (&full_checks, Type::INT8),
             ],
         )
         .await?;
-    rows.iter().map(|r| json_req(r, "work")).collect()
+    Ok(PoolSelection { work: json_req(&row, "work")?, checked: super::json_col(&row, "checked")? })
 }
 
 /// `pools` as the two parallel arrays the batch statements take (`unnest($1, $2)`).
