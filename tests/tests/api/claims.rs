@@ -491,7 +491,9 @@ async fn a_retry_of_an_expired_lease_expires_it_and_claims_a_fresh_vm() {
 /// re-plans on it, then 5000 leases arrive behind the statistics' back (autovacuum off for
 /// the table: nothing analyzes it again). The next claim, sent both ways a claim is sent (the
 /// call prepared on the connection, and as text), counts its own sequential scans
-/// (`pg_stat_xact_user_tables`): none, on any table.
+/// (`pg_stat_xact_user_tables`): none, on any table; and the lease rows it fetched through
+/// an index: none (its request_id is new). V10's replay lookup, joined to vms and hosts, read
+/// every lease through leases_vm_id_key here (V12).
 #[tokio::test]
 async fn a_claim_planned_while_leases_was_empty_never_scans_a_table_once_it_has_grown() {
     let app = TestApp::spawn().await;
@@ -519,31 +521,31 @@ async fn a_claim_planned_while_leases_was_empty_never_scans_a_table_once_it_has_
     // A backend's table counters may carry its earlier statements' scans until it flushes them
     // (the DELETE above scanned `leases`): the claim's own are the difference, read in one
     // transaction, in which nothing is flushed.
-    let seq_scans = async |c: &tokio_postgres::Client| -> Vec<(String, i64)> {
+    // Per table: sequential scans, and rows fetched through an index.
+    let reads = async |c: &tokio_postgres::Client| -> Vec<(String, i64, i64)> {
         c.query(
-            "SELECT relname::text, seq_scan FROM pg_stat_xact_user_tables
+            "SELECT relname::text, seq_scan, coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables
              WHERE relname IN ('leases', 'vms', 'pools', 'hosts', 'events') ORDER BY relname",
             &[],
         )
         .await
         .unwrap()
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect()
     };
     for (i, how_prepared) in [(12, true), (13, false)] {
+        let how = if how_prepared { "prepared" } else { "as text" };
         c.batch_execute("BEGIN").await.unwrap();
-        let before = seq_scans(&c).await;
+        let before = reads(&c).await;
         claim_sent(&c, &prepared, i, how_prepared).await;
-        let after = seq_scans(&c).await;
+        let after = reads(&c).await;
         c.batch_execute("COMMIT").await.unwrap();
         assert_eq!(after.len(), 5, "{after:?}");
         let scanned: Vec<_> = before.iter().zip(&after).filter(|(b, a)| a.1 > b.1).map(|(_, a)| a.0.as_str()).collect();
-        assert!(
-            scanned.is_empty(),
-            "a claim sent {} scanned {scanned:?} sequentially",
-            if how_prepared { "prepared" } else { "as text" }
-        );
+        assert!(scanned.is_empty(), "a claim sent {how} scanned {scanned:?} sequentially");
+        let (b, a) = before.iter().zip(&after).find(|(b, _)| b.0 == "leases").expect("leases is counted");
+        assert_eq!(a.2 - b.2, 0, "a claim sent {how} with a new request_id fetched {} lease rows", a.2 - b.2);
     }
 }
 
