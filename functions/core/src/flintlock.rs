@@ -236,6 +236,12 @@ impl Interceptor for BasicAuth {
 }
 
 pub type Client = MicroVmClient<InterceptedService<Channel, BasicAuth>>;
+
+/// The largest answer read from a host. gRPC's default (4 MiB) is a `ListMicroVMs` of about
+/// 6,000 VMs: a host of 25,000 answered 16 MiB, and the orphan scan and `poolmgr-check` failed
+/// on it with OutOfRange. flintlock (Go gRPC) sends answers of any size; this allows about
+/// 400,000 VMs per host.
+pub const MAX_RESPONSE_BYTES: usize = 256 << 20;
 pub type ExecClient = MicroVmExecClient<InterceptedService<Channel, BasicAuth>>;
 
 /// Where and how to reach one flintlock host: all the client knows of a host, nothing of the
@@ -343,14 +349,16 @@ impl Flintlock {
     /// timeout as its deadline unless the request sets one.
     pub fn client(&self, host: &Endpoint) -> Result<Client, FlintlockError> {
         let (channel, header) = self.channel(host)?;
-        Ok(MicroVmClient::with_interceptor(channel, BasicAuth { header, default_timeout: Some(self.timeout) }))
+        Ok(MicroVmClient::with_interceptor(channel, BasicAuth { header, default_timeout: Some(self.timeout) })
+            .max_decoding_message_size(MAX_RESPONSE_BYTES))
     }
 
     /// The MicroVMExec client for `host` on the same cached channel, without a default
     /// deadline (a stream lasts as long as its command; set one per request).
     pub fn exec_client(&self, host: &Endpoint) -> Result<ExecClient, FlintlockError> {
         let (channel, header) = self.channel(host)?;
-        Ok(MicroVmExecClient::with_interceptor(channel, BasicAuth { header, default_timeout: None }))
+        Ok(MicroVmExecClient::with_interceptor(channel, BasicAuth { header, default_timeout: None })
+            .max_decoding_message_size(MAX_RESPONSE_BYTES))
     }
 
     /// `MicroVM/ServerInfo`. UNIMPLEMENTED (flintlock older than v0.15.0) becomes

@@ -324,3 +324,25 @@ async fn wait_ready_permanent_failures_are_errors() {
         Err(FlintlockError::Unsupported { .. })
     ));
 }
+
+// ---- Large hosts -------------------------------------------------------------
+
+/// A host with more VMs than gRPC's default 4 MiB answer holds is listed whole: at 10,000
+/// pools of 10 on 4 hosts (25,000 VMs each, 16 MiB) the orphan scan and `poolmgr-check`
+/// failed with OutOfRange ("decoded message length too large").
+#[tokio::test]
+async fn a_host_list_larger_than_grpcs_default_message_limit_is_read_whole() {
+    use prost::Message;
+    let app = TestApp::spawn().await;
+    let host = sim_host(&app).await;
+    for i in 0..12_000 {
+        app.sim.insert_vm("big-host", &format!("vm-{i}"), MicroVmState::Created);
+    }
+    let vms = Flintlock::new(Duration::from_secs(30)).list(&host, "big-host", None).await.expect("list");
+    assert_eq!(vms.len(), 12_000);
+    let bytes: usize = vms.iter().map(|vm| vm.encoded_len()).sum();
+    assert!(
+        bytes > 4 << 20,
+        "the answer ({bytes} bytes) must exceed gRPC's default limit for this test to mean anything"
+    );
+}
