@@ -53,11 +53,9 @@ pub async fn pools_with_work(state: &AppState, pass_started: DateTime<Utc>) -> R
 /// [`pools_with_work`], with the cursor of the full checks.
 pub async fn select(state: &AppState, pass_started: DateTime<Utc>) -> Result<Selection, ReconcileError> {
     let mut conn = state.db.get().await?;
-    // In a transaction only for `SET LOCAL jit = off` (`store::session_without_jit`): the
-    // planner's estimate of the candidates' counts can pass jit_above_cost, and compiling
-    // then took 66 ms of a 98 ms selection over 100 pools whose statistics were stale.
+    // In a transaction only for its planner settings (`store::selection_planner_settings`).
     let tx = conn.transaction().await?;
-    store::session_without_jit(&tx).await?;
+    store::selection_planner_settings(&tx).await?;
     let rc = &state.config.reconcile;
     let warn = rc.warning_window.as_secs_f64();
     let abandon = state.config.hooks.claim_abandon_after.as_secs_f64();

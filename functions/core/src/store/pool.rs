@@ -328,9 +328,13 @@ pub async fn pool_list_with_work(
                  ), candidates AS (
                      -- The pools row: a changed spec, a reason recorded, a step since the mark
                      -- (whatever that step did: rows it deleted leave nothing else behind).
-                     SELECT p.namespace, p.name FROM pools p, mark
-                     WHERE p.updated_at > p.reconcile_until OR p.below_target_reason IS NOT NULL
-                        OR p.reconcile_until >= mark.since
+                     -- One index each (pools_spec_changed, pools_below_target: V13;
+                     -- pools_reconcile_until: V3): no scan of `pools`.
+                     SELECT p.namespace, p.name FROM pools p WHERE p.updated_at > p.reconcile_until
+                     UNION
+                     SELECT p.namespace, p.name FROM pools p WHERE p.below_target_reason IS NOT NULL
+                     UNION
+                     SELECT p.namespace, p.name FROM pools p, mark WHERE p.reconcile_until >= mark.since
                      UNION
                      -- Leases to expire or warn about (leases_expires_at).
                      SELECT l.pool_namespace, l.pool_name FROM leases l

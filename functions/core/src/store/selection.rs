@@ -50,10 +50,26 @@ pub async fn selection_advance(c: &impl Executor, horizon: DateTime<Utc>, checke
     Ok(())
 }
 
-/// No JIT compilation for the rest of the transaction `c` is (`SET LOCAL`: nothing outlives
-/// it, so a transaction pooler may hand the connection on afterwards). For statements whose
-/// estimated cost passes `jit_above_cost` while their actual work is small.
-pub async fn session_without_jit(c: &impl Executor) -> Result<()> {
-    c.timed_execute("SET LOCAL jit = off", &[]).await?;
+/// The planner settings of the selection, for the rest of the transaction `c` is (`SET
+/// LOCAL`: nothing outlives it, so a transaction pooler may hand the connection on
+/// afterwards). Every lookup of the selection is an index probe or an index range
+/// (`store::pool_list_with_work`), and its statistics are at their worst when it matters:
+/// right after a fleet filled, `vms` was analyzed full of PROVISIONING rows.
+/// - No JIT: the estimated cost of the candidates' counts can pass `jit_above_cost` while
+///   the work is small (compiling took 66 of 98 ms over 100 pools with stale statistics).
+/// - No sequential scans, bitmap scans, merge or hash joins: measured at 10,000 pools just
+///   after the fill, the planner scanned `pools` and sorted it for a merge join, and read
+///   `vms_phase_due` with a bitmap scan, which never marks the index entries of the 100,000
+///   VMs that had left PROVISIONING as dead, so every pass read them all again (75 ms a
+///   selection; 17 ms with these settings, the dead entries skipped from the second pass).
+pub async fn selection_planner_settings(c: &impl Executor) -> Result<()> {
+    // One statement (set_config(…, true) is SET LOCAL): the extended protocol takes one.
+    c.timed_query_one(
+        "SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true),
+                set_config('enable_bitmapscan', 'off', true), set_config('enable_mergejoin', 'off', true),
+                set_config('enable_hashjoin', 'off', true)",
+        &[],
+    )
+    .await?;
     Ok(())
 }
