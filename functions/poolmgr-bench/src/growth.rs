@@ -105,11 +105,18 @@ async fn fill(state: &AppState, total: i64, max_passes: usize) -> anyhow::Result
     anyhow::bail!("not full after {max_passes} passes: raise --max-passes or look at the errors above")
 }
 
-/// A pool of the series: `vms` VMs placed on `hosts`, REPLACE_ON_DELETE.
-fn bench_pool(name: &str, vms: i32, hosts: &[impl serde::Serialize]) -> anyhow::Result<PoolSpec> {
+/// A pool of the benchmarks: `vms` VMs placed on `hosts`, REPLACE_ON_DELETE, running
+/// `pre_lease_commands` before each claim (none: the one-phase claim).
+pub fn bench_pool(
+    name: &str,
+    vms: i32,
+    hosts: &[impl serde::Serialize],
+    pre_lease_commands: &[&str],
+) -> anyhow::Result<PoolSpec> {
     Ok(serde_json::from_value(json!({
         "name": name, "size": vms, "flintlock_hosts": hosts,
         "replenishment": {"strategy": "REPLACE_ON_DELETE"},
+        "pre_lease_commands": pre_lease_commands,
         "microvm_template": {
             "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/x/root:1"}},
             "interfaces": [{"device_id": "eth1", "type": "TAP"}]
@@ -117,34 +124,46 @@ fn bench_pool(name: &str, vms: i32, hosts: &[impl serde::Serialize]) -> anyhow::
     }))?)
 }
 
-pub async fn run(pools: usize, vms: i32, hosts: usize, max_passes: usize, out: Option<&Path>) -> anyhow::Result<()> {
-    let load_before = load_average();
-    let cfg = Config::from_lookup(|k| match k {
-        "POOLMGR_AUTH" => Some("disabled".into()),
-        "POOLMGR_DB_POOL_SIZE" => Some("32".into()),
-        // One pass may create every VM of a pool.
-        "POOLMGR_RECONCILE_MAX_CREATES" => Some("1000".into()),
-        k => std::env::var(k).ok(),
+/// The in-process service of the benchmarks, migrated: the environment's configuration with
+/// a 32-connection database pool, then `overrides`.
+pub async fn bench_state(overrides: &[(&str, &str)]) -> anyhow::Result<AppState> {
+    let cfg = Config::from_lookup(|k| match overrides.iter().find(|(name, _)| *name == k) {
+        Some((_, v)) => Some(v.to_string()),
+        None if k == "POOLMGR_DB_POOL_SIZE" => Some("32".into()),
+        None => std::env::var(k).ok(),
     })?;
     db::migrate_url(&cfg.database_url, &cfg.db_tls).await?;
-    let state = AppState::new(&cfg, db::pool_from_config(&cfg)?);
+    Ok(AppState::new(&cfg, db::pool_from_config(&cfg)?))
+}
+
+/// A flintlock-sim on a free loopback port, registered with the service as host `name`.
+pub async fn start_sim(state: &AppState, name: &str, config: SimConfig) -> anyhow::Result<(Sim, SimServer)> {
+    let sim = Sim::new(config);
+    let server = sim.serve("127.0.0.1:0".parse()?).await?;
+    let host = json!({"address": server.addr.to_string(), "name": name, "tls": {"insecure": true}});
+    service::host::create(state, serde_json::from_value(host)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok((sim, server))
+}
+
+/// The simulator the benchmarks fill pools on: 50 ms to boot, 20 ms to delete.
+pub fn bench_sim_config() -> SimConfig {
+    SimConfig { boot_delay: Duration::from_millis(50), delete_delay: Duration::from_millis(20), basic_auth_token: None }
+}
+
+pub async fn run(pools: usize, vms: i32, hosts: usize, max_passes: usize, out: Option<&Path>) -> anyhow::Result<()> {
+    let load_before = load_average();
+    // One pass may create every VM of a pool.
+    let state = bench_state(&[("POOLMGR_AUTH", "disabled"), ("POOLMGR_RECONCILE_MAX_CREATES", "1000")]).await?;
     let mut sims: Vec<(String, Sim, SimServer)> = vec![];
     for i in 0..hosts.max(1) {
-        let sim = Sim::new(SimConfig {
-            boot_delay: Duration::from_millis(50),
-            delete_delay: Duration::from_millis(20),
-            basic_auth_token: None,
-        });
-        let server = sim.serve("127.0.0.1:0".parse()?).await?;
         let name = format!("sim{i}");
-        let host = json!({"address": server.addr.to_string(), "name": name, "tls": {"insecure": true}});
-        service::host::create(&state, serde_json::from_value(host)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (sim, server) = start_sim(&state, &name, bench_sim_config()).await?;
         sims.push((name, sim, server));
     }
     let host_names: Vec<&str> = sims.iter().map(|(n, ..)| n.as_str()).collect();
     eprintln!("==> creating {pools} pools of {vms} VMs on {} hosts", host_names.len());
     for i in 0..pools {
-        service::pool::create(&state, bench_pool(&format!("p{i}"), vms, &host_names)?)
+        service::pool::create(&state, bench_pool(&format!("p{i}"), vms, &host_names, &[])?)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         if (i + 1) % 1000 == 0 {
@@ -352,18 +371,9 @@ pub fn chart(rs: &[SizeResult], out: &Path) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     for (name, f, color) in series {
         let pts: Vec<(f64, f64)> = rs.iter().map(|r| (lg(r.pools as f64), lg(f(r)))).collect();
-        ch.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(|e| anyhow::anyhow!("{e}"))?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-        ch.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| anyhow::anyhow!("{e}"))?;
+        crate::report::draw_line(&mut ch, name, pts, color)?;
     }
-    ch.configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    crate::report::draw_legend(&mut ch)?;
     root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
 }
@@ -376,23 +386,15 @@ pub fn chart(rs: &[SizeResult], out: &Path) -> anyhow::Result<()> {
 /// 1 % of the pools lost a VM to an operator's discard. For development and the design note's
 /// before/after numbers: the growth series (`run`) is the benchmark of record.
 pub async fn settled(pools: usize, vms: i32, hosts: usize, passes: usize) -> anyhow::Result<()> {
-    let cfg = Config::from_lookup(|k| match k {
-        "POOLMGR_AUTH" => Some("disabled".into()),
-        "POOLMGR_DB_POOL_SIZE" => Some("32".into()),
-        k => std::env::var(k).ok(),
-    })?;
-    db::migrate_url(&cfg.database_url, &cfg.db_tls).await?;
-    let state = AppState::new(&cfg, db::pool_from_config(&cfg)?);
+    let state = bench_state(&[("POOLMGR_AUTH", "disabled")]).await?;
     let mut servers = vec![];
     for i in 0..hosts.max(1) {
-        let sim = Sim::new(SimConfig::default());
-        let server = sim.serve("127.0.0.1:0".parse()?).await?;
-        let host = json!({"address": server.addr.to_string(), "name": format!("sim{i}"), "tls": {"insecure": true}});
-        service::host::create(&state, serde_json::from_value(host)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-        servers.push(server);
+        servers.push(start_sim(&state, &format!("sim{i}"), SimConfig::default()).await?.1);
     }
     let host_names: Vec<String> = (0..hosts.max(1)).map(|i| format!("sim{i}")).collect();
-    service::pool::create(&state, bench_pool("p0", vms, &host_names)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    service::pool::create(&state, bench_pool("p0", vms, &host_names, &[])?)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let t = Instant::now();
     let conn = state.db.raw().get().await?;
     conn.batch_execute(&format!(

@@ -19,9 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use flintlock_sim::{Sim, SimConfig};
-use poolmgr_core::domain::PoolSpec;
-use poolmgr_core::{AppState, Config, db, reconcile, service};
+use poolmgr_core::{reconcile, service};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -255,35 +253,15 @@ const HOOK_BENCH_TOKEN: &str = "bench-token-0123456789";
 
 async fn hook_claims(clients: usize, per_client: usize, hook_ms: u64) -> anyhow::Result<()> {
     let total = clients * per_client;
-    let cfg = Config::from_lookup(|k| match k {
-        "POOLMGR_ADMIN_TOKENS" => Some(format!("bench:{HOOK_BENCH_TOKEN}")),
-        "POOLMGR_DB_POOL_SIZE" => Some("32".into()),
-        "POOLMGR_RECONCILE_MAX_CREATES" => Some("1000".into()),
-        k => std::env::var(k).ok(),
-    })?;
-    db::migrate_url(&cfg.database_url, &cfg.db_tls).await?;
-    let state = AppState::new(&cfg, db::pool_from_config(&cfg)?);
-    let sim = Sim::new(SimConfig {
-        boot_delay: Duration::from_millis(50),
-        delete_delay: Duration::from_millis(20),
-        basic_auth_token: None,
-    });
+    let admin = format!("bench:{HOOK_BENCH_TOKEN}");
+    let state =
+        growth::bench_state(&[("POOLMGR_ADMIN_TOKENS", &admin), ("POOLMGR_RECONCILE_MAX_CREATES", "1000")]).await?;
+    let (sim, _server) = growth::start_sim(&state, "sim", growth::bench_sim_config()).await?;
     sim.set_exec_rule(
         "prepare",
         flintlock_sim::ExecRule { duration: Duration::from_millis(hook_ms), ..Default::default() },
     );
-    let server = sim.serve("127.0.0.1:0".parse()?).await?;
-    let host = json!({"address": server.addr.to_string(), "name": "sim", "tls": {"insecure": true}});
-    service::host::create(&state, serde_json::from_value(host)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-    let spec: PoolSpec = serde_json::from_value(json!({
-        "name": "hook", "size": total, "flintlock_hosts": ["sim"],
-        "replenishment": {"strategy": "REPLACE_ON_DELETE"},
-        "pre_lease_commands": ["prepare --for-job"],
-        "microvm_template": {
-            "root_volume": {"id": "root", "source": {"container_source": "ghcr.io/x/root:1"}},
-            "interfaces": [{"device_id": "eth1", "type": "TAP"}]
-        }
-    }))?;
+    let spec = growth::bench_pool("hook", total as i32, &["sim"], &["prepare --for-job"])?;
     service::pool::create(&state, spec).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     eprintln!("==> filling pool default/hook with {total} VMs");
     for _ in 0..200 {

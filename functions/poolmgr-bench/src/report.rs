@@ -362,22 +362,39 @@ pub fn chart(rs: &[RunResult], label: &str, out: &Path) -> anyhow::Result<()> {
             if pts.is_empty() {
                 continue;
             }
-            ch.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-                .map_err(|e| anyhow::anyhow!("{e}"))?
-                .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-            ch.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            draw_line(&mut ch, name, pts, color)?;
         }
-        ch.configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        draw_legend(&mut ch)?;
     }
     root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
+}
+
+/// A chart of both benchmarks: f64 on both axes, drawn into an SVG.
+pub type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// One named series: the line, a dot on each point, and its legend entry.
+pub fn draw_line<'b>(ch: &mut Chart<'b, 'b>, name: &str, pts: Vec<(f64, f64)>, color: RGBColor) -> anyhow::Result<()> {
+    ch.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .label(name)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+    ch.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// The legend of the series drawn so far, upper left.
+pub fn draw_legend<'b>(ch: &mut Chart<'b, 'b>) -> anyhow::Result<()> {
+    ch.configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 #[cfg(test)]
