@@ -26,6 +26,10 @@
 #                              gets as many server connections, as many as the in-process pool)
 #   --reseed-clients C         clients of the "table emptied" series (default 64; 0 skips it)
 #   --reseeds N                runs in that series (default 3)
+#   --repeats N                claim runs per level and path (default 3): the paths take turns
+#                              (in-process, deployed, pgbench, then again), the tables show each
+#                              path's median run and the median of the paired ratios, so a drift
+#                              of this shared machine's speed between runs stays out of the ratio
 #   --modes "claim replay release"
 #   --duration S               seconds per run (default 10)
 #   --warmup S                 HTTP warm-up seconds, not counted (default 1)
@@ -54,6 +58,7 @@ DEPLOYED_LEVELS="16 64 256"
 PROCESSES=16
 RESEED_CLIENTS=64
 RESEEDS=3
+REPEATS=3
 MODES="claim replay release"
 DURATION=10
 WARMUP=1
@@ -73,6 +78,7 @@ while [[ $# -gt 0 ]]; do
         --processes) PROCESSES=$2; shift 2 ;;
         --reseed-clients) RESEED_CLIENTS=$2; shift 2 ;;
         --reseeds) RESEEDS=$2; shift 2 ;;
+        --repeats) REPEATS=$2; shift 2 ;;
         --modes) MODES=$2; shift 2 ;;
         --duration) DURATION=$2; shift 2 ;;
         --warmup) WARMUP=$2; shift 2 ;;
@@ -95,6 +101,7 @@ for c in "$(pg_bindir 2>/dev/null || true)/pgbench" "$(command -v pgbench || tru
 done
 [[ -n $PGBENCH ]] || die "pgbench not found; install the PostgreSQL client tools (postgresql-15 ships it) or set PG_BINDIR"
 [[ $PROCESSES =~ ^[1-9][0-9]*$ ]] || die "--processes must be a positive number, got '$PROCESSES'"
+[[ $REPEATS =~ ^[1-9][0-9]*$ ]] || die "--repeats must be a positive number, got '$REPEATS'"
 [[ $RESEED_CLIENTS =~ ^[0-9]+$ && $RESEEDS =~ ^[1-9][0-9]*$ ]] ||
     die "--reseed-clients must be a number (0 skips the series) and --reseeds a positive number"
 
@@ -188,42 +195,52 @@ http_run() {
         release) "$BENCH" claims-verify --database-url "$DB_URL" ;;
     esac
 }
+# pgbench_run CLIENTS MODE [SUFFIX]: the same statement straight on PostgreSQL through pgbench,
+# on a freshly seeded pool, then the database check.
+pgbench_run() {
+    local c=$1 mode=$2 of=${3:-} threads status client_ms got cpu0 pg0 cpu1 pg1
+    log "[$LABEL] pgbench $mode, $c clients, ${DURATION}s$of"
+    seed
+    rm -f "$WORK"/pgb.*
+    threads=$((c < 2 ? c : 2))
+    # CPU accounting: the machine's busy time around pgbench, and pgbench's own (bash's time).
+    read -r cpu0 pg0 < <("$BENCH" machine-cpu-ms --postmaster-pid "$PM_PID")
+    status=0
+    TIMEFORMAT='%U %S'
+    { time "$PGBENCH" -n -M "$PROTOCOL" -c "$c" -j "$threads" -T "$DURATION" \
+        -D ns=default -D pool=bench -D principal=bench -f "$WORK/$mode.sql" \
+        --log --log-prefix="$WORK/pgb" "$DB_URL" >"$WORK/pgbench.out" 2>&1; } 2>"$WORK/pgbench.time" || status=$?
+    read -r cpu1 pg1 < <("$BENCH" machine-cpu-ms --postmaster-pid "$PM_PID")
+    if [[ $status -ne 0 ]]; then
+        tail -n 20 "$WORK/pgbench.out" >&2
+        die "pgbench failed (exit $status); its output is above and in $WORK/pgbench.out"
+    fi
+    client_ms=$(awk '{printf "%.0f", ($1 + $2) * 1000}' "$WORK/pgbench.time")
+    got=$("$BENCH" pgbench-summary --log-prefix "$WORK/pgb" --concurrency "$c" --duration-secs "$DURATION" \
+        --mode "$mode" --label "$LABEL" --out "$RESULTS" \
+        --machine-cpu-ms "$((cpu1 - cpu0))" --client-cpu-ms "$client_ms" --postgres-cpu-ms "$((pg1 - pg0))")
+    case $mode in
+        claim) "$BENCH" claims-verify --database-url "$DB_URL" --expect-leases "$got" ;;
+        replay) "$BENCH" claims-verify --database-url "$DB_URL" --expect-leases "$c" ;;
+    esac
+}
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 T0=$SECONDS
 for c in $LEVELS; do
     for mode in $MODES; do
-        log "[$LABEL] in-process HTTP $mode, $c clients, ${DURATION}s (+${WARMUP}s warm-up)"
-        http_run http "$c" "$mode"
-        if [[ $mode == claim && " $DEPLOYED_LEVELS " == *" $c "* ]]; then
-            log "[$LABEL] deployed shape ($PROCESSES processes, PgBouncer) $mode, $c clients, ${DURATION}s (+${WARMUP}s warm-up)"
-            http_run deployed "$c" "$mode"
-        fi
-        [[ $mode == release ]] && continue
-
-        log "[$LABEL] pgbench $mode, $c clients, ${DURATION}s"
-        seed
-        rm -f "$WORK"/pgb.*
-        threads=$((c < 2 ? c : 2))
-        # CPU accounting: the machine's busy time around pgbench, and pgbench's own (bash's time).
-        read -r cpu0 pg0 < <("$BENCH" machine-cpu-ms --postmaster-pid "$PM_PID")
-        status=0
-        TIMEFORMAT='%U %S'
-        { time "$PGBENCH" -n -M "$PROTOCOL" -c "$c" -j "$threads" -T "$DURATION" \
-            -D ns=default -D pool=bench -D principal=bench -f "$WORK/$mode.sql" \
-            --log --log-prefix="$WORK/pgb" "$DB_URL" >"$WORK/pgbench.out" 2>&1; } 2>"$WORK/pgbench.time" || status=$?
-        read -r cpu1 pg1 < <("$BENCH" machine-cpu-ms --postmaster-pid "$PM_PID")
-        if [[ $status -ne 0 ]]; then
-            tail -n 20 "$WORK/pgbench.out" >&2
-            die "pgbench failed (exit $status); its output is above and in $WORK/pgbench.out"
-        fi
-        client_ms=$(awk '{printf "%.0f", ($1 + $2) * 1000}' "$WORK/pgbench.time")
-        got=$("$BENCH" pgbench-summary --log-prefix "$WORK/pgb" --concurrency "$c" --duration-secs "$DURATION" \
-            --mode "$mode" --label "$LABEL" --out "$RESULTS" \
-            --machine-cpu-ms "$((cpu1 - cpu0))" --client-cpu-ms "$client_ms" --postgres-cpu-ms "$((pg1 - pg0))")
-        case $mode in
-            claim) "$BENCH" claims-verify --database-url "$DB_URL" --expect-leases "$got" ;;
-            replay) "$BENCH" claims-verify --database-url "$DB_URL" --expect-leases "$c" ;;
-        esac
+        reps=1
+        [[ $mode == claim ]] && reps=$REPEATS
+        for rep in $(seq 1 "$reps"); do
+            of=""
+            [[ $reps -gt 1 ]] && of=" (repeat $rep of $reps)"
+            log "[$LABEL] in-process HTTP $mode, $c clients, ${DURATION}s (+${WARMUP}s warm-up)$of"
+            http_run http "$c" "$mode"
+            if [[ $mode == claim && " $DEPLOYED_LEVELS " == *" $c "* ]]; then
+                log "[$LABEL] deployed shape ($PROCESSES processes, PgBouncer) $mode, $c clients, ${DURATION}s (+${WARMUP}s warm-up)$of"
+                http_run deployed "$c" "$mode"
+            fi
+            [[ $mode == release ]] || pgbench_run "$c" "$mode" "$of"
+        done
     done
 done
 if [[ $RESEED_CLIENTS -gt 0 ]]; then
@@ -248,7 +265,10 @@ if [[ $DOCS == 1 ]]; then
     MACHINE="$(nproc) vCPU ($cpu), $mem RAM, Linux $(uname -r), PostgreSQL $pgv, $(rustc --version | cut -d' ' -f1-2); \
 load average $LOAD_START before the runs, $LOAD_END after; $(date -u +%Y-%m-%d)."
     SETTINGS="Each run: ${DURATION} s (HTTP after ${WARMUP} s of warm-up), pool reseeded with $VMS AVAILABLE VMs and \
-vacuumed before it; the poolmgr-local processes keep running from the first run to the last. PostgreSQL: a private \
+vacuumed before it; the poolmgr-local processes keep running from the first run to the last. Claims: $REPEATS \
+run(s) per level and path, the paths taking turns (in-process, deployed, pgbench, then again); a row shows each path's \
+run with the median claims/s, and a ratio is the median of the ratios of runs made one right after the other (their \
+range in brackets), which keeps a drift of this shared machine's speed between runs out of the ratio. PostgreSQL: a private \
 cluster with default settings (fsync and synchronous_commit on) except max_connections = 400. In-process: one \
 release-built poolmgr-local (database pool $POOL_SIZE connections, POOLMGR_DB_PREPARE_CLAIM \
 ${POOLMGR_DB_PREPARE_CLAIM:-true}). Deployed: $PROCESSES release-built poolmgr-local with one database connection each \

@@ -378,7 +378,7 @@ impl Http {
 /// Random, like the UUIDs most clients send (and like pgbench's random ids): a time-ordered id
 /// (a ULID) would put every insert on the rightmost page of the request_id index.
 fn request_id() -> String {
-    uuid::Uuid::new_v4().to_string()
+    poolmgr_core::domain::random_uuid().to_string()
 }
 
 async fn worker(target: Arc<Target>, mode: Mode, start_timing: Instant, stop: Instant) -> WorkerOut {

@@ -21,9 +21,41 @@ pub fn read_results(path: &Path) -> anyhow::Result<Vec<RunResult>> {
         .collect()
 }
 
-/// The main run of `path` (not one of a reseed series).
+/// The main runs of `path` at `c` clients (not a reseed series), in the order they ran: one
+/// per repeat (`scripts/bench-claims.sh --repeats`), each paths' i-th run back to back with
+/// the other paths' i-th.
+fn repeats<'a>(rs: &'a [RunResult], label: &str, path: &str, mode: Mode, c: usize) -> Vec<&'a RunResult> {
+    rs.iter()
+        .filter(|r| r.label == label && r.path == path && r.mode == mode && r.concurrency == c && r.round.is_none())
+        .collect()
+}
+
+/// The main run of `path` the tables show: with repeats, the one with the median throughput
+/// (the lower of the two middle ones for an even count), so every figure in a row comes from
+/// one run that happened.
 fn find<'a>(rs: &'a [RunResult], label: &str, path: &str, mode: Mode, c: usize) -> Option<&'a RunResult> {
-    rs.iter().find(|r| r.label == label && r.path == path && r.mode == mode && r.concurrency == c && r.round.is_none())
+    let mut v = repeats(rs, label, path, mode, c);
+    v.sort_by(|a, b| a.throughput.total_cmp(&b.throughput));
+    v.get(v.len().saturating_sub(1) / 2).copied()
+}
+
+/// `a`'s throughput over `b`'s at `c` clients: the median of the paired ratios (the i-th run
+/// of `a` over the i-th of `b`, which ran right after it), with their range when there were
+/// repeats. Pairing keeps a drift of the machine's speed between repeats out of the ratio.
+fn paired_ratio(rs: &[RunResult], label: &str, a: &str, b: &str, mode: Mode, c: usize) -> String {
+    let (av, bv) = (repeats(rs, label, a, mode, c), repeats(rs, label, b, mode, c));
+    let mut ratios: Vec<f64> =
+        av.iter().zip(&bv).filter(|(_, b)| b.throughput > 0.0).map(|(a, b)| a.throughput / b.throughput).collect();
+    ratios.sort_by(f64::total_cmp);
+    let n = ratios.len();
+    match n {
+        0 => "–".into(),
+        1 => format!("{:.2}", ratios[0]),
+        _ => {
+            let median = if n % 2 == 1 { ratios[n / 2] } else { (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0 };
+            format!("{median:.2} ({:.2}–{:.2})", ratios[0], ratios[n - 1])
+        }
+    }
 }
 
 /// The client counts of `path`'s reseed series.
@@ -44,14 +76,19 @@ fn rounds<'a>(rs: &'a [RunResult], label: &str, path: &str, c: usize) -> Vec<&'a
     v
 }
 
-fn errors(r: Option<&RunResult>) -> String {
-    match r {
-        Some(r) if !r.errors.is_empty() => {
-            r.errors.iter().map(|(k, v)| format!("{v}× {k}")).collect::<Vec<_>>().join(", ")
-        }
-        Some(_) => "0".into(),
-        None => "–".into(),
+/// The errors of runs, added up over repeats.
+fn errors(runs: &[&RunResult]) -> String {
+    if runs.is_empty() {
+        return "–".into();
     }
+    let mut all = std::collections::BTreeMap::<&str, u64>::new();
+    for (k, v) in runs.iter().flat_map(|r| &r.errors) {
+        *all.entry(k).or_default() += v;
+    }
+    if all.is_empty() {
+        return "0".into();
+    }
+    all.iter().map(|(k, v)| format!("{v}× {k}")).collect::<Vec<_>>().join(", ")
 }
 
 fn f0(r: Option<&RunResult>) -> String {
@@ -60,13 +97,6 @@ fn f0(r: Option<&RunResult>) -> String {
 
 fn lat(r: Option<&RunResult>) -> String {
     r.map(|r| format!("{:.2} / {:.2} / {:.2}", r.p50_ms, r.p95_ms, r.p99_ms)).unwrap_or_else(|| "–".into())
-}
-
-fn ratio(a: Option<&RunResult>, b: Option<&RunResult>) -> String {
-    match (a, b) {
-        (Some(a), Some(b)) if b.throughput > 0.0 => format!("{:.2}", a.throughput / b.throughput),
-        _ => "–".into(),
-    }
 }
 
 fn concurrencies(rs: &[RunResult], label: &str) -> Vec<usize> {
@@ -107,15 +137,15 @@ fn paths_table(
         if runs.iter().all(Option::is_none) {
             continue;
         }
-        let run = |path: &str| paths.iter().position(|p| *p == path).and_then(|i| runs[i]);
         t.push_str(&format!("| {c} |"));
         for r in &runs {
             t.push_str(&format!(" {} | {} |", f0(*r), lat(*r)));
         }
         for (a, b) in ratios {
-            t.push_str(&format!(" **{}** |", ratio(run(a), run(b))));
+            t.push_str(&format!(" **{}** |", paired_ratio(rs, label, a, b, mode, c)));
         }
-        t.push_str(&format!(" {} |\n", runs.iter().map(|r| errors(*r)).collect::<Vec<_>>().join("; ")));
+        let errs: Vec<String> = paths.iter().map(|p| errors(&repeats(rs, label, p, mode, c))).collect();
+        t.push_str(&format!(" {} |\n", errs.join("; ")));
     }
     t
 }
@@ -150,7 +180,7 @@ fn reseed_table(rs: &[RunResult], label: &str) -> Option<String> {
             join(&|r| format!("{:.0}", r.throughput)),
             join(&pg_us),
             join(&|r| format!("{:.2}", r.p99_ms)),
-            join(&|r| errors(Some(r))),
+            join(&|r| errors(&[r])),
         ));
     }
     Some(t)
@@ -199,7 +229,8 @@ pub fn markdown(rs: &[RunResult], label: &str, machine: &str, settings: &str, ch
     md.push_str("| clients | releases/s | p50 / p95 / p99 ms | errors |\n|---|---|---|---|\n");
     for &c in &cs {
         if let Some(h) = find(rs, label, "http", Mode::Release, c) {
-            md.push_str(&format!("| {c} | {} | {} | {} |\n", f0(Some(h)), lat(Some(h)), errors(Some(h))));
+            let all = repeats(rs, label, "http", Mode::Release, c);
+            md.push_str(&format!("| {c} | {} | {} | {} |\n", f0(Some(h)), lat(Some(h)), errors(&all)));
         }
     }
     md.push_str("\n### Where the CPU goes (µs of CPU per claim, whole machine)\n\n");
@@ -275,10 +306,10 @@ pub fn markdown(rs: &[RunResult], label: &str, machine: &str, settings: &str, ch
                 f0(pa),
                 p99(pb),
                 p99(pa),
-                ratio(hb, pb),
-                ratio(ha, pa),
-                ratio(db, hb),
-                ratio(da, ha)
+                paired_ratio(rs, other, "http", "pgbench", Mode::Claim, c),
+                paired_ratio(rs, label, "http", "pgbench", Mode::Claim, c),
+                paired_ratio(rs, other, "deployed", "http", Mode::Claim, c),
+                paired_ratio(rs, label, "deployed", "http", Mode::Claim, c)
             ));
         }
         let reseeds = |l: &str| {
@@ -437,7 +468,20 @@ mod tests {
             round(1, 1000.0),
             round(3, 1050.0),
         ];
+        // 256 clients, three repeats: each in-process run was followed by a pgbench run.
+        let mut rs = rs;
+        for (h, p) in [(900.0, 1000.0), (1500.0, 1500.0), (800.0, 1000.0)] {
+            rs.push(r("after", "http", Mode::Claim, 256, h));
+            rs.push(r("after", "pgbench", Mode::Claim, 256, p));
+        }
+        rs.last_mut().unwrap().errors.insert("pgbench-failed".into(), 2);
         let md = markdown(&rs, "after", "test box", "settings", "c.svg").unwrap();
+        // The median run of each path (900 and 1000), the median of the paired ratios (0.9,
+        // 1.0, 0.8) with their range, and the errors of every repeat.
+        assert!(
+            md.contains("| 256 | 900 | 1.00 / 2.00 / 3.00 | – | – | 1000 | 1.00 / 2.00 / 3.00 | **0.90 (0.80–1.00)** | **–** | 0; –; 2× pgbench-failed |"),
+            "{md}"
+        );
         assert!(md.contains("| 4 | 500 | 1.00 / 2.00 / 3.00 | – | – | 1000 |"), "{md}");
         assert!(md.contains("**0.50** | **–**"), "{md}");
         // 16 clients: in-process / pgbench, then deployed / in-process.

@@ -90,6 +90,29 @@ async fn empty_pool_is_resource_exhausted_with_retry_after() {
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
 }
 
+/// Lease ids and the `x-request-id` of a request that sent none are random version-4 UUIDs
+/// (drawn from the thread's CSPRNG, not the OS per id: `domain::random_uuid`), never the same
+/// twice; a caller's `x-request-id` comes back as sent.
+#[tokio::test]
+async fn lease_ids_and_generated_request_ids_are_distinct_random_uuids() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 40).await;
+    app.seed_available("ci", 40).await;
+    let v4 = regex::Regex::new("^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$").unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..40 {
+        let r = app.claim(CLIENT_A, "ci", None).await;
+        let request_id = r.headers.get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        let b: ClaimResponse = r.assert_ok_response(200).json();
+        for id in [b.lease.lease_id, request_id] {
+            assert!(v4.is_match(&id), "not a random (version 4) UUID: {id:?}");
+            assert!(seen.insert(id.clone()), "{id} was handed out twice");
+        }
+    }
+    let r = app.request(axum::http::Method::GET, "/healthz", None, None, &[("x-request-id", "trace-me-42")]).await;
+    assert_eq!(r.headers.get("x-request-id").and_then(|v| v.to_str().ok()), Some("trace-me-42"));
+}
+
 #[tokio::test]
 async fn replay_returns_the_identical_response_and_leaves_expiry_unchanged() {
     let app = TestApp::spawn().await;

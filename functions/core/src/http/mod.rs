@@ -45,7 +45,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -89,6 +89,18 @@ async fn flush_metrics(State(state): State<AppState>, req: Request, next: Next) 
     resp
 }
 
+/// A request without `x-request-id` gets a random UUID ([`crate::domain::random_uuid`]: no
+/// system call per request, unlike tower-http's `MakeRequestUuid`).
+#[derive(Clone, Copy)]
+struct RandomRequestId;
+
+impl MakeRequestId for RandomRequestId {
+    fn make_request_id<B>(&mut self, _: &http::Request<B>) -> Option<RequestId> {
+        let id = crate::domain::random_uuid().to_string();
+        http::HeaderValue::from_str(&id).ok().map(RequestId::new)
+    }
+}
+
 /// Wraps routes with what every function shares: health and metrics, JSON 404s and 405s,
 /// the body limit, request ids, request logs and the EMF metrics flush.
 fn finish(routes: OpenApiRouter<AppState>, state: AppState) -> Router {
@@ -104,7 +116,7 @@ fn finish(routes: OpenApiRouter<AppState>, state: AppState) -> Router {
             let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("");
             tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
         }))
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(SetRequestIdLayer::x_request_id(RandomRequestId))
         .with_state(state)
 }
 
