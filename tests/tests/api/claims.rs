@@ -90,6 +90,46 @@ async fn empty_pool_is_resource_exhausted_with_retry_after() {
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
 }
 
+/// The claim statement answers with its VM's host but never with the host's credentials
+/// (V14): not on a claim, not on a replay. The HTTP answer still names the host and its
+/// address.
+#[tokio::test]
+async fn the_claim_statement_answers_without_the_hosts_credentials() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let conn = app.conn().await;
+    conn.batch_execute(&format!(
+        "UPDATE hosts SET ca_pem = 'CA PEM', cert_pem = 'CERT PEM', key_pem = 'KEY PEM', basic_auth_token = 'TOKEN' WHERE name = '{SIM_HOST}'"
+    ))
+    .await
+    .unwrap();
+    let claim = |lease_id: &'static str| {
+        let conn = &conn;
+        async move {
+            conn.query_one(
+                "SELECT host, existing_host FROM lease_claim('default', 'ci', $1, 'r-1', 'client-a')",
+                &[&lease_id],
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let fresh = claim("11111111-1111-4111-8111-111111111111").await;
+    let replayed = claim("22222222-2222-4222-8222-222222222222").await;
+    let hosts: [serde_json::Value; 2] = [fresh.get("host"), replayed.get("existing_host")];
+    drop(conn);
+    for host in hosts {
+        assert_eq!(host["name"], json!(SIM_HOST), "{host}");
+        assert_eq!(host["address"], json!(app.sim_server.addr.to_string()), "{host}");
+        for key in ["ca_pem", "cert_pem", "key_pem", "basic_auth_token"] {
+            assert!(host.get(key).is_none(), "the claim's host carries {key}: {host}");
+        }
+    }
+    let b = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    assert_eq!(b.vm.flintlock_host.address, app.sim_server.addr.to_string());
+}
+
 /// Lease ids and the `x-request-id` of a request that sent none are random version-4 UUIDs
 /// (drawn from the thread's CSPRNG, not the OS per id: `domain::random_uuid`), never the same
 /// twice; a caller's `x-request-id` comes back as sent.

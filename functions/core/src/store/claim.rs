@@ -17,6 +17,9 @@ use super::lease::lease_view;
 use super::{Executor, HostRow, LeaseRow, LeaseView, Result, Timed, VmRow, json_col, timed};
 use crate::domain::PoolRef;
 
+/// What one call of `lease_claim` found or did. The hosts in its views carry no credentials
+/// (`ca_pem`, `cert_pem`, `key_pem` and `basic_auth_token` are `None`, V14): a claim answers
+/// with the host's name and address and never calls flintlock with it.
 pub enum ClaimOutcome {
     PoolNotFound,
     /// The request_id already has a lease (maybe on another pool, maybe expired but not yet
