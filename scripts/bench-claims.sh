@@ -28,8 +28,9 @@
 #   --reseeds N                runs in that series (default 3)
 #   --repeats N                claim runs per level and path (default 3): the paths take turns
 #                              (in-process, deployed, pgbench, then again), the tables show each
-#                              path's median run and the median of the paired ratios, so a drift
-#                              of this shared machine's speed between runs stays out of the ratio
+#                              path's median run and the median of the ratios of the runs made in
+#                              the same turn, so a drift of this shared machine's speed between
+#                              turns stays out of the ratio
 #   --modes "claim replay release"
 #   --duration S               seconds per run (default 10)
 #   --warmup S                 HTTP warm-up seconds, not counted (default 1)
@@ -267,8 +268,9 @@ load average $LOAD_START before the runs, $LOAD_END after; $(date -u +%Y-%m-%d).
     SETTINGS="Each run: ${DURATION} s (HTTP after ${WARMUP} s of warm-up), pool reseeded with $VMS AVAILABLE VMs and \
 vacuumed before it; the poolmgr-local processes keep running from the first run to the last. Claims: $REPEATS \
 run(s) per level and path, the paths taking turns (in-process, deployed, pgbench, then again); a row shows each path's \
-run with the median claims/s, and a ratio is the median of the ratios of runs made one right after the other (their \
-range in brackets), which keeps a drift of this shared machine's speed between runs out of the ratio. PostgreSQL: a private \
+run with the median claims/s, and a ratio is the median of the ratios of the runs made in the same turn (their range \
+in brackets), which keeps a drift of this shared machine's speed between turns out of the ratio, so a row's ratio \
+need not equal the ratio of the throughputs it shows; its errors are those of every run. PostgreSQL: a private \
 cluster with default settings (fsync and synchronous_commit on) except max_connections = 400. In-process: one \
 release-built poolmgr-local (database pool $POOL_SIZE connections, POOLMGR_DB_PREPARE_CLAIM \
 ${POOLMGR_DB_PREPARE_CLAIM:-true}). Deployed: $PROCESSES release-built poolmgr-local with one database connection each \

@@ -22,8 +22,8 @@ pub fn read_results(path: &Path) -> anyhow::Result<Vec<RunResult>> {
 }
 
 /// The main runs of `path` at `c` clients (not a reseed series), in the order they ran: one
-/// per repeat (`scripts/bench-claims.sh --repeats`), each paths' i-th run back to back with
-/// the other paths' i-th.
+/// per repeat (`scripts/bench-claims.sh --repeats`); every path's i-th run was made in the
+/// script's i-th turn at this level.
 fn repeats<'a>(rs: &'a [RunResult], label: &str, path: &str, mode: Mode, c: usize) -> Vec<&'a RunResult> {
     rs.iter()
         .filter(|r| r.label == label && r.path == path && r.mode == mode && r.concurrency == c && r.round.is_none())
@@ -40,10 +40,15 @@ fn find<'a>(rs: &'a [RunResult], label: &str, path: &str, mode: Mode, c: usize) 
 }
 
 /// `a`'s throughput over `b`'s at `c` clients: the median of the paired ratios (the i-th run
-/// of `a` over the i-th of `b`, which ran right after it), with their range when there were
-/// repeats. Pairing keeps a drift of the machine's speed between repeats out of the ratio.
+/// of `a` over the i-th of `b`, both made in the script's i-th turn at this level), with their
+/// range when there were repeats. Pairing keeps a drift of the machine's speed between turns
+/// out of the ratio. Paths with different numbers of runs (a label reused with `--append`)
+/// cannot be paired: the cell says so instead of pairing the wrong runs.
 fn paired_ratio(rs: &[RunResult], label: &str, a: &str, b: &str, mode: Mode, c: usize) -> String {
     let (av, bv) = (repeats(rs, label, a, mode, c), repeats(rs, label, b, mode, c));
+    if av.len() != bv.len() && !av.is_empty() && !bv.is_empty() {
+        return format!("unpaired ({} and {} runs)", av.len(), bv.len());
+    }
     let mut ratios: Vec<f64> =
         av.iter().zip(&bv).filter(|(_, b)| b.throughput > 0.0).map(|(a, b)| a.throughput / b.throughput).collect();
     ratios.sort_by(f64::total_cmp);
@@ -475,11 +480,23 @@ mod tests {
             rs.push(r("after", "pgbench", Mode::Claim, 256, p));
         }
         rs.last_mut().unwrap().errors.insert("pgbench-failed".into(), 2);
+        // 1 client: a reused label left in-process with one run more than pgbench.
+        rs.extend([
+            r("after", "http", Mode::Claim, 1, 100.0),
+            r("after", "http", Mode::Claim, 1, 110.0),
+            r("after", "pgbench", Mode::Claim, 1, 200.0),
+        ]);
         let md = markdown(&rs, "after", "test box", "settings", "c.svg").unwrap();
         // The median run of each path (900 and 1000), the median of the paired ratios (0.9,
         // 1.0, 0.8) with their range, and the errors of every repeat.
         assert!(
             md.contains("| 256 | 900 | 1.00 / 2.00 / 3.00 | – | – | 1000 | 1.00 / 2.00 / 3.00 | **0.90 (0.80–1.00)** | **–** | 0; –; 2× pgbench-failed |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| 1 | 100 | 1.00 / 2.00 / 3.00 | – | – | 200 | 1.00 / 2.00 / 3.00 | **unpaired (2 and 1 runs)** |"
+            ),
             "{md}"
         );
         assert!(md.contains("| 4 | 500 | 1.00 / 2.00 / 3.00 | – | – | 1000 |"), "{md}");
