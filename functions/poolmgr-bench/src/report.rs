@@ -52,14 +52,20 @@ fn paired_ratio(rs: &[RunResult], label: &str, a: &str, b: &str, mode: Mode, c: 
     let mut ratios: Vec<f64> =
         av.iter().zip(&bv).filter(|(_, b)| b.throughput > 0.0).map(|(a, b)| a.throughput / b.throughput).collect();
     ratios.sort_by(f64::total_cmp);
-    let n = ratios.len();
-    match n {
+    match ratios.len() {
         0 => "–".into(),
         1 => format!("{:.2}", ratios[0]),
-        _ => {
-            let median = if n % 2 == 1 { ratios[n / 2] } else { (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0 };
-            format!("{median:.2} ({:.2}–{:.2})", ratios[0], ratios[n - 1])
-        }
+        n => format!("{:.2} ({:.2}–{:.2})", median(ratios.clone()), ratios[0], ratios[n - 1]),
+    }
+}
+
+/// The median of `v` (the mean of the two middle values for an even count); NaN when empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
@@ -437,6 +443,13 @@ pub fn draw_legend<'b>(ch: &mut Chart<'b, 'b>) -> anyhow::Result<()> {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(vec![]).is_nan());
+    }
 
     fn r(label: &str, path: &str, mode: Mode, c: usize, tput: f64) -> RunResult {
         RunResult {
