@@ -276,8 +276,8 @@ release-built poolmgr-local (database pool $POOL_SIZE connections, POOLMGR_DB_PR
 ${POOLMGR_DB_PREPARE_CLAIM:-true}). Deployed: $PROCESSES release-built poolmgr-local with one database connection each \
 and POOLMGR_DB_PREPARE_CLAIM false, behind $PGB_VERSION in transaction mode with \
 $PROCESSES server connections; the load generator's clients spread over the processes round-robin. Load generator: \
-\`poolmgr-bench claims-load\` (one hyper HTTP/1.1 keep-alive connection per client, no connection pool in between, random UUID request_ids) on the same \
-machine. pgbench: \`-M $PROTOCOL -j 2\` running \`poolmgr-bench pgbench-script\`, i.e. \`store::LEASE_CLAIM_SQL\` \
+\`poolmgr-bench claims-load\` (one keep-alive HTTP/1.1 connection per client, spoken by hand: one write per request, the \
+response read on the client's own task, no HTTP library or connection pool in between; random UUID request_ids) on the same machine. pgbench: \`-M $PROTOCOL -j 2\` running \`poolmgr-bench pgbench-script\`, i.e. \`store::LEASE_CLAIM_SQL\` \
 with pgbench variables. Latencies are per operation as the client sees them. CPU per operation: the machine's busy \
 time (/proc/stat) over the timed window, the client's, the poolmgr-local processes', PgBouncer's and this cluster's \
 postgres processes' own (/proc/PID/stat, exited backends included); the rest is time no process is charged with (the \

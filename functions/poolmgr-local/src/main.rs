@@ -7,6 +7,7 @@
 mod fault;
 
 use anyhow::Context;
+use axum::serve::ListenerExt as _;
 use poolmgr_core::{AppState, Config, db, http, telemetry};
 
 #[tokio::main]
@@ -32,6 +33,12 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {addr}: set POOLMGR_HTTP_ADDR to a free address"))?;
     let local = listener.local_addr()?;
+    // An answer goes out the moment it is written, never held back for Nagle's algorithm.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY on an accepted connection");
+        }
+    });
     tracing::info!(%local, "poolmgr-local listening");
     println!("poolmgr-local listening on http://{local}");
     axum::serve(listener, router).with_graceful_shutdown(shutdown()).await.context("serving HTTP")?;
