@@ -3,6 +3,7 @@
 //! database chores between runs (`claims-seed`, `claims-verify`).
 
 use std::collections::{BTreeMap, HashSet};
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -323,6 +324,7 @@ struct Http {
 
 /// The parsed head of a response: status, where the body starts, its length, and whether
 /// the server closes the connection after it.
+#[derive(Clone, Copy)]
 struct Head {
     status: u16,
     body_at: usize,
@@ -357,22 +359,49 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, String> {
     Ok(Some(Head { status, body_at, len, close }))
 }
 
+/// Reads one answer into `buf` (cleared first): its head, then its whole body. Anything
+/// after the body is an error: this client never sends a request before the last answer.
+async fn read_response<R: tokio::io::AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Result<Head, String> {
+    use tokio::io::AsyncReadExt as _;
+    buf.clear();
+    let mut head = None;
+    loop {
+        if head.is_none() {
+            head = parse_head(buf)?;
+        }
+        if let Some(h) = head {
+            match buf.len().cmp(&(h.body_at + h.len)) {
+                std::cmp::Ordering::Equal => return Ok(h),
+                std::cmp::Ordering::Greater => return Err("bad-response".into()),
+                std::cmp::Ordering::Less => {}
+            }
+        }
+        if r.read_buf(buf).await.map_err(|_| "transport")? == 0 {
+            return Err("transport".into());
+        }
+    }
+}
+
 impl Http {
     fn new(target: Arc<Target>) -> Http {
         Http { target, stream: None, buf: Vec::with_capacity(4096) }
     }
 
-    async fn send(&mut self, method: &str, path: &str, body: &str) -> Result<(u16, bytes::Bytes), String> {
-        let r = self.exchange(method, path, body).await;
-        if r.is_err() {
-            self.stream = None;
+    /// One request and its answer: the status and the body, which lives in `self.buf` until
+    /// the next request. Any failure drops the connection.
+    async fn send(&mut self, method: &str, path: &str, body: &str) -> Result<(u16, &[u8]), String> {
+        match self.exchange(method, path, body).await {
+            Ok((status, body)) => Ok((status, &self.buf[body])),
+            Err(e) => {
+                self.stream = None;
+                Err(e)
+            }
         }
-        r
     }
 
-    async fn exchange(&mut self, method: &str, path: &str, body: &str) -> Result<(u16, bytes::Bytes), String> {
+    async fn exchange(&mut self, method: &str, path: &str, body: &str) -> Result<(u16, Range<usize>), String> {
         use std::io::Write as _;
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        use tokio::io::AsyncWriteExt as _;
         if self.stream.is_none() {
             let stream = tokio::net::TcpStream::connect(&self.target.authority).await.map_err(|_| "transport")?;
             let _ = stream.set_nodelay(true);
@@ -384,34 +413,11 @@ impl Http {
             .map_err(|_| "bad-request")?;
         self.buf.extend_from_slice(body.as_bytes());
         stream.write_all(&self.buf).await.map_err(|_| "transport")?;
-        self.buf.clear();
-        let mut chunk = [0u8; 4096];
-        let head = loop {
-            let n = stream.read(&mut chunk).await.map_err(|_| "transport")?;
-            if n == 0 {
-                return Err("transport".into());
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-            if let Some(head) = parse_head(&self.buf)? {
-                break head;
-            }
-        };
-        let end = head.body_at + head.len;
-        while self.buf.len() < end {
-            let n = stream.read(&mut chunk).await.map_err(|_| "transport")?;
-            if n == 0 {
-                return Err("transport".into());
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-        if self.buf.len() > end {
-            // Nothing was asked for beyond this response.
-            return Err("bad-response".into());
-        }
+        let head = read_response(stream, &mut self.buf).await?;
         if head.close {
             self.stream = None;
         }
-        Ok((head.status, bytes::Bytes::copy_from_slice(&self.buf[head.body_at..end])))
+        Ok((head.status, head.body_at..head.body_at + head.len))
     }
 
     async fn claim(&mut self, request_id: &str) -> Outcome {
@@ -423,7 +429,7 @@ impl Http {
         if !(200..300).contains(&status) {
             return Outcome::Err(status.to_string());
         }
-        match serde_json::from_slice::<ClaimBody>(&bytes) {
+        match serde_json::from_slice::<ClaimBody>(bytes) {
             Ok(b) => Outcome::Ok(b),
             Err(_) => Outcome::Err("bad-body".into()),
         }
@@ -540,6 +546,9 @@ pub async fn http_load(cfg: HttpLoad) -> anyhow::Result<(RunResult, Vec<String>)
     if cfg.endpoints.is_empty() {
         bail!("no endpoint to send the load to");
     }
+    if cfg.token.bytes().any(|b| b.is_ascii_control()) {
+        bail!("the token has a control character; it cannot be sent in a header");
+    }
     let targets: Vec<Arc<Target>> = cfg
         .endpoints
         .iter()
@@ -550,15 +559,10 @@ pub async fn http_load(cfg: HttpLoad) -> anyhow::Result<(RunResult, Vec<String>)
             let pool = json!({"namespace": cfg.namespace, "name": cfg.pool});
             Ok(Arc::new(Target {
                 authority: authority.to_string(),
-                headers: {
-                    if cfg.token.bytes().any(|b| b.is_ascii_control()) {
-                        bail!("the token has a control character; it cannot be sent in a header");
-                    }
-                    format!(
-                        "Host: {authority}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: ",
-                        cfg.token
-                    )
-                },
+                headers: format!(
+                    "Host: {authority}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: ",
+                    cfg.token
+                ),
                 body_head: format!("{{\"pool\": {pool}, \"request_id\": \""),
             }))
         })
@@ -786,8 +790,35 @@ mod tests {
         assert_eq!(parse_head(b"garbage\r\n\r\n").err().as_deref(), Some("bad-response"));
     }
 
-    /// A server that answers each request on a connection with `answers[i]`, written in two
-    /// pieces with a pause between them, and reports every request it read.
+    #[tokio::test]
+    async fn an_answer_is_read_whatever_pieces_it_arrives_in() {
+        let body = br#"{"lease": {"lease_id": "l1"}}"#;
+        let mut answer = format!("HTTP/1.1 201 Created\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes();
+        answer.extend_from_slice(body);
+        // A pipe that passes 3 bytes at a time: the head and the body each take many reads.
+        let (mut client, mut server) = tokio::io::duplex(3);
+        let sent = answer.clone();
+        tokio::spawn(async move { server.write_all(&sent).await.unwrap() });
+        let mut buf = b"the last answer".to_vec();
+        let head = read_response(&mut client, &mut buf).await.unwrap();
+        assert_eq!(head.status, 201);
+        assert_eq!(&buf[head.body_at..head.body_at + head.len], body);
+        assert_eq!(buf, answer, "the buffer holds this answer only");
+
+        // Bytes after the body: nothing was asked for them.
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        server.write_all(b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 204").await.unwrap();
+        assert_eq!(read_response(&mut client, &mut Vec::new()).await.err().as_deref(), Some("bad-response"));
+
+        // The connection ends inside the body.
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        server.write_all(&answer[..answer.len() - 1]).await.unwrap();
+        drop(server);
+        assert_eq!(read_response(&mut client, &mut Vec::new()).await.err().as_deref(), Some("transport"));
+    }
+
+    /// A server that answers each request on a connection with `answers[i]` and reports every
+    /// request it read.
     async fn scripted_server(answers: Vec<&'static str>) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
@@ -804,10 +835,7 @@ mod tests {
                     }
                     tx.send(String::from_utf8_lossy(&buf[..n]).into_owned()).unwrap();
                     let Some(a) = answers.next() else { return };
-                    let (one, two) = a.split_at(a.len() / 2);
-                    s.write_all(one.as_bytes()).await.unwrap();
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    s.write_all(two.as_bytes()).await.unwrap();
+                    s.write_all(a.as_bytes()).await.unwrap();
                     if a.contains("Connection: close") {
                         break;
                     }
@@ -828,7 +856,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_client_sends_whole_requests_and_reads_split_answers_on_one_connection() {
+    async fn the_client_sends_whole_requests_and_keeps_its_connection_until_told_to_close() {
         let claim = r#"{"lease": {"lease_id": "l1"}, "vm": {"id": "vm1"}, "replayed": false}"#;
         let ok: &'static str = Box::leak(
             format!("HTTP/1.1 201 Created\r\ncontent-length: {}\r\n\r\n{claim}", claim.len()).into_boxed_str(),
