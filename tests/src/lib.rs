@@ -269,6 +269,9 @@ impl TestApp {
             ("POOLMGR_RECONCILE_BACKOFF_MS".into(), "10".into()),
             ("POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS".into(), "1".into()),
             ("POOLMGR_ORPHAN_SCAN_SECONDS".into(), "0".into()),
+            // Reconcile loops (`reconcile::run_loop`) pass often and give up soon in tests.
+            ("POOLMGR_RECONCILE_LOOP_INTERVAL_MS".into(), "50".into()),
+            ("POOLMGR_RECONCILE_LINGER_MS".into(), "300".into()),
         ];
         if through_pooler() {
             // As configured in production behind a transaction pooler: PgBouncer before 1.21
@@ -301,6 +304,13 @@ impl TestApp {
         .await
         .assert_ok(201);
         app
+    }
+
+    /// The same app with `waker` behind its Router (claims, releases and hints wake it).
+    pub fn with_waker(mut self, waker: poolmgr_core::wake::Waker) -> TestApp {
+        self.state = self.state.clone().with_waker(waker);
+        self.router = http::router(self.state.clone());
+        self
     }
 
     /// Sends one request through the Router, exactly as the HTTP server would.

@@ -127,13 +127,73 @@ pub struct PoolStatusView {
     provisioning: i64,
     quarantined: i64,
     deleting: i64,
+    /// What the pool works towards: the autoscaler's size, else the spec's `size`.
+    desired_size: i32,
+    /// Why, and what was measured; `null` without an autoscaling block.
+    #[schema(required)]
+    autoscaling: Option<AutoscalingStatus>,
+}
+
+/// An autoscaled pool's last sizing decision and what it was made from.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct AutoscalingStatus {
+    pub reason: crate::domain::ScaleReason,
+    /// Claims that took a VM, per second, over the demand window.
+    pub claims_per_second: f64,
+    /// Claims refused for want of a VM, per second (each request once).
+    pub refused_per_second: f64,
+    /// The p90 of recent VMs' creation to AVAILABLE (the default until one was measured).
+    pub provisioning_seconds: f64,
+    /// Announced claims (`POST …/expect`) not arrived yet.
+    pub expected_claims: i64,
+}
+
+/// `POST …/expect`'s answer: until when the hint lasts and the size the pool now works towards.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Expected {
+    #[serde(serialize_with = "ts")]
+    pub expected_until: DateTime<Utc>,
+    pub desired_size: i32,
+}
+
+/// A pool's status: its live VM counts, its desired size, and the autoscaler's view.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PoolStatusOut {
+    #[serde(flatten)]
+    pub counts: PoolStatus,
+    pub desired_size: i32,
+    pub autoscaling: Option<AutoscalingStatus>,
+}
+
+/// The counts read through: `pool.status.available`.
+impl std::ops::Deref for PoolStatusOut {
+    type Target = PoolStatus;
+    fn deref(&self) -> &PoolStatus {
+        &self.counts
+    }
+}
+
+impl PoolStatusOut {
+    pub fn new(row: &PoolRow, counts: PoolStatus) -> PoolStatusOut {
+        let autoscaling = row.autoscaling.as_ref().map(|_| {
+            let s = row.scaling.clone().unwrap_or_default();
+            AutoscalingStatus {
+                reason: s.reason.unwrap_or(crate::domain::ScaleReason::Static),
+                claims_per_second: s.claims_per_second,
+                refused_per_second: s.refused_per_second,
+                provisioning_seconds: s.provisioning_seconds,
+                expected_claims: s.expected_claims,
+            }
+        });
+        PoolStatusOut { counts, desired_size: row.target_size(), autoscaling }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Pool {
     pub spec: PoolSpec,
     #[schema(value_type = PoolStatusView)]
-    pub status: PoolStatus,
+    pub status: PoolStatusOut,
     #[serde(serialize_with = "ts")]
     pub created_at: DateTime<Utc>,
     #[serde(serialize_with = "ts")]
@@ -142,7 +202,12 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(row: &PoolRow, status: PoolStatus) -> Pool {
-        Pool { spec: row.spec(), status, created_at: row.created_at, updated_at: row.updated_at }
+        Pool {
+            spec: row.spec(),
+            status: PoolStatusOut::new(row, status),
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+        }
     }
 }
 

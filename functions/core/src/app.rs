@@ -24,6 +24,7 @@ use crate::flintlock::Flintlock;
 use crate::metrics::Metrics;
 use crate::secrets::SecretsError;
 use crate::store::StoreError;
+use crate::wake::Waker;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -34,6 +35,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// What "now" is for time comparisons: the database's clock, or a test's ([`Clock`]).
     pub clock: Clock,
+    /// Wakes the reconciler after a claim, a release or a demand hint ([`crate::wake`]).
+    pub waker: Waker,
     /// This deployment's namespaces, once known ([`AppState::deployment`]).
     deployment: Arc<tokio::sync::OnceCell<Deployment>>,
 }
@@ -56,8 +59,14 @@ impl AppState {
             metrics,
             config: Arc::new(cfg.clone()),
             clock: Clock::system(),
+            waker: Waker::from_config(&cfg.wake),
             deployment: Arc::default(),
         }
+    }
+
+    /// The same state with another waker (poolmgr-local: its ticker's signal; tests).
+    pub fn with_waker(self, waker: Waker) -> AppState {
+        AppState { waker, ..self }
     }
 
     /// The same state with another clock (tests: [`Clock::adjustable`]).

@@ -65,6 +65,37 @@ pub struct Config {
     pub deployment_id: Option<String>,
     pub reconcile: ReconcileConfig,
     pub hooks: HookConfig,
+    pub wake: WakeConfig,
+    pub autoscale: AutoscaleConfig,
+}
+
+/// Where a claim, a release or a demand hint wakes the reconciler (`crate::wake`).
+#[derive(Debug, Clone)]
+pub struct WakeConfig {
+    /// The reconcile function to invoke asynchronously (`POOLMGR_WAKE_LAMBDA_FUNCTION`: a
+    /// name or ARN; the AWS template sets it on every HTTP function and on the reconcile
+    /// function itself, which hands a loop on to a fresh invocation). Unset: no Lambda wake
+    /// (poolmgr-local wakes its own ticker).
+    pub lambda_function: Option<String>,
+    /// The Lambda Invoke API's endpoint (`POOLMGR_LAMBDA_ENDPOINT`; default
+    /// `https://lambda.{AWS_REGION}.amazonaws.com`).
+    pub lambda_endpoint: Option<String>,
+    /// `AWS_REGION` (Lambda sets it), for the endpoint and the signature.
+    pub region: String,
+    /// One process wakes at most once per this (`POOLMGR_WAKE_DEBOUNCE_MS`, 1000). Must stay
+    /// below the reconcile loop's linger, so a debounced wake is covered by the one before.
+    pub debounce: Duration,
+}
+
+/// Knobs of demand-based sizing (`reconcile::sizing`).
+#[derive(Debug, Clone)]
+pub struct AutoscaleConfig {
+    /// The window claim and refusal rates are measured over (`POOLMGR_AUTOSCALE_WINDOW_SECONDS`,
+    /// 60).
+    pub window: Duration,
+    /// The provisioning time assumed for a pool none of whose VMs became AVAILABLE recently
+    /// (`POOLMGR_AUTOSCALE_DEFAULT_PROVISIONING_SECONDS`, 30).
+    pub default_provisioning: Duration,
 }
 
 /// Knobs of create and pre-lease hooks.
@@ -132,8 +163,22 @@ pub struct ReconcileConfig {
     /// stops answering holds at most this many calls until the flintlock timeout; the first
     /// to fail marks it sick for the rest of the pass and the calls queued behind are skipped.
     pub host_concurrency: usize,
-    /// `poolmgr-local`'s ticker interval (`POOLMGR_RECONCILE_INTERVAL_SECONDS`, 2).
+    /// `poolmgr-local`'s ticker interval (`POOLMGR_RECONCILE_INTERVAL_SECONDS`, 2; or
+    /// `POOLMGR_RECONCILE_INTERVAL_MS`, which wins): the local stand-in for the schedule.
     pub interval: Duration,
+    /// Whether poolmgr-local runs its reconciler at all (`POOLMGR_RECONCILE_TICKER`, `on`;
+    /// `off` for the deployed shape, where a separate reconcile function does).
+    pub ticker: bool,
+    /// Pause between the passes of a reconcile loop while there is work
+    /// (`POOLMGR_RECONCILE_LOOP_INTERVAL_MS`, 500): what a booting VM waits at most, past its
+    /// boot, to be found CREATED (`reconcile::driver`).
+    pub loop_interval: Duration,
+    /// How long a loop keeps passing after its last pass with work or its last wake
+    /// (`POOLMGR_RECONCILE_LINGER_MS`, 5000). Above the wake debounce.
+    pub linger: Duration,
+    /// The longest one loop runs (`POOLMGR_RECONCILE_LOOP_SECONDS`, 600); on Lambda it also
+    /// ends a pass deadline and a margin before the invocation's own deadline, and hands on.
+    pub loop_budget: Duration,
     /// Events older than this are deleted by the reconcile pass, in batches
     /// (`POOLMGR_EVENTS_RETENTION`: `7d` by default; a number with a unit `s`, `m`, `h` or
     /// `d`, a bare number is seconds; `off` keeps events forever, `None`).
@@ -147,6 +192,15 @@ pub struct ReconcileConfig {
     /// (`POOLMGR_RECONCILE_SELECTION_MARGIN_MS`, 1000): for a transaction the watermark's
     /// horizon cannot see (another role's; one starting in the instant the horizon is read).
     pub selection_margin: Duration,
+}
+
+fn parse_switch(lookup: &impl Fn(&str) -> Option<String>, key: &str, default: bool) -> Result<bool, ConfigError> {
+    match lookup(key).as_deref().map(str::trim) {
+        None | Some("") => Ok(default),
+        Some("on" | "true" | "1" | "yes") => Ok(true),
+        Some("off" | "false" | "0" | "no") => Ok(false),
+        Some(other) => Err(ConfigError(format!("{key} must be on or off, got {other:?}"))),
+    }
 }
 
 fn parse_num<T: std::str::FromStr>(
@@ -363,6 +417,24 @@ impl Config {
                 }
             },
             hooks,
+            wake: WakeConfig {
+                lambda_function: lookup("POOLMGR_WAKE_LAMBDA_FUNCTION")
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty()),
+                lambda_endpoint: lookup("POOLMGR_LAMBDA_ENDPOINT")
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty()),
+                region: lookup("AWS_REGION").filter(|s| !s.is_empty()).unwrap_or_else(|| "us-east-1".into()),
+                debounce: Duration::from_millis(parse_num(&lookup, "POOLMGR_WAKE_DEBOUNCE_MS", 1000u64)?),
+            },
+            autoscale: AutoscaleConfig {
+                window: Duration::from_secs_f64(
+                    parse_num(&lookup, "POOLMGR_AUTOSCALE_WINDOW_SECONDS", 60f64)?.clamp(0.1, 3600.0),
+                ),
+                default_provisioning: Duration::from_secs_f64(
+                    parse_num(&lookup, "POOLMGR_AUTOSCALE_DEFAULT_PROVISIONING_SECONDS", 30f64)?.clamp(0.01, 3600.0),
+                ),
+            },
             reconcile: ReconcileConfig {
                 deadline: Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_DEADLINE_SECONDS", 50u64)?),
                 concurrency: parse_num(&lookup, "POOLMGR_RECONCILE_CONCURRENCY", 8usize)?.max(1),
@@ -378,7 +450,16 @@ impl Config {
                 max_creates_per_pool: parse_num(&lookup, "POOLMGR_RECONCILE_MAX_CREATES", 50usize)?,
                 orphan_scan_interval: Duration::from_secs(parse_num(&lookup, "POOLMGR_ORPHAN_SCAN_SECONDS", 10u64)?),
                 host_concurrency: parse_num(&lookup, "POOLMGR_RECONCILE_HOST_CONCURRENCY", 4usize)?.max(1),
-                interval: Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_INTERVAL_SECONDS", 2u64)?.max(1)),
+                interval: match parse_num(&lookup, "POOLMGR_RECONCILE_INTERVAL_MS", 0u64)? {
+                    0 => Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_INTERVAL_SECONDS", 2u64)?.max(1)),
+                    ms => Duration::from_millis(ms.max(10)),
+                },
+                ticker: parse_switch(&lookup, "POOLMGR_RECONCILE_TICKER", true)?,
+                loop_interval: Duration::from_millis(
+                    parse_num(&lookup, "POOLMGR_RECONCILE_LOOP_INTERVAL_MS", 500u64)?.max(10),
+                ),
+                linger: Duration::from_millis(parse_num(&lookup, "POOLMGR_RECONCILE_LINGER_MS", 5000u64)?),
+                loop_budget: Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_LOOP_SECONDS", 600u64)?),
                 events_retention: parse_retention(
                     &lookup,
                     "POOLMGR_EVENTS_RETENTION",

@@ -260,8 +260,126 @@ string_enum!(
         VmOrphanDeleted => "VM_ORPHAN_DELETED",
         PoolReplenishing => "POOL_REPLENISHING",
         PoolSizeBelowTarget => "POOL_SIZE_BELOW_TARGET",
+        PoolScaled => "POOL_SCALED",
     }
 );
+
+string_enum!(
+    /// Why a pool has its desired size (`status.autoscaling.reason`, POOL_SCALED's `reason`).
+    ScaleReason {
+        Floor => "FLOOR",
+        Ceiling => "CEILING",
+        Demand => "DEMAND",
+        Hint => "HINT",
+        Static => "STATIC",
+    }
+);
+
+/// What a pool's sizing keeps between decisions (the `pools.scaling` column; `reconcile::sizing`
+/// decides from it and returns the next one). Pure data.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScalingState {
+    /// The highest recommendation per bucket of the stabilization window: (bucket start, s).
+    #[serde(default)]
+    pub recs: Vec<(f64, i32)>,
+    /// Moving average of the busy VMs (time constant: the demand window).
+    #[serde(default)]
+    pub busy_avg: f64,
+    /// When the state was last updated (seconds on the database's clock).
+    #[serde(default)]
+    pub at: f64,
+    /// Why the pool has its current desired size.
+    #[serde(default)]
+    pub reason: Option<ScaleReason>,
+    #[serde(default)]
+    pub claims_per_second: f64,
+    #[serde(default)]
+    pub refused_per_second: f64,
+    #[serde(default)]
+    pub provisioning_seconds: f64,
+    #[serde(default)]
+    pub expected_claims: i64,
+    /// Whether the next passes must look at the pool again (demand measured, a hint, or a
+    /// size above the floor); the sizing step skips the others (`pools_scaling_active`).
+    #[serde(default)]
+    pub active: bool,
+}
+
+fn default_stabilization() -> i32 {
+    300
+}
+
+/// A pool's demand-based sizing (`autoscaling` in a PoolSpec; `reconcile::sizing` decides).
+/// Exactly one of `target_warm_ratio` and `buffer` is set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Autoscaling {
+    /// The floor: the pool never works towards fewer VMs.
+    #[schema(minimum = 0, maximum = 10000)]
+    pub min: i32,
+    /// The ceiling, counting every VM of the pool (leased, provisioning and available).
+    #[schema(minimum = 1, maximum = 10000)]
+    pub max: i32,
+    /// The share of claims that should find a warm VM (0 < r < 1): the size is the smallest
+    /// whose Erlang-B loss for the measured demand is at most 1 - r.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.0001, maximum = 0.9999)]
+    pub target_warm_ratio: Option<f64>,
+    /// Idle VMs kept on top of the busy ones, instead of a warm ratio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 10000)]
+    pub buffer: Option<i32>,
+    /// The size goes down only to the highest recommendation of this window (0..=86400).
+    #[serde(default = "default_stabilization")]
+    #[schema(minimum = 0, maximum = 86400, default = 300)]
+    pub scale_down_stabilization_seconds: i32,
+}
+
+impl Autoscaling {
+    /// The size a pool starts from when autoscaling is switched on: its `size`, within the
+    /// floor and the ceiling.
+    pub fn initial_size(&self, size: i32) -> i32 {
+        size.clamp(self.min, self.max.max(self.min))
+    }
+
+    /// Every rule of the block; `size` is the pool's (the starting point, any value).
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0..=MAX_POOL_SIZE).contains(&self.min) {
+            return Err(format!("autoscaling.min must be between 0 and {MAX_POOL_SIZE}, got {}", self.min));
+        }
+        if !(1..=MAX_POOL_SIZE).contains(&self.max) {
+            return Err(format!("autoscaling.max must be between 1 and {MAX_POOL_SIZE}, got {}", self.max));
+        }
+        if self.min > self.max {
+            return Err(format!("autoscaling.min ({}) must not exceed autoscaling.max ({})", self.min, self.max));
+        }
+        match (self.target_warm_ratio, self.buffer) {
+            (Some(_), Some(_)) | (None, None) => {
+                return Err("autoscaling needs exactly one of target_warm_ratio and buffer".into());
+            }
+            (Some(r), None) if !(r > 0.0 && r < 1.0) => {
+                return Err(format!("autoscaling.target_warm_ratio must be above 0 and below 1, got {r}"));
+            }
+            (Some(r), None) if !(0.0001..=0.9999).contains(&r) => {
+                return Err(format!("autoscaling.target_warm_ratio must be between 0.0001 and 0.9999, got {r}"));
+            }
+            (None, Some(b)) if !(0..=self.max).contains(&b) => {
+                return Err(format!(
+                    "autoscaling.buffer must be between 0 and autoscaling.max ({}), got {b}",
+                    self.max
+                ));
+            }
+            _ => {}
+        }
+        if !(0..=86_400).contains(&self.scale_down_stabilization_seconds) {
+            return Err(format!(
+                "autoscaling.scale_down_stabilization_seconds must be between 0 and 86400, got {}",
+                self.scale_down_stabilization_seconds
+            ));
+        }
+        Ok(())
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -372,6 +490,9 @@ pub struct PoolSpec {
     #[serde(default = "default_expiry")]
     #[schema(minimum = 1, default = 120)]
     pub heartbeat_expiry_seconds: i32,
+    /// Demand-based sizing; absent or null: `size` is the target, as without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<Autoscaling>,
 }
 
 /// A pool's VMs counted by phase, as the API's pool status, the pool gauges and the
@@ -463,6 +584,12 @@ impl PoolSpec {
                 "heartbeat_expiry_seconds must be at least 1 and at least heartbeat_interval_seconds ({})",
                 self.heartbeat_interval_seconds
             ));
+        }
+        if let Some(a) = &self.autoscaling {
+            a.validate()?;
+            if self.microvm_template.has_static_network() {
+                return Err("autoscaling cannot size a pool whose microvm_template sets guest_mac or a static address (such a pool holds at most one VM)".into());
+            }
         }
         self.microvm_template.validate()?;
         // A static MAC or address can only exist once on the network: such a pool may hold at

@@ -33,6 +33,8 @@
 //!   create hooks, sweeps, orphans), with its own error type that says whether a retry helps.
 //! - [`teardown`]: the VM delete (flintlock, then rows) that `service` and `reconcile` share.
 //! - [`flintlock`]: the gRPC client for flintlock hosts, given a [`flintlock::Endpoint`].
+//! - [`wake`]: waking the reconciler after a claim, a release or a hint (a Lambda invoke
+//!   signed with SigV4, or poolmgr-local's ticker signal).
 //! - [`metrics`]: Prometheus counters and the one list of pool gauges, and their CloudWatch
 //!   EMF lines on Lambda; [`telemetry`]: JSON logs.
 
@@ -57,6 +59,7 @@ pub mod store;
 pub mod teardown;
 pub mod telemetry;
 pub mod template;
+pub mod wake;
 
 pub use app::AppState;
 pub use config::Config;

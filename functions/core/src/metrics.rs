@@ -33,17 +33,40 @@ use crate::domain::PoolRef;
 use crate::store::{PoolRow, PoolStatus};
 
 /// How one pool gauge is read off a pool and its status.
-pub type PoolGaugeValue = fn(&PoolRow, &PoolStatus) -> i64;
+pub type PoolGaugeValue = fn(&PoolRow, &PoolStatus) -> f64;
 
 /// The contract's pool gauges: name, help text, value. The one definition of them: the
 /// Prometheus text of `/metrics` ([`render_pool_gauges`]) and the EMF lines of the reconcile
 /// function ([`Metrics::pool_gauges`]) both read this list.
-pub const POOL_GAUGES: [(&str, &str, PoolGaugeValue); 5] = [
-    ("poolmgr_pool_size", "Target size of the pool.", |p, _| i64::from(p.size)),
-    ("poolmgr_pool_available", "AVAILABLE VMs.", |_, s| s.available),
-    ("poolmgr_pool_leased", "LEASED VMs, plus VMs being claimed.", |_, s| s.leased + s.claiming),
-    ("poolmgr_pool_provisioning", "VMs being provisioned or running create hooks.", |_, s| s.provisioning),
-    ("poolmgr_pool_quarantined", "QUARANTINED VMs.", |_, s| s.quarantined),
+pub const POOL_GAUGES: [(&str, &str, PoolGaugeValue); 10] = [
+    ("poolmgr_pool_size", "Size of the pool's spec.", |p, _| f64::from(p.size)),
+    ("poolmgr_pool_available", "AVAILABLE VMs.", |_, s| s.available as f64),
+    ("poolmgr_pool_leased", "LEASED VMs, plus VMs being claimed.", |_, s| (s.leased + s.claiming) as f64),
+    ("poolmgr_pool_provisioning", "VMs being provisioned or running create hooks.", |_, s| s.provisioning as f64),
+    ("poolmgr_pool_quarantined", "QUARANTINED VMs.", |_, s| s.quarantined as f64),
+    (
+        "poolmgr_pool_desired_size",
+        "The size the pool works towards: the autoscaler's, else the spec's size.",
+        |p, _| f64::from(p.target_size()),
+    ),
+    (
+        "poolmgr_pool_claims_per_second",
+        "Claims that took a VM, per second, over the autoscaler's demand window (0 without autoscaling).",
+        |p, _| p.scaling.as_ref().map_or(0.0, |s| s.claims_per_second),
+    ),
+    (
+        "poolmgr_pool_refused_claims_per_second",
+        "Claims refused for want of a VM, per second, each request once (0 without autoscaling).",
+        |p, _| p.scaling.as_ref().map_or(0.0, |s| s.refused_per_second),
+    ),
+    (
+        "poolmgr_pool_provisioning_seconds",
+        "The p90 of recent VMs' creation to AVAILABLE, as the autoscaler uses it (0 without autoscaling).",
+        |p, _| p.scaling.as_ref().map_or(0.0, |s| s.provisioning_seconds),
+    ),
+    ("poolmgr_pool_expected_claims", "Announced claims (POST /expect) not arrived yet.", |p, _| {
+        p.scaling.as_ref().map_or(0.0, |s| s.expected_claims as f64)
+    }),
 ];
 
 /// The pool gauges of `pools` (as `store::pool_gauges` reads them) in the Prometheus text
@@ -115,7 +138,7 @@ enum SeriesValue {
     /// Histogram observations since the last flush.
     Seconds(Vec<f64>),
     /// A gauge's latest value.
-    Gauge(i64),
+    Gauge(f64),
 }
 
 #[derive(Debug, Default)]
@@ -399,7 +422,7 @@ impl Metrics {
         self.emf_seconds("poolmgr_reconcile_pass_duration_seconds", Vec::new(), secs);
         if succeeded {
             self.reconcile_last_success.with_label_values::<&str>(&[]).set(end_unix_seconds);
-            let value = end_unix_seconds as i64;
+            let value = end_unix_seconds.trunc();
             self.emf_record(
                 SeriesKey { name: "poolmgr_reconcile_last_success_timestamp_seconds", dims: Vec::new() },
                 |v| *v = SeriesValue::Gauge(value),
@@ -453,6 +476,8 @@ impl Metrics {
                 .into_iter()
                 .map(|(name, v)| match v {
                     SeriesValue::Count(n) => (name, "Count", json!(n)),
+                    // Whole numbers as integers, as they were before gauges could be fractional.
+                    SeriesValue::Gauge(g) if g.fract() == 0.0 && g.abs() < 9e15 => (name, "Count", json!(g as i64)),
                     SeriesValue::Gauge(g) => (name, "Count", json!(g)),
                     SeriesValue::Seconds(mut values) => {
                         if values.len() > EMF_MAX_VALUES {
@@ -677,7 +702,7 @@ mod tests {
     fn pool_gauges_render_as_prometheus_text_with_help_and_type_then_one_sample_per_pool() {
         let pools = vec![(pool_row("a", 3), status()), (pool_row("b", 0), PoolStatus::default())];
         let want = [
-            "# HELP poolmgr_pool_size Target size of the pool.",
+            "# HELP poolmgr_pool_size Size of the pool's spec.",
             "# TYPE poolmgr_pool_size gauge",
             r#"poolmgr_pool_size{pool_namespace="default",pool_name="a"} 3"#,
             r#"poolmgr_pool_size{pool_namespace="default",pool_name="b"} 0"#,
@@ -697,6 +722,26 @@ mod tests {
             "# TYPE poolmgr_pool_quarantined gauge",
             r#"poolmgr_pool_quarantined{pool_namespace="default",pool_name="a"} 6"#,
             r#"poolmgr_pool_quarantined{pool_namespace="default",pool_name="b"} 0"#,
+            "# HELP poolmgr_pool_desired_size The size the pool works towards: the autoscaler's, else the spec's size.",
+            "# TYPE poolmgr_pool_desired_size gauge",
+            r#"poolmgr_pool_desired_size{pool_namespace="default",pool_name="a"} 3"#,
+            r#"poolmgr_pool_desired_size{pool_namespace="default",pool_name="b"} 0"#,
+            "# HELP poolmgr_pool_claims_per_second Claims that took a VM, per second, over the autoscaler's demand window (0 without autoscaling).",
+            "# TYPE poolmgr_pool_claims_per_second gauge",
+            r#"poolmgr_pool_claims_per_second{pool_namespace="default",pool_name="a"} 0"#,
+            r#"poolmgr_pool_claims_per_second{pool_namespace="default",pool_name="b"} 0"#,
+            "# HELP poolmgr_pool_refused_claims_per_second Claims refused for want of a VM, per second, each request once (0 without autoscaling).",
+            "# TYPE poolmgr_pool_refused_claims_per_second gauge",
+            r#"poolmgr_pool_refused_claims_per_second{pool_namespace="default",pool_name="a"} 0"#,
+            r#"poolmgr_pool_refused_claims_per_second{pool_namespace="default",pool_name="b"} 0"#,
+            "# HELP poolmgr_pool_provisioning_seconds The p90 of recent VMs' creation to AVAILABLE, as the autoscaler uses it (0 without autoscaling).",
+            "# TYPE poolmgr_pool_provisioning_seconds gauge",
+            r#"poolmgr_pool_provisioning_seconds{pool_namespace="default",pool_name="a"} 0"#,
+            r#"poolmgr_pool_provisioning_seconds{pool_namespace="default",pool_name="b"} 0"#,
+            "# HELP poolmgr_pool_expected_claims Announced claims (POST /expect) not arrived yet.",
+            "# TYPE poolmgr_pool_expected_claims gauge",
+            r#"poolmgr_pool_expected_claims{pool_namespace="default",pool_name="a"} 0"#,
+            r#"poolmgr_pool_expected_claims{pool_namespace="default",pool_name="b"} 0"#,
         ];
         assert_eq!(render_pool_gauges(&pools), want.map(|l| format!("{l}\n")).concat());
         assert_eq!(
@@ -728,6 +773,8 @@ mod tests {
             ("poolmgr_pool_leased", 5),
             ("poolmgr_pool_provisioning", 5),
             ("poolmgr_pool_quarantined", 6),
+            ("poolmgr_pool_desired_size", 3),
+            ("poolmgr_pool_expected_claims", 0),
         ] {
             assert_eq!(doc[name], json!(value), "{name}");
         }

@@ -173,6 +173,11 @@ impl Call {
         }
     }
 
+    /// `POST /v1/pools/{namespace}/{name}/expect`.
+    pub fn expect(p: &PoolRef, req: &ExpectRequest) -> Call {
+        Call { body: body(req), ..Call::new(Method::POST, &["v1", "pools", &p.namespace, &p.name, "expect"]) }
+    }
+
     /// `DELETE /v1/pools/{namespace}/{name}?force=`.
     pub fn delete_pool(p: &PoolRef, force: bool) -> Call {
         let c = Call::new(Method::DELETE, &["v1", "pools", &p.namespace, &p.name]);
@@ -457,6 +462,13 @@ impl Client {
 
     pub async fn list_pools(&self, namespace: Option<&str>) -> Result<Vec<Pool>, Error> {
         Ok(self.call::<PoolList>(Call::list_pools(namespace)).await?.pools)
+    }
+
+    /// Announces `req.claims` claims within `req.within_seconds`: the pool pre-warms for them
+    /// (up to its autoscaling ceiling; without autoscaling it only refills faster).
+    pub async fn expect(&self, p: &PoolRef, req: &ExpectRequest) -> Result<Expected, Error> {
+        req.validate().map_err(Error::InvalidInput)?;
+        self.call(Call::expect(p, req)).await
     }
 
     /// Drains the pool; refused while a VM is leased unless `force`.

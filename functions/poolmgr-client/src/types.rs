@@ -186,6 +186,47 @@ pub struct PoolSpec {
     pub heartbeat_interval_seconds: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_expiry_seconds: Option<i32>,
+    /// Demand-based sizing; `None`: `size` is the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<Autoscaling>,
+}
+
+/// A pool's demand-based sizing (the contract's `autoscaling` block): exactly one of
+/// `target_warm_ratio` and `buffer`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Autoscaling {
+    pub min: i32,
+    /// Counts every VM of the pool: leased, provisioning and available.
+    pub max: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_warm_ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer: Option<i32>,
+    /// 300 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_down_stabilization_seconds: Option<i32>,
+}
+
+impl Autoscaling {
+    /// The contract's rules on the block, checked before anything is sent.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0..=MAX_POOL_SIZE).contains(&self.min) {
+            return Err(format!("autoscaling.min must be between 0 and {MAX_POOL_SIZE}, got {}", self.min));
+        }
+        if !(1..=MAX_POOL_SIZE).contains(&self.max) || self.min > self.max {
+            return Err(format!(
+                "autoscaling.max must be between 1 and {MAX_POOL_SIZE} and at least autoscaling.min ({}), got {}",
+                self.min, self.max
+            ));
+        }
+        match (self.target_warm_ratio, self.buffer) {
+            (Some(r), None) if r > 0.0 && r < 1.0 => Ok(()),
+            (Some(r), None) => Err(format!("autoscaling.target_warm_ratio must be above 0 and below 1, got {r}")),
+            (None, Some(b)) if (0..=self.max).contains(&b) => Ok(()),
+            (None, Some(b)) => Err(format!("autoscaling.buffer must be between 0 and autoscaling.max, got {b}")),
+            _ => Err("autoscaling needs exactly one of target_warm_ratio and buffer".into()),
+        }
+    }
 }
 
 impl PoolSpec {
@@ -231,6 +272,9 @@ impl PoolSpec {
         if !self.microvm_template.is_object() {
             return Err("microvm_template must be an object (flintlock's MicroVMSpec as JSON)".into());
         }
+        if let Some(a) = &self.autoscaling {
+            a.validate()?;
+        }
         Ok(())
     }
 }
@@ -247,10 +291,67 @@ pub struct PoolStatus {
     pub deleting: i64,
 }
 
+/// An autoscaled pool's last sizing decision and what it was made from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AutoscalingStatus {
+    /// `FLOOR`, `CEILING`, `DEMAND`, `HINT` or `STATIC`.
+    pub reason: String,
+    pub claims_per_second: f64,
+    pub refused_per_second: f64,
+    pub provisioning_seconds: f64,
+    pub expected_claims: i64,
+}
+
+/// A pool's status: its live VM counts, what it works towards and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolStatusFull {
+    #[serde(flatten)]
+    pub counts: PoolStatus,
+    /// The autoscaler's size, else the spec's `size` (absent from older servers: 0).
+    #[serde(default)]
+    pub desired_size: i32,
+    #[serde(default)]
+    pub autoscaling: Option<AutoscalingStatus>,
+}
+
+impl std::ops::Deref for PoolStatusFull {
+    type Target = PoolStatus;
+    fn deref(&self) -> &PoolStatus {
+        &self.counts
+    }
+}
+
+/// `POST …/expect`'s request: `claims` claims expected within `within_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpectRequest {
+    pub claims: i32,
+    pub within_seconds: i32,
+}
+
+impl ExpectRequest {
+    /// The contract's bounds: `claims` 1..=10000, `within_seconds` 1..=3600.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_POOL_SIZE).contains(&self.claims) {
+            return Err(format!("claims must be between 1 and {MAX_POOL_SIZE}, got {}", self.claims));
+        }
+        if !(1..=3600).contains(&self.within_seconds) {
+            return Err(format!("within_seconds must be between 1 and 3600, got {}", self.within_seconds));
+        }
+        Ok(())
+    }
+}
+
+/// `POST …/expect`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expected {
+    pub expected_until: DateTime<Utc>,
+    pub desired_size: i32,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pool {
     pub spec: PoolSpec,
-    pub status: PoolStatus,
+    pub status: PoolStatusFull,
     #[serde(serialize_with = "ts")]
     pub created_at: DateTime<Utc>,
     #[serde(serialize_with = "ts")]

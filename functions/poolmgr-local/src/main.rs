@@ -8,7 +8,11 @@ mod fault;
 
 use anyhow::Context;
 use axum::serve::ListenerExt as _;
+use std::sync::Arc;
+
+use poolmgr_core::wake::Waker;
 use poolmgr_core::{AppState, Config, db, http, telemetry};
+use tokio::sync::Notify;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -19,7 +23,12 @@ async fn main() -> anyhow::Result<()> {
     let applied = db::migrate_url(&cfg.database_url, &cfg.db_tls).await.context("migrating the database")?;
     tracing::info!(?applied, version = db::latest_version(), "schema ready");
     let pool = db::pool_from_config(&cfg)?;
-    let state = AppState::new(&cfg, pool);
+    let mut state = AppState::new(&cfg, pool);
+    // Claims, releases and hints wake the in-process ticker (unless a Lambda wake is
+    // configured: the deployed shape, with the reconciler elsewhere).
+    if state.waker.is_off() {
+        state = state.with_waker(Waker::local(Arc::new(Notify::new())));
+    }
     let mut router = http::router(state.clone());
     if let Some(every) = lose_claim_answer_every {
         tracing::warn!(
@@ -28,7 +37,11 @@ async fn main() -> anyhow::Result<()> {
         );
         router = fault::lose_claim_answers(router, every);
     }
-    tokio::spawn(reconcile_ticker(state.clone()));
+    if cfg.reconcile.ticker {
+        tokio::spawn(reconcile_ticker(state.clone()));
+    } else {
+        tracing::info!("POOLMGR_RECONCILE_TICKER=off: no reconciler in this process");
+    }
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("cannot listen on {addr}: set POOLMGR_HTTP_ADDR to a free address"))?;
@@ -46,15 +59,31 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs a reconcile pass every `POOLMGR_RECONCILE_INTERVAL_SECONDS`, like the EventBridge
-/// schedule does on AWS.
+/// The local stand-in for the schedule and the wakes: every `POOLMGR_RECONCILE_INTERVAL_SECONDS`,
+/// or at once when a claim, a release or a hint signals, a reconcile loop
+/// (`reconcile::run_loop`: passes while there is work, then a linger), as the reconcile
+/// function does on AWS.
 async fn reconcile_ticker(state: AppState) {
+    let signal = state.waker.local_signal();
     let mut tick = tokio::time::interval(state.config.reconcile.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
-        if let Err(e) = poolmgr_core::reconcile::run_pass(&state).await {
-            tracing::warn!(error = %e, "reconcile pass failed");
+        match &signal {
+            Some(n) => {
+                tokio::select! { _ = tick.tick() => {}, _ = n.notified() => {} }
+            }
+            None => {
+                tick.tick().await;
+            }
+        }
+        match poolmgr_core::reconcile::run_loop(&state, state.config.reconcile.loop_budget).await {
+            Ok(r) => tracing::debug!(
+                passes = r.passes,
+                with_work = r.passes_with_work,
+                joined = r.joined,
+                "reconcile loop done"
+            ),
+            Err(e) => tracing::warn!(error = %e, "reconcile loop failed"),
         }
     }
 }

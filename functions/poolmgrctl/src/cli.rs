@@ -139,7 +139,21 @@ pub enum PoolCmd {
         #[arg(long)]
         force: bool,
     },
-    /// Show a pool's live counts.
+    /// Announce demand: CLAIMS claims are coming within --within (a CI matrix about to start).
+    /// The pool pre-warms for them up to its autoscaling ceiling (without autoscaling it only
+    /// refills faster); the hint expires by itself. Client or admin token.
+    Expect {
+        /// NAMESPACE/NAME, or NAME in namespace `default`.
+        pool: String,
+        /// How many claims are coming (1-10000).
+        #[arg(long)]
+        claims: i32,
+        /// Within how long from now (1s-1h).
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+        within: Duration,
+    },
+    /// Show a pool's live counts, its desired size and why (autoscaling: the measured claim
+    /// and refusal rates, the provisioning time, announced claims).
     Status {
         /// NAMESPACE/NAME, or NAME in namespace `default`.
         pool: String,

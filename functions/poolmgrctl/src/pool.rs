@@ -5,7 +5,7 @@ use std::path::Path;
 use std::pin::pin;
 use std::time::Duration;
 
-use poolmgr_client::{Call, PoolRef, PoolSpec, Reply};
+use poolmgr_client::{Call, ExpectRequest, PoolRef, PoolSpec, Reply};
 use serde_json::Value;
 
 use crate::cli::{Format, PoolCmd};
@@ -44,6 +44,25 @@ pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
                 emit(&format!("pool {p} deleted\n"))?;
             }
             Ok(())
+        }
+        PoolCmd::Expect { pool, claims, within } => {
+            let p = parse_pool_ref(&pool)?;
+            let within_seconds = i32::try_from(within.as_secs()).unwrap_or(i32::MAX);
+            let req = ExpectRequest { claims, within_seconds };
+            req.validate().map_err(CliError::usage)?;
+            let r = ctx.send(Call::expect(&p, &req)).await?;
+            match ctx.format {
+                Format::Table => {
+                    let v: Value = r.json()?;
+                    emit(&format!(
+                        "pool {p}: {claims} claims expected within {}; working towards {} VMs until {}\n",
+                        humantime::format_duration(within),
+                        cell(&v["desired_size"]),
+                        cell(&v["expected_until"])
+                    ))
+                }
+                f => emit_document(f, &r.body),
+            }
         }
         PoolCmd::Status { pool, watch, interval } => {
             let p = parse_pool_ref(&pool)?;
@@ -100,17 +119,41 @@ fn show_pools(ctx: &Ctx, r: &Reply, pools: &[Value]) -> Result<(), CliError> {
 
 fn status_table(pool: &Value) -> Table {
     let (spec, st) = (&pool["spec"], &pool["status"]);
-    let mut t =
-        Table::new(&["POOL", "SIZE", "AVAILABLE", "CLAIMING", "LEASED", "PROVISIONING", "QUARANTINED", "DELETING"]);
+    let mut t = Table::new(&[
+        "POOL",
+        "SIZE",
+        "DESIRED",
+        "REASON",
+        "AVAILABLE",
+        "CLAIMING",
+        "LEASED",
+        "PROVISIONING",
+        "QUARANTINED",
+        "DELETING",
+        "CLAIMS/S",
+        "REFUSED/S",
+        "PROVISION_P90",
+        "EXPECTED",
+    ]);
+    let a = &st["autoscaling"];
+    let rate = |v: &Value| v.as_f64().map_or_else(|| "-".to_owned(), |x| format!("{x:.2}"));
+    let secs = |v: &Value| v.as_f64().map_or_else(|| "-".to_owned(), |x| format!("{x:.1}s"));
     t.row(vec![
         pool_cell(spec),
         cell(&spec["size"]),
+        // Older servers send no desired size: the spec's size is what they work towards.
+        if st["desired_size"].is_null() { cell(&spec["size"]) } else { cell(&st["desired_size"]) },
+        if a.is_null() { "STATIC".to_owned() } else { cell(&a["reason"]) },
         cell(&st["available"]),
         cell(&st["claiming"]),
         cell(&st["leased"]),
         cell(&st["provisioning"]),
         cell(&st["quarantined"]),
         cell(&st["deleting"]),
+        rate(&a["claims_per_second"]),
+        rate(&a["refused_per_second"]),
+        secs(&a["provisioning_seconds"]),
+        if a.is_null() { "-".to_owned() } else { cell(&a["expected_claims"]) },
     ]);
     t
 }

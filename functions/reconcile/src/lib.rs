@@ -1,4 +1,5 @@
-//! The scheduled reconcile function: one reconcile pass per invocation, whatever the payload
+//! The scheduled reconcile function: one reconcile loop per invocation (passes while there is
+//! work, `poolmgr_core::reconcile::run_loop`), whatever the payload
 //! (the Scheduler's event, `{}` from `aws lambda invoke`, `null` or nothing at all from
 //! `cargo lambda invoke` without data: see [`EmptyPayloadAsNull`]). The payload is only logged.
 //!
@@ -17,12 +18,13 @@
 //! scrapes there, are written as CloudWatch EMF lines after each pass.
 
 use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lambda_runtime::tower::{Layer, Service};
 use lambda_runtime::{Diagnostic, LambdaEvent, LambdaInvocation};
 use poolmgr_core::AppState;
 use poolmgr_core::app::{BootError, Instance};
-use poolmgr_core::reconcile::{self, PassReport, ReconcileError};
+use poolmgr_core::reconcile::{self, LoopReport, ReconcileError};
 use poolmgr_core::store::{self, StoreError};
 use serde_json::Value;
 
@@ -75,7 +77,7 @@ pub fn boot_failed(e: &BootError) -> Diagnostic {
 }
 
 /// One invocation: the instance's state (built now if needed), then [`handle`].
-pub async fn invoke(instance: &Instance<AppState>, event: LambdaEvent<Value>) -> Result<PassReport, Diagnostic> {
+pub async fn invoke(instance: &Instance<AppState>, event: LambdaEvent<Value>) -> Result<LoopReport, Diagnostic> {
     let state = instance.get().await.map_err(|e| {
         tracing::error!(error = %e, retryable = e.is_retryable(), "cannot build the function's state; the next invocation tries again");
         boot_failed(&e)
@@ -83,9 +85,11 @@ pub async fn invoke(instance: &Instance<AppState>, event: LambdaEvent<Value>) ->
     handle(state, event).await.map_err(Diagnostic::from)
 }
 
-/// One pass. `event` is whatever invoked it; its `source` and `detail-type` (the Scheduler's
-/// `aws.scheduler`, `Scheduled Event`) are logged when present.
-pub async fn handle(state: &AppState, event: LambdaEvent<Value>) -> Result<PassReport, PassFailed> {
+/// One loop (`reconcile::run_loop`): passes while there is work, within the invocation's
+/// deadline less the room of one more pass, then a hand-off to a fresh invocation if work
+/// remains. `event` is whatever invoked it; its `source` and `detail-type` (the Scheduler's
+/// `aws.scheduler`, `Scheduled Event`; a wake's `poolmgr.wake` and why) are logged.
+pub async fn handle(state: &AppState, event: LambdaEvent<Value>) -> Result<LoopReport, PassFailed> {
     let field = |name: &str| event.payload.get(name).and_then(Value::as_str).unwrap_or("-").to_owned();
     tracing::info!(
         request_id = %event.context.request_id,
@@ -93,7 +97,7 @@ pub async fn handle(state: &AppState, event: LambdaEvent<Value>) -> Result<PassR
         detail_type = %field("detail-type"),
         "reconcile invoked"
     );
-    let report = reconcile::run_pass(state).await;
+    let report = reconcile::run_loop(state, budget(state, event.context.deadline)).await;
     if report.is_ok()
         && let Err(e) = record_pool_gauges(state).await
     {
@@ -101,6 +105,18 @@ pub async fn handle(state: &AppState, event: LambdaEvent<Value>) -> Result<PassR
     }
     state.metrics.flush();
     report.map_err(PassFailed)
+}
+
+/// How long this invocation may loop: `POOLMGR_RECONCILE_LOOP_SECONDS`, and never closer to
+/// the invocation's deadline (`deadline_ms`, milliseconds since the epoch; 0: none known)
+/// than one more pass could run (`run_loop` keeps that room before each pass).
+pub fn budget(state: &AppState, deadline_ms: u64) -> Duration {
+    let configured = state.config.reconcile.loop_budget;
+    if deadline_ms == 0 {
+        return configured;
+    }
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    configured.min(Duration::from_millis(deadline_ms.saturating_sub(now_ms)))
 }
 
 /// Records every pool's gauges for the EMF flush (nothing without EMF).

@@ -758,7 +758,7 @@ async fn deleting_a_vm_deletes_its_microvm_and_removes_its_row() {
     let before = counts(&app).await;
     app.delete(ADMIN, "/v1/vms/ci-nope").await.assert_error(404, "NOT_FOUND");
     assert_eq!(counts(&app).await, before);
-    assert_eq!(app.get_pool("ci").await.status, Default::default());
+    assert_eq!(app.get_pool("ci").await.status.counts, Default::default());
 }
 
 /// Issue 14 item 5: a LEASED VM is refused with FAILED_PRECONDITION (release its lease

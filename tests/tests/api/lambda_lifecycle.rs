@@ -193,7 +193,11 @@ async fn the_reconcile_function_reads_its_secrets_in_the_invoke_phase_and_accept
 
     emu.extension.put_secret(DB_ARN, &db_secret);
     let report = invoke(&mut reconcile, scheduled).await.json();
-    assert_eq!((report["pools"].clone(), report["created"].clone()), (json!(1), json!(2)), "{report}");
+    assert_eq!(
+        (report["total"]["pools"].clone(), report["total"]["created"].clone()),
+        (json!(1), json!(2)),
+        "{report}"
+    );
     assert_eq!(app.scalar_i64("SELECT count(*) FROM vms").await, 2);
     let read = emu.extension.calls();
 
@@ -204,11 +208,105 @@ async fn the_reconcile_function_reads_its_secrets_in_the_invoke_phase_and_accept
         // AVAILABLE already, and a settled pool is not stepped): the spec written anew.
         app.conn().await.execute("UPDATE pools SET updated_at = now()", &[]).await.unwrap();
         let report = invoke(&mut reconcile, payload).await.json();
-        assert_eq!(report["pools"], json!(1), "payload {payload:?}: {report}");
+        assert_eq!(report["total"]["pools"], json!(1), "payload {payload:?}: {report}");
         assert!(report["duration_ms"].is_u64(), "payload {payload:?}: {report}");
     }
     assert_eq!(emu.extension.calls(), read, "the state is kept: no secret read again");
     assert_eq!(read.refused_in_init, 0);
     assert!(emu.runtime.init_errors().is_empty(), "{:?}", emu.runtime.init_errors());
     assert!(reconcile.is_running(), "{}", reconcile.stderr());
+}
+
+/// Issue 22 item 1 on the deployed shape: the claims function, as Lambda runs it, wakes the
+/// reconcile function with an asynchronous Invoke (`X-Amz-Invocation-Type: Event`) signed
+/// with its role's credentials, before it answers (a frozen environment would never send
+/// it); the signature is checked here against SigV4 recomputed from what arrived. A second
+/// claim within the debounce sends no second invoke.
+#[tokio::test]
+async fn a_claim_on_lambda_wakes_the_reconcile_function_with_a_signed_asynchronous_invoke() {
+    use axum::extract::Path as UrlPath;
+    use axum::http::{HeaderMap, StatusCode};
+    use poolmgr_core::wake::{Credentials, Request, authorization, sha256_hex};
+
+    let (_app, emu, mut env) = claims_setup(2).await;
+    emu.extension.put_secret(TOKENS_ARN, &tokens_secret());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, HeaderMap, Bytes)>();
+    let api = axum::Router::new().route(
+        "/2015-03-31/functions/{name}/invocations",
+        axum::routing::post(move |UrlPath(name): UrlPath<String>, headers: HeaderMap, body: Bytes| {
+            let _ = tx.send((name, headers, body));
+            async { StatusCode::ACCEPTED }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, api).await });
+    // The session token stays the emulator's: the secrets extension checks it.
+    let creds = Credentials {
+        access_key_id: "ASIATESTWAKE".into(),
+        secret_access_key: "wake/secret".into(),
+        session_token: None,
+    };
+    env.extend([
+        ("POOLMGR_WAKE_LAMBDA_FUNCTION".to_owned(), "poolmgr-reconcile".to_owned()),
+        ("POOLMGR_LAMBDA_ENDPOINT".to_owned(), format!("http://{addr}")),
+        ("POOLMGR_WAKE_DEBOUNCE_MS".to_owned(), "60000".to_owned()),
+        ("AWS_ACCESS_KEY_ID".to_owned(), creds.access_key_id.clone()),
+        ("AWS_SECRET_ACCESS_KEY".to_owned(), creds.secret_access_key.clone()),
+    ]);
+    let mut claims = emu.spawn(&function_bin("claims"), &env).unwrap();
+    let (status, _, body) = http_answer(&invoke(&mut claims, claim_event("job-1")).await);
+    assert_eq!(status, 200, "{body}");
+    // Sent before the answer: already here.
+    let (name, headers, payload) =
+        rx.try_recv().unwrap_or_else(|_| panic!("no invoke before the answer:\n{}", claims.stderr()));
+    assert_eq!(name, "poolmgr-reconcile");
+    let h = |k: &str| headers.get(k).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    assert_eq!(h("x-amz-invocation-type"), "Event");
+    assert!(h("x-amz-security-token").starts_with("emulated-session-"), "{headers:?}");
+    let at = chrono::NaiveDateTime::parse_from_str(&h("x-amz-date"), "%Y%m%dT%H%M%SZ").expect("x-amz-date").and_utc();
+    let signed = [
+        ("host", h("host")),
+        ("x-amz-date", h("x-amz-date")),
+        ("x-amz-invocation-type", h("x-amz-invocation-type")),
+        ("x-amz-security-token", h("x-amz-security-token")),
+    ];
+    let req = Request {
+        method: "POST",
+        canonical_uri: "/2015-03-31/functions/poolmgr-reconcile/invocations",
+        query: "",
+        headers: &signed,
+    };
+    assert_eq!(
+        h("authorization"),
+        authorization(&creds, lambda_emu::REGION, "lambda", &req, &sha256_hex(&payload), at)
+    );
+    let event: Value = serde_json::from_slice(&payload).unwrap();
+    assert_eq!(event["source"], json!("poolmgr.wake"), "{event}");
+
+    let (status, _, body) = http_answer(&invoke(&mut claims, claim_event("job-2")).await);
+    assert_eq!(status, 200, "{body}");
+    assert!(rx.try_recv().is_err(), "a second invoke within the debounce");
+}
+
+/// The reconcile function as deployed (a 300 s timeout): one scheduled invocation keeps
+/// passing until the VMs it created are AVAILABLE, instead of leaving them to the next
+/// schedule a minute later.
+#[tokio::test]
+async fn one_scheduled_invocation_of_the_reconcile_function_fills_the_pool() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    let emu = Emulator::start_with_timeout("reconcile", Duration::from_secs(300)).await.unwrap();
+    let (db_secret, mut env) = lambda_setup(&app);
+    emu.extension.put_secret(DB_ARN, &db_secret);
+    emu.extension.put_secret(TOKENS_ARN, &tokens_secret());
+    env.push(("POOLMGR_RECONCILE_LINGER_MS".into(), "200".into()));
+    env.push(("POOLMGR_RECONCILE_LOOP_INTERVAL_MS".into(), "50".into()));
+    let mut reconcile = emu.spawn(&function_bin("reconcile"), &env).unwrap();
+    let scheduled = include_str!("../../../functions/reconcile/events/scheduled.json");
+    let report = invoke(&mut reconcile, scheduled).await.json();
+    assert_eq!(report["total"]["created"], json!(2), "{report}");
+    assert_eq!(report["total"]["available"], json!(2), "{report}");
+    assert!(report["passes"].as_u64().unwrap() >= 2, "{report}");
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 2);
 }

@@ -12,6 +12,7 @@
 //!
 //! | module | what it covers |
 //! |---|---|
+//! | `autoscaling` | the `autoscaling` block: demand, refusals, stabilization, the ceiling, `…/expect` (issue 22) |
 //! | `bad_input` | malformed, oversized and unauthenticated requests on every route |
 //! | `claims` | `POST /v1/claims` and its races |
 //! | `db_resilience` | dead connections, an unreachable database, schema mismatch, EMF |
@@ -28,11 +29,13 @@
 //! | `openapi` | `/openapi.json` against the Routers, the SAM template and real answers |
 //! | `pools` | `/v1/pools…` and the delete races |
 //! | `reconcile` | the reconcile pass |
+//! | `refill` | refill in seconds: wakes, the reconcile loop and its lease, hand-offs (issue 22) |
 //! | `rules` | every request rule of `/openapi.json` against the validators, at its boundaries |
 //! | `selection` | which pools a pass steps (issue 15), overlapping passes over them, creates across hosts |
 //! | `statement_timeout` | the client-side statement timeout and its server-side cancel |
 //! | `template` | `infra/template.yaml`: what cfn-lint cannot judge (TLS, concurrency, alarms, …) |
 
+mod autoscaling;
 mod bad_input;
 mod claims;
 mod db_resilience;
@@ -49,6 +52,7 @@ mod monitoring;
 mod openapi;
 mod pools;
 mod reconcile;
+mod refill;
 mod rules;
 mod selection;
 mod statement_timeout;

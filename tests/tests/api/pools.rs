@@ -78,7 +78,7 @@ async fn create_returns_201_with_zero_status_and_defaults_filled_in() {
     // The typed read also parses created_at and updated_at as RFC 3339 and checks that the
     // defaulted lists are on the wire (`[]`, not absent).
     let p: api::Pool = r.json();
-    assert_eq!(p.status, zero_status());
+    assert_eq!(p.status.counts, zero_status());
     let s = &p.spec;
     assert_eq!(s.namespace, "default");
     assert_eq!(s.name, "ci");
@@ -328,7 +328,7 @@ async fn list_pools_returns_all_or_one_namespace() {
     assert_eq!(names(&all), HashSet::from(["default/ci".into(), "default/build".into(), "team-a/ci".into()]));
     assert_eq!(all.len(), 3);
     for p in &all {
-        assert_eq!(p.status, zero_status());
+        assert_eq!(p.status.counts, zero_status());
     }
     let team = app.list_pools("namespace=team-a").await;
     assert_eq!(names(&team), HashSet::from(["team-a/ci".into()]));
@@ -371,15 +371,15 @@ async fn status_counts_every_phase_live() {
     app.seed_available("other", 1).await;
     let expected = PoolStatus { available: 2, claiming: 2, leased: 1, provisioning: 3, quarantined: 1, deleting: 2 };
 
-    assert_eq!(app.get_pool("ci").await.status, expected);
+    assert_eq!(app.get_pool("ci").await.status.counts, expected);
     let listed = app.list_pools("namespace=default").await;
     let ci = listed.iter().find(|p| p.spec.name == "ci").unwrap();
-    assert_eq!(ci.status, expected);
+    assert_eq!(ci.status.counts, expected);
 
     let mut spec = pool_spec("ci", 20);
     spec["heartbeat_expiry_seconds"] = json!(300);
     let b = app.updated_pool("ci", spec).await;
-    assert_eq!(b.status, expected, "PUT answers with the live status");
+    assert_eq!(b.status.counts, expected, "PUT answers with the live status");
     assert_eq!(b.spec.size, 20);
     assert_eq!(b.spec.heartbeat_expiry_seconds, 300);
     assert_eq!(app.get_pool("ci").await.spec, b.spec);
@@ -401,7 +401,7 @@ async fn update_replaces_the_spec_and_bumps_updated_at() {
     assert_eq!(b.spec.hook_failure_policy, HookFailurePolicy::Quarantine);
     assert_eq!(b.spec.heartbeat_interval_seconds, 60);
     assert_eq!(b.spec.heartbeat_expiry_seconds, 600);
-    assert_eq!(b.status, zero_status());
+    assert_eq!(b.status.counts, zero_status());
     assert_eq!(b.created_at, before.created_at);
     let (old, new) = (before.updated_at, b.updated_at);
     assert!(new > old, "updated_at moves: {old} → {new}");
@@ -859,7 +859,8 @@ async fn vm_counts_sort_every_phase_as_the_strategies_count_them() {
     let status = app.get(ADMIN, "/v1/pools/default/ci").await.assert_ok(200)["status"].clone();
     assert_eq!(
         status,
-        json!({"available": 1, "claiming": 2, "leased": 1, "provisioning": 2, "quarantined": 1, "deleting": 1})
+        json!({"available": 1, "claiming": 2, "leased": 1, "provisioning": 2, "quarantined": 1, "deleting": 1,
+               "desired_size": 0, "autoscaling": null})
     );
 }
 

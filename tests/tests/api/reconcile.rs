@@ -415,8 +415,10 @@ async fn a_deleted_pools_stragglers_are_finished_by_the_pass() {
     app.settle(40, "gone from flintlock", || async { TestApp::sim_live(&app.sim).is_empty() }).await;
 }
 
+/// Issue 22 item 1: one scheduled invocation no longer stops after one step per VM: it keeps
+/// passing while the VMs it created boot, and returns with the pool filled.
 #[tokio::test]
-async fn the_scheduled_event_decodes_and_runs_one_pass() {
+async fn the_scheduled_event_decodes_and_runs_a_loop_that_fills_the_pool() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
     let raw = include_str!("../../../functions/reconcile/events/scheduled.json");
@@ -425,9 +427,11 @@ async fn the_scheduled_event_decodes_and_runs_one_pass() {
     let payload: serde_json::Value = serde_json::from_str(raw).unwrap();
     let report =
         reconcile_fn::handle(&app.state, lambda_runtime::LambdaEvent::new(payload, Default::default())).await.unwrap();
-    assert_eq!(report.pools, 1);
-    assert_eq!(report.created, 2);
-    assert_eq!(app.count_phase("ci", "PROVISIONING").await, 2);
+    assert_eq!(report.total.created, 2);
+    assert_eq!(report.total.available, 2, "{report:?}");
+    assert!(report.passes >= 2, "created in one pass, found booted in a later one: {report:?}");
+    assert!(!report.joined && !report.handed_on, "{report:?}");
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 2);
 }
 
 #[tokio::test]

@@ -557,6 +557,64 @@ fn cases() -> Vec<Case> {
                 vec![json!(0)],
             )
         },
+        // Autoscaling (issue 22).
+        case(
+            "autoscaling is a block or null",
+            POOL_BODY,
+            b("/autoscaling"),
+            vec![json!(null), absent(), json!({"min": 0, "max": 1, "buffer": 0})],
+            vec![json!(1), json!("on")],
+        ),
+        Case {
+            given: &[(At::Body("/autoscaling"), || json!({"min": 0, "max": MAX_POOL_SIZE, "buffer": 0}))],
+            ..case(
+                "autoscaling.min is 0..=MAX_POOL_SIZE",
+                POOL_BODY,
+                b("/autoscaling/min"),
+                vec![json!(0), json!(MAX_POOL_SIZE)],
+                vec![json!(-1), json!(MAX_POOL_SIZE + 1), absent()],
+            )
+        },
+        Case {
+            given: &[(At::Body("/autoscaling"), || json!({"min": 0, "max": 1, "buffer": 0}))],
+            ..case(
+                "autoscaling.max is 1..=MAX_POOL_SIZE",
+                POOL_BODY,
+                b("/autoscaling/max"),
+                vec![json!(1), json!(MAX_POOL_SIZE)],
+                vec![json!(0), json!(MAX_POOL_SIZE + 1), absent()],
+            )
+        },
+        Case {
+            given: &[(At::Body("/autoscaling"), || json!({"min": 0, "max": MAX_POOL_SIZE, "buffer": 0}))],
+            ..case(
+                "autoscaling.buffer is 0..=max",
+                POOL_BODY,
+                b("/autoscaling/buffer"),
+                vec![json!(0), json!(MAX_POOL_SIZE)],
+                vec![json!(-1), json!(MAX_POOL_SIZE + 1)],
+            )
+        },
+        Case {
+            given: &[(At::Body("/autoscaling"), || json!({"min": 0, "max": 10, "target_warm_ratio": 0.5}))],
+            ..case(
+                "autoscaling.target_warm_ratio is strictly between 0 and 1",
+                POOL_BODY,
+                b("/autoscaling/target_warm_ratio"),
+                vec![json!(0.0001), json!(0.9999), json!(0.99)],
+                vec![json!(0.0), json!(1.0), json!(0.00001), json!(0.99999)],
+            )
+        },
+        Case {
+            given: &[(At::Body("/autoscaling"), || json!({"min": 0, "max": 10, "buffer": 1}))],
+            ..case(
+                "autoscaling.scale_down_stabilization_seconds is 0..=86400",
+                POOL_BODY,
+                b("/autoscaling/scale_down_stabilization_seconds"),
+                vec![json!(0), json!(86_400), absent()],
+                vec![json!(-1), json!(86_401)],
+            )
+        },
         // The template.
         case(
             "vcpu in flintlock's range",

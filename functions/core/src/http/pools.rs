@@ -8,11 +8,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, pool_ref};
+use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, Caller, pool_ref};
 use super::openapi::{AdminOnly, AlreadyExists, Common, NotFound};
 use crate::api;
 use crate::app::AppState;
@@ -130,6 +130,42 @@ async fn delete_pool(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// Announced demand: how many claims are coming and within how long.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = ExpectRequest, example = json!({"claims": 50, "within_seconds": 60}))]
+struct ExpectBody {
+    /// Claims expected (1..=10000).
+    #[schema(minimum = 1, maximum = 10000)]
+    claims: i32,
+    /// Within this many seconds from now (1..=3600).
+    #[schema(minimum = 1, maximum = 3600)]
+    within_seconds: i32,
+}
+
+/// Announces demand a client knows is coming (a CI matrix about to start): the pool pre-warms
+/// for it, up to `autoscaling.max` (without autoscaling, bounded by `size`: it only refills
+/// faster). The hint expires by itself after `within_seconds` plus the pool's provisioning
+/// time. Client role (or admin).
+#[utoipa::path(
+    post, path = "/v1/pools/{namespace}/{name}/expect", tag = "pools", operation_id = "expect_claims",
+    security(("bearer" = [])), params(PoolPath), request_body = ExpectBody,
+    responses((status = 202, description = "Recorded: until when, and the size the pool now works towards", body = api::Expected), Common, NotFound)
+)]
+async fn expect_claims(
+    State(state): State<AppState>,
+    Caller(_): Caller,
+    ApiPath((ns, name)): ApiPath<(String, String)>,
+    ApiJson(body): ApiJson<ExpectBody>,
+) -> Result<Response, ApiError> {
+    let pool = pool_ref(&ns, &name)?;
+    let out = pool::expect(&state, &pool, body.claims, body.within_seconds).await?;
+    Ok((StatusCode::ACCEPTED, Json(out)).into_response())
+}
+
 pub(super) fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(create_pool, list_pools)).routes(routes!(get_pool, update_pool, delete_pool))
+    OpenApiRouter::new()
+        .routes(routes!(create_pool, list_pools))
+        .routes(routes!(get_pool, update_pool, delete_pool))
+        .routes(routes!(expect_claims))
 }

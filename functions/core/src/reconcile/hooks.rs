@@ -98,17 +98,19 @@ async fn hook_done(
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {
     let state = pass.state;
+    let secs = (Utc::now() - vm.created_at).as_seconds_f64();
+    let payload = json!({"uid": vm.uid, "create_commands": pool.create_commands.len(), "provision_seconds": secs});
     let moved = store::vm_transition(
         db.client().await?,
         &vm.id,
         Phase::CreateHookRunning,
         Phase::Available,
         None,
-        Some((EventType::VmAvailable, &json!({"uid": vm.uid, "create_commands": pool.create_commands.len()}))),
+        Some((EventType::VmAvailable, &payload)),
     )
     .await?;
     if moved {
-        state.metrics.provisioned(&pool.namespace, &pool.name, (Utc::now() - vm.created_at).as_seconds_f64());
+        state.metrics.provisioned(&pool.namespace, &pool.name, secs);
         state.metrics.hook_succeeded(&pool.namespace, &pool.name, "create", (Utc::now() - started).as_seconds_f64());
         report.available += 1;
     }

@@ -65,12 +65,15 @@
 //! its healthy hosts.
 
 mod conn;
+pub mod driver;
 mod error;
 mod hooks;
 mod orphans;
 mod provision;
 mod retention;
+pub mod scale;
 pub mod select;
+pub mod sizing;
 pub mod strategy;
 mod sweeps;
 
@@ -92,6 +95,7 @@ use crate::store::{self, HostRow, PoolRow, VmRow};
 use crate::teardown::TeardownError;
 use conn::StepConn;
 
+pub use driver::{LoopReport, run_loop};
 pub use error::ReconcileError;
 pub use provision::new_vm_id;
 pub use select::{needs_step, pools_with_work};
@@ -119,6 +123,8 @@ pub struct PassReport {
     pub orphans_deleted: usize,
     /// Events deleted because they were older than the retention.
     pub events_pruned: u64,
+    /// Autoscaled pools whose desired size this pass changed.
+    pub scaled: usize,
     /// Steps not taken because their host failed a call earlier in this pass (the next pass
     /// tries again).
     pub skipped: usize,
@@ -158,6 +164,7 @@ impl PassReport {
         self.failed += o.failed;
         self.orphans_deleted += o.orphans_deleted;
         self.events_pruned += o.events_pruned;
+        self.scaled += o.scaled;
         self.skipped += o.skipped;
         self.errors.extend(o.errors);
         self.deadline_reached |= o.deadline_reached;
@@ -349,6 +356,11 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     });
 
     let mut report = PassReport::default();
+    // Sizes first: a desired size that went up is filled by this very pass.
+    match scale::scale_pools(state, None).await {
+        Ok(s) => report.scaled = s.scaled.len(),
+        Err(e) => report.errors.push(format!("sizing the autoscaled pools: {e}")),
+    }
     let checked = match select::select(state, started_db).await {
         Ok(selection) => {
             report.selected = selection.pools.len();

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::conn::StepConn;
 use super::hooks::fail_vm;
-use super::strategy::{quarantine_full, strategy_wants};
+use super::strategy::{ceiling_room, quarantine_full, strategy_wants};
 use super::{Pass, PassReport, ReconcileError};
 use crate::domain::VmCounts;
 use crate::domain::{EventType, Phase};
@@ -58,7 +58,7 @@ async fn below_target(
     if pool.below_target_reason.as_deref() == reason {
         return Ok(()); // As recorded (read with the pool's lease): spare the round trip.
     }
-    let payload = json!({"size": pool.size, "available": counts.available, "quarantined": counts.quarantined});
+    let payload = json!({"size": pool.target_size(), "available": counts.available, "quarantined": counts.quarantined});
     if store::pool_set_below_target(db.client().await?, &pool.pool_ref(), reason, &payload).await? {
         tracing::warn!(pool = %pool.pool_ref(), reason, "pool held below its target size");
     }
@@ -83,8 +83,12 @@ pub(super) async fn replenish(
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {
     let pref = pool.pool_ref();
-    let mut want = strategy_wants(pool.strategy, pool.size, pool.min_size, counts);
-    if want > 0 && quarantine_full(pool.size, counts) {
+    let mut want = strategy_wants(pool.strategy, pool.target_size(), pool.min_size, counts);
+    if let Some(a) = &pool.autoscaling {
+        // The ceiling counts every VM of the pool, whatever the strategy.
+        want = want.min(ceiling_room(a.max, counts));
+    }
+    if want > 0 && quarantine_full(pool.target_size(), counts) {
         tracing::debug!(pool = %pref, quarantined = counts.quarantined, "replenishment held back by quarantined VMs");
         return below_target(db, pool, Some(BELOW_TARGET_QUARANTINE_FULL), counts).await;
     }
@@ -100,7 +104,7 @@ pub(super) async fn replenish(
             &pref,
             None,
             None,
-            &json!({"creating": want, "available": counts.available, "size": pool.size}),
+            &json!({"creating": want, "available": counts.available, "size": pool.target_size()}),
         )
         .await?;
     }
@@ -303,17 +307,18 @@ pub(super) async fn poll_provisioning(
             store::vm_transition(c, &vm.id, Phase::Provisioning, Phase::CreateHookRunning, Some(&nics), None).await?;
             return Ok(());
         }
+        let secs = (Utc::now() - vm.created_at).as_seconds_f64();
         if store::vm_transition(
             c,
             &vm.id,
             Phase::Provisioning,
             Phase::Available,
             Some(&nics),
-            Some((EventType::VmAvailable, &json!({"uid": uid}))),
+            // `provision_seconds`: what the autoscaler measures the pool's provisioning by.
+            Some((EventType::VmAvailable, &json!({"uid": uid, "provision_seconds": secs}))),
         )
         .await?
         {
-            let secs = (Utc::now() - vm.created_at).as_seconds_f64();
             state.metrics.provisioned(&pool.namespace, &pool.name, secs);
             report.available += 1;
         }

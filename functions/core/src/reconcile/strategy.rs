@@ -44,6 +44,12 @@ pub fn strategy_wants(strategy: Strategy, size: i32, min_size: Option<i32>, c: V
     }
 }
 
+/// How many more VMs an autoscaled pool may have under its ceiling of `max`, which counts
+/// every VM of the pool (available, being claimed, leased, provisioning).
+pub fn ceiling_room(max: i32, c: VmCounts) -> i64 {
+    (i64::from(max) - (c.available + c.claiming + c.leased + c.provisioning)).max(0)
+}
+
 /// How many AVAILABLE VMs a pool has beyond what its strategy keeps (after its size went
 /// down). Only AVAILABLE VMs are ever removed for this; leased ones wind down by release.
 pub fn surplus(strategy: Strategy, size: i32, c: VmCounts) -> i64 {
@@ -98,6 +104,13 @@ mod tests {
         assert!(quarantine_full(2, q(2, 0)));
         assert!(!quarantine_full(2, q(1, 5)));
         assert!(!quarantine_full(0, q(0, 0)), "an empty pool is not held back");
+    }
+
+    #[test]
+    fn the_ceiling_counts_every_vm_of_the_pool() {
+        assert_eq!(ceiling_room(10, c(2, 1, 3, 2)), 2);
+        assert_eq!(ceiling_room(10, c(2, 1, 9, 2)), 0, "never negative");
+        assert_eq!(ceiling_room(10, VmCounts { quarantined: 5, deleting: 5, ..VmCounts::default() }), 10);
     }
 
     #[test]

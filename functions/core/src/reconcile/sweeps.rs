@@ -94,11 +94,11 @@ pub(super) async fn shed_surplus(
     pool: &PoolRow,
     counts: VmCounts,
 ) -> Result<(), ReconcileError> {
-    let extra = surplus(pool.strategy, pool.size, counts);
+    let extra = surplus(pool.strategy, pool.target_size(), counts);
     if extra > 0 {
         let pref = pool.pool_ref();
         let n = store::vm_mark_surplus(db.client().await?, &pref, extra).await?;
-        tracing::info!(pool = %pref, n, size = pool.size, "pool shrank: surplus VMs marked DELETING");
+        tracing::info!(pool = %pref, n, size = pool.target_size(), "pool shrank: surplus VMs marked DELETING");
     }
     Ok(())
 }

@@ -128,7 +128,38 @@ async fn waited_for_claimers(state: &AppState, req: &ClaimRequest, rounds: &mut 
     Ok(true)
 }
 
+/// ClaimVM, then the wake: a fresh claim (its pool may now be below its target, its demand
+/// changed) or a refusal (recorded as demand first: `store::pool_record_refused`) wakes the
+/// reconciler ([`crate::wake`]). A replay changes nothing and wakes nobody.
 pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -> Result<ClaimResponse, ApiError> {
+    let pool = req.pool.clone();
+    let key = match &req.request_id {
+        Some(rid) => format!("{}:{}", principal.name, rid.as_str()),
+        None => format!("-:{}", crate::domain::random_uuid()),
+    };
+    let answer = claim_vm(state, principal, req).await;
+    match &answer {
+        Ok(r) if !r.replayed => {
+            state.waker.wake("claim").await;
+        }
+        Err(ApiError::ResourceExhausted(_)) => {
+            // Best effort: a refusal not counted only makes the demand look smaller.
+            match state.conn().await {
+                Ok(c) => {
+                    if let Err(e) = store::pool_record_refused(&c, &pool, &key).await {
+                        tracing::warn!(pool = %pool, error = %e, "cannot record a refused claim as demand");
+                    }
+                }
+                Err(e) => tracing::warn!(pool = %pool, error = ?e, "cannot record a refused claim as demand"),
+            }
+            state.waker.wake("refused claim").await;
+        }
+        _ => {}
+    }
+    answer
+}
+
+async fn claim_vm(state: &AppState, principal: &Principal, req: ClaimRequest) -> Result<ClaimResponse, ApiError> {
     let mut rounds = Rounds::default();
     loop {
         let outcome = {

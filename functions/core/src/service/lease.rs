@@ -133,6 +133,8 @@ pub async fn release(state: &AppState, principal: &Principal, id: &LeaseId) -> R
             // Someone else (the reconciler) finished this delete; it records the release.
             VmFinish::Removed { lease: None, .. } | VmFinish::Gone => {}
         }
+        // Its VM is gone: a pool that replaces released VMs needs a pass.
+        state.waker.wake("release").await;
         Ok(())
     })
     .await

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use crate::api::Pool;
+use crate::api::{self, Pool};
 use crate::app::AppState;
 use crate::domain::{HostExec, PoolRef, PoolSpec};
 use crate::error::ApiError;
@@ -119,6 +119,7 @@ pub async fn create(state: &AppState, spec: PoolSpec) -> Result<Pool, ApiError> 
     })?;
     tx.commit().await?;
     tracing::info!(pool = %spec.pool_ref(), size = spec.size, "pool created");
+    state.waker.wake("pool created").await;
     Ok(Pool::new(&row, PoolStatus::default()))
 }
 
@@ -140,6 +141,7 @@ pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec) -> Result<
     let (row, status) = store::pool_get(&tx, path).await?.ok_or_else(|| not_found(path))?;
     tx.commit().await?;
     tracing::info!(pool = %path, size = spec.size, "pool updated");
+    state.waker.wake("pool updated").await;
     Ok(Pool::new(&row, status))
 }
 
@@ -209,4 +211,45 @@ pub async fn delete(state: &AppState, pool: &PoolRef, force: bool) -> Result<(),
         Ok(())
     })
     .await
+}
+
+/// Announced demand: `claims` claims expected within `within_seconds`
+/// (`POST /v1/pools/{namespace}/{name}/expect`). An autoscaled pool is sized for it at once
+/// (up to its ceiling; the hint lasts `within_seconds` plus the pool's provisioning time and
+/// counts down as claims arrive); any pool's reconciler is woken, so it refills without
+/// waiting for the schedule.
+pub async fn expect(
+    state: &AppState,
+    pool: &PoolRef,
+    claims: i32,
+    within_seconds: i32,
+) -> Result<api::Expected, ApiError> {
+    if !(1..=crate::rules::MAX_POOL_SIZE).contains(&claims) {
+        return Err(ApiError::InvalidArgument(format!(
+            "claims must be between 1 and {}, got {claims}",
+            crate::rules::MAX_POOL_SIZE
+        )));
+    }
+    if !(1..=3600).contains(&within_seconds) {
+        return Err(ApiError::InvalidArgument(format!(
+            "within_seconds must be between 1 and 3600, got {within_seconds}"
+        )));
+    }
+    let default_p = state.config.autoscale.default_provisioning.as_secs_f64();
+    let expected = {
+        let conn = state.conn().await?;
+        store::pool_expect(&conn, pool, claims, within_seconds, default_p).await?.ok_or_else(|| not_found(pool))?
+    };
+    let desired_size = if expected.autoscaled {
+        crate::reconcile::scale::scale_pools(state, Some(pool)).await.map_err(|e| {
+            ApiError::unavailable("the hint is recorded but the pool could not be sized yet; the reconciler will", e)
+        })?;
+        let conn = state.conn().await?;
+        store::pool_get(&conn, pool).await?.map_or(expected.size, |(row, _)| row.target_size())
+    } else {
+        expected.size
+    };
+    tracing::info!(%pool, claims, within_seconds, desired_size, "demand announced");
+    state.waker.wake("demand hint").await;
+    Ok(api::Expected { expected_until: expected.expected_until, desired_size })
 }

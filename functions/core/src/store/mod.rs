@@ -45,9 +45,13 @@
 //!   release, expiry and its warning.
 //! - `event.rs`: `events`. [`EventRow`]; insert, the feed (its horizon and list) and the
 //!   retention prune.
+//! - `demand.rs`: `pool_refused_claims`, what the sizing step reads of a pool's demand and
+//!   writes back (desired size, state, POOL_SCALED), and announced demand (`…/expect`).
 //! - `deployment.rs`: `deployment`, the one row with this deployment's id.
 //! - `selection.rs`: `reconcile_selection`, the one row saying what the reconcile passes have
 //!   seen (the watermark the selection starts from, the cursor of its full checks).
+//! - `reconcile_loop.rs`: `reconcile_loop`, the one row whose lease says which reconcile
+//!   invocation is looping and until when somebody asked for passes (`reconcile::driver`).
 //! - `claim.rs`: the claim statements, which write `leases`, `vms` and `events` at once:
 //!   [`LEASE_CLAIM_SQL`] and [`lease_claim`], and the two-phase claim of pools with pre-lease
 //!   hooks ([`vm_claim_for_hook`], [`lease_insert_after_hook`]); what a duplicate of a claim
@@ -66,21 +70,25 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row};
 
 mod claim;
+mod demand;
 mod deployment;
 mod event;
 mod host;
 mod lease;
 mod pool;
+mod reconcile_loop;
 mod rows;
 mod selection;
 mod vm;
 
 pub use claim::*;
+pub use demand::*;
 pub use deployment::*;
 pub use event::*;
 pub use host::*;
 pub use lease::*;
 pub use pool::*;
+pub use reconcile_loop::*;
 pub use rows::*;
 pub use selection::*;
 pub use vm::*;

@@ -13,7 +13,7 @@ use tokio_postgres::types::{ToSql, Type};
 use super::vm::VM_COUNTS_OF_POOL_P;
 use super::{Executor, LeaseRow, Result, StoreError, Timed, VmRow, json_req};
 use crate::domain::VmCounts;
-use crate::domain::{HookFailurePolicy, PoolRef, PoolSpec, Replenishment, Strategy};
+use crate::domain::{Autoscaling, HookFailurePolicy, PoolRef, PoolSpec, Replenishment, ScalingState, Strategy};
 use crate::template::MicroVmTemplate;
 
 /// A `pools` row.
@@ -35,6 +35,22 @@ pub struct PoolRow {
     /// POOL_SIZE_BELOW_TARGET; `None` while nothing does ([`pool_set_below_target`]).
     #[serde(default)]
     pub below_target_reason: Option<String>,
+    /// The autoscaling policy (`None`: `size` is the target).
+    #[serde(default)]
+    pub autoscaling: Option<Autoscaling>,
+    /// What an autoscaled pool works towards (`None` without autoscaling): [`PoolRow::target_size`].
+    #[serde(default)]
+    pub desired_size: Option<i32>,
+    /// The sizing step's state and last measurements (`reconcile::sizing`).
+    #[serde(default)]
+    pub scaling: Option<ScalingState>,
+    /// Announced demand (`POST …/expect`).
+    #[serde(default)]
+    pub expected_claims: Option<i32>,
+    #[serde(default)]
+    pub expected_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub expected_until: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -42,6 +58,14 @@ pub struct PoolRow {
 impl PoolRow {
     pub fn pool_ref(&self) -> PoolRef {
         PoolRef { namespace: self.namespace.clone(), name: self.name.clone() }
+    }
+
+    /// The size the strategy works with: the autoscaler's desired size, else `size`.
+    pub fn target_size(&self) -> i32 {
+        match (&self.autoscaling, self.desired_size) {
+            (Some(_), Some(d)) => d,
+            _ => self.size,
+        }
     }
 
     pub fn spec(&self) -> PoolSpec {
@@ -57,6 +81,7 @@ impl PoolRow {
             hook_failure_policy: self.hook_failure_policy,
             heartbeat_interval_seconds: self.heartbeat_interval_seconds,
             heartbeat_expiry_seconds: self.heartbeat_expiry_seconds,
+            autoscaling: self.autoscaling.clone(),
         }
     }
 }
@@ -94,12 +119,13 @@ fn pool_with_counts(row: &Row) -> Result<(PoolRow, VmCounts)> {
 /// Inserts a pool; `None` if one with that key exists.
 pub async fn pool_insert(c: &impl Executor, spec: &PoolSpec) -> Result<Option<PoolRow>> {
     let template = serde_json::to_value(&spec.microvm_template).map_err(|e| StoreError::Db(e.to_string()))?;
+    let (autoscaling, desired) = autoscaling_params(spec)?;
     let row = c
         .timed_query_opt(
             "INSERT INTO pools AS p (namespace, name, size, flintlock_hosts, strategy, min_size,
                  microvm_template, create_commands, pre_lease_commands, hook_failure_policy,
-                 heartbeat_interval_seconds, heartbeat_expiry_seconds)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                 heartbeat_interval_seconds, heartbeat_expiry_seconds, autoscaling, desired_size)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
              ON CONFLICT (namespace, name) DO NOTHING
              RETURNING to_jsonb(p) AS pool",
             &[
@@ -115,21 +141,40 @@ pub async fn pool_insert(c: &impl Executor, spec: &PoolSpec) -> Result<Option<Po
                 (&spec.hook_failure_policy.as_str(), Type::TEXT),
                 (&spec.heartbeat_interval_seconds, Type::INT4),
                 (&spec.heartbeat_expiry_seconds, Type::INT4),
+                (&autoscaling, Type::JSONB),
+                (&desired, Type::INT4),
             ],
         )
         .await?;
     row.map(|r| json_req(&r, "pool")).transpose()
 }
 
-/// Replaces a pool's spec; `false` if the pool does not exist.
+/// The `autoscaling` column and the desired size a pool starts from (`None`, `None`: off).
+fn autoscaling_params(spec: &PoolSpec) -> Result<(Option<serde_json::Value>, Option<i32>)> {
+    let Some(a) = &spec.autoscaling else { return Ok((None, None)) };
+    let json = serde_json::to_value(a).map_err(|e| StoreError::Db(e.to_string()))?;
+    Ok((Some(json), Some(a.initial_size(spec.size))))
+}
+
+/// Replaces a pool's spec; `false` if the pool does not exist. Switching autoscaling on
+/// starts the desired size from `size`; changing the policy keeps the desired size within the
+/// new floor and ceiling (the next sizing step decides from there); switching it off forgets
+/// the sizing state.
 pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<bool> {
     let template = serde_json::to_value(&spec.microvm_template).map_err(|e| StoreError::Db(e.to_string()))?;
+    let (autoscaling, desired) = autoscaling_params(spec)?;
+    let (min, max) = spec.autoscaling.as_ref().map_or((None, None), |a| (Some(a.min), Some(a.max)));
     let n = c
         .timed_execute(
             "UPDATE pools SET size = $3, flintlock_hosts = $4, strategy = $5, min_size = $6,
                  microvm_template = $7, create_commands = $8, pre_lease_commands = $9,
                  hook_failure_policy = $10, heartbeat_interval_seconds = $11,
-                 heartbeat_expiry_seconds = $12, updated_at = now()
+                 heartbeat_expiry_seconds = $12, autoscaling = $13,
+                 desired_size = CASE WHEN $13::jsonb IS NULL THEN NULL
+                                     WHEN desired_size IS NULL OR autoscaling IS NULL THEN $14
+                                     ELSE least(greatest(desired_size, $15), $16) END,
+                 scaling = CASE WHEN $13::jsonb IS NULL THEN NULL ELSE scaling END,
+                 updated_at = now()
              WHERE namespace = $1 AND name = $2",
             &[
                 (&spec.namespace, Type::TEXT),
@@ -144,6 +189,10 @@ pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<bool> {
                 (&spec.hook_failure_policy.as_str(), Type::TEXT),
                 (&spec.heartbeat_interval_seconds, Type::INT4),
                 (&spec.heartbeat_expiry_seconds, Type::INT4),
+                (&autoscaling, Type::JSONB),
+                (&desired, Type::INT4),
+                (&min, Type::INT4),
+                (&max, Type::INT4),
             ],
         )
         .await?;
@@ -358,7 +407,10 @@ pub async fn pool_list_with_work(
                  ), w AS MATERIALIZED (
                      -- MATERIALIZED: a subquery in FROM is flattened, and each use of `counts`
                      -- below then ran the correlated count again (eight times per pool).
-                     SELECT p.namespace, p.name, p.strategy, p.size, p.min_size, p.below_target_reason,
+                     -- The size the strategy works with: an autoscaled pool's desired size.
+                     SELECT p.namespace, p.name, p.strategy,
+                            CASE WHEN p.autoscaling IS NULL THEN p.size ELSE coalesce(p.desired_size, p.size) END AS size,
+                            p.min_size, p.below_target_reason,
                             p.reconcile_until, c.counts,
                             p.updated_at > p.reconcile_until AS changed,
                             EXISTS (SELECT 1 FROM leases l

@@ -1,0 +1,92 @@
+//! The sizing step of a pass: reads every autoscaled pool that may need a new desired size
+//! with its measured demand (`store::demand_list`, one statement), decides each with the pure
+//! arithmetic of [`super::sizing`], and writes the decisions with their POOL_SCALED events
+//! (`store::pool_apply_scaling`, one statement). A pass runs it before its selection, so a
+//! size that went up is acted on in the same pass. `POST …/expect` runs it for its one pool.
+//!
+//! Never touches a VM: a size that went down is shed by the pool's own step (AVAILABLE VMs
+//! only), one that went up is filled by its replenishment.
+
+use super::ReconcileError;
+use super::sizing::{Observed, decide};
+use crate::app::AppState;
+use crate::domain::PoolRef;
+use crate::store::{self, PoolDemand, ScalingWrite};
+
+/// Refusals are kept this long at least: a hint counts the arrivals since it started.
+const KEEP_REFUSED_SECONDS: f64 = 7200.0;
+
+/// What one sizing step did.
+#[derive(Debug, Default, Clone)]
+pub struct ScaleReport {
+    /// Autoscaled pools looked at.
+    pub looked_at: usize,
+    /// Pools whose desired size changed.
+    pub scaled: Vec<PoolRef>,
+}
+
+/// The decision for one pool's demand, as the row to write.
+pub fn decision(state: &AppState, d: &PoolDemand) -> ScalingWrite {
+    let window = state.config.autoscale.window.as_secs_f64();
+    let prev = d.scaling.clone().unwrap_or_default();
+    let observed = Observed {
+        claims_per_second: d.claims as f64 / window,
+        refused_per_second: d.refused as f64 / window,
+        provisioning_seconds: d
+            .provisioning
+            .filter(|p| p.is_finite() && *p >= 0.0)
+            .unwrap_or_else(|| state.config.autoscale.default_provisioning.as_secs_f64()),
+        busy: d.busy,
+        hint_remaining: d.hint_remaining,
+    };
+    let from = d.desired_size.unwrap_or_else(|| d.autoscaling.initial_size(d.size));
+    let out = decide(d.strategy, &d.autoscaling, &observed, from, &prev, d.now, window);
+    ScalingWrite {
+        namespace: d.namespace.clone(),
+        name: d.name.clone(),
+        from_size: d.desired_size,
+        desired: out.desired,
+        reason: out.reason.as_str().to_owned(),
+        scaling: out.state,
+        clear_hint: d.hint_expired,
+    }
+}
+
+/// Sizes the autoscaled pools that need it (`pool`: that one only).
+pub async fn scale_pools(state: &AppState, pool: Option<&PoolRef>) -> Result<ScaleReport, ReconcileError> {
+    let window = state.config.autoscale.window.as_secs_f64();
+    let conn = state.db.get().await?;
+    let demand = store::demand_list(&conn, window, pool).await?;
+    let mut report = ScaleReport { looked_at: demand.len(), ..ScaleReport::default() };
+    // Written only when something moved: the size, the bucket history, the reason, a rate.
+    let writes: Vec<ScalingWrite> = demand
+        .iter()
+        .map(|d| (d, decision(state, d)))
+        .filter(|(d, w)| {
+            d.desired_size != Some(w.desired)
+                || w.clear_hint
+                || d.scaling.as_ref().is_none_or(|s| !same_but_time(s, &w.scaling))
+        })
+        .map(|(_, w)| w)
+        .collect();
+    if writes.is_empty() {
+        return Ok(report);
+    }
+    report.scaled = store::pool_apply_scaling(&conn, &writes, KEEP_REFUSED_SECONDS.max(2.0 * window)).await?;
+    for w in writes.iter().filter(|w| w.from_size != Some(w.desired)) {
+        tracing::info!(pool = %format!("{}/{}", w.namespace, w.name), from = ?w.from_size, to = w.desired, reason = %w.reason, "pool scaled");
+    }
+    Ok(report)
+}
+
+/// Whether two states differ only in when they were taken and the busy average's drift.
+fn same_but_time(a: &crate::domain::ScalingState, b: &crate::domain::ScalingState) -> bool {
+    a.recs == b.recs
+        && a.reason == b.reason
+        && a.active == b.active
+        && a.expected_claims == b.expected_claims
+        && (a.claims_per_second - b.claims_per_second).abs() < 1e-9
+        && (a.refused_per_second - b.refused_per_second).abs() < 1e-9
+        && (a.provisioning_seconds - b.provisioning_seconds).abs() < 1e-6
+        && (a.busy_avg - b.busy_avg).abs() < 0.05
+}

@@ -1,0 +1,229 @@
+//! A pool's demand: the `pool_refused_claims` table, what the sizing step reads of `pools`,
+//! `events`, `vms` and that table in one statement ([`demand_list`]), the sizing decisions it
+//! writes back with their POOL_SCALED events ([`pool_apply_scaling`]), and announced demand
+//! ([`pool_expect`]).
+//!
+//! Never on the claim path but for a refusal: a claim that took a VM is counted from its
+//! VM_CLAIMED event, which the claim writes anyway.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use tokio_postgres::types::Type;
+
+use super::{Executor, Result, Timed, json_req};
+use crate::domain::{Autoscaling, PoolRef, ScalingState, Strategy};
+
+/// Records a claim refused for want of a VM as demand of an autoscaled pool (nothing for
+/// another pool): `request_key` names the request, so its retries count once.
+pub async fn pool_record_refused(c: &impl Executor, pool: &PoolRef, request_key: &str) -> Result<()> {
+    c.timed_execute(
+        "INSERT INTO pool_refused_claims (pool_namespace, pool_name, request_key)
+         SELECT p.namespace, p.name, $3 FROM pools p
+         WHERE p.namespace = $1 AND p.name = $2 AND p.autoscaling IS NOT NULL
+         ON CONFLICT DO NOTHING",
+        &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&request_key, Type::TEXT)],
+    )
+    .await?;
+    Ok(())
+}
+
+/// What the sizing step reads of one autoscaled pool.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PoolDemand {
+    pub namespace: String,
+    pub name: String,
+    pub strategy: Strategy,
+    pub autoscaling: Autoscaling,
+    pub desired_size: Option<i32>,
+    pub size: i32,
+    #[serde(default)]
+    pub scaling: Option<ScalingState>,
+    /// The database's now, in seconds since the epoch.
+    pub now: f64,
+    /// VM_CLAIMED events within the window.
+    pub claims: i64,
+    /// Refused requests within the window.
+    pub refused: i64,
+    /// The p90 of the last 20 VMs' creation to AVAILABLE (`None`: none recorded).
+    pub provisioning: Option<f64>,
+    /// VMs leased or being claimed.
+    pub busy: i64,
+    /// Announced claims not arrived yet (0 without a live hint).
+    pub hint_remaining: i64,
+    /// The hint has expired: clear it.
+    pub hint_expired: bool,
+}
+
+impl PoolDemand {
+    pub fn pool_ref(&self) -> PoolRef {
+        PoolRef { namespace: self.namespace.clone(), name: self.name.clone() }
+    }
+}
+
+/// The autoscaled pools the sizing step must look at, with their demand over the last
+/// `window_seconds`: those whose state says to look again (`pools_scaling_active`), with a
+/// hint, with a claim or a refusal in the window (`pool`: just that one). Found through the
+/// indexes of those conditions (recent events, refusals), never by scanning every pool; and
+/// nothing at all is read when no pool is autoscaled.
+pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&PoolRef>) -> Result<Vec<PoolDemand>> {
+    let (ns, name) = (pool.map(|p| p.namespace.as_str()), pool.map(|p| p.name.as_str()));
+    let row = c
+        .timed_query_one(
+            "WITH any_autoscaled AS (
+                 SELECT EXISTS (SELECT 1 FROM pools WHERE autoscaling IS NOT NULL) AS yes
+             ), bound AS (
+                 -- The first event of the window (events_created_at), for the per-pool ranges
+                 -- of events_pool_id.
+                 SELECT coalesce((SELECT min(id) FROM events WHERE created_at >= now() - make_interval(secs => $1)),
+                                 (SELECT coalesce(max(id), 0) + 1 FROM events)) AS first_id
+             ), cand AS (
+                 SELECT p.namespace, p.name FROM pools p, any_autoscaled a
+                 WHERE a.yes AND $2::text IS NULL AND p.autoscaling IS NOT NULL
+                   AND (p.scaling IS NULL OR p.scaling->>'active' = 'true' OR p.expected_until IS NOT NULL)
+                 UNION
+                 SELECT e.pool_namespace, e.pool_name FROM events e, bound, any_autoscaled a
+                 WHERE a.yes AND $2::text IS NULL AND e.id >= bound.first_id AND e.type = 'VM_CLAIMED'
+                 UNION
+                 SELECT r.pool_namespace, r.pool_name FROM pool_refused_claims r, any_autoscaled a
+                 WHERE a.yes AND $2::text IS NULL AND r.refused_at >= now() - make_interval(secs => $1)
+                 UNION
+                 SELECT $2::text, $3::text WHERE $2::text IS NOT NULL
+             ), d AS (
+                 SELECT p.namespace, p.name, p.strategy, p.autoscaling, p.desired_size, p.size, p.scaling,
+                        extract(epoch FROM now())::float8 AS now,
+                        (SELECT count(*) FROM events e, bound
+                         WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name AND e.id >= bound.first_id
+                           AND e.type = 'VM_CLAIMED' AND e.created_at >= now() - make_interval(secs => $1)) AS claims,
+                        (SELECT count(*) FROM pool_refused_claims r
+                         WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
+                           AND r.refused_at >= now() - make_interval(secs => $1)) AS refused,
+                        -- events_pool_available: the pool's last VM_AVAILABLE events only.
+                        (SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY x.s) FROM (
+                             SELECT (e.payload->>'provision_seconds')::float8 AS s FROM events e
+                             WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name AND e.type = 'VM_AVAILABLE'
+                               AND e.payload ? 'provision_seconds'
+                             ORDER BY e.id DESC LIMIT 20) x) AS provisioning,
+                        (SELECT count(*) FROM vms v WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name
+                           AND v.phase IN ('LEASED', 'PRE_LEASE_HOOK_RUNNING')) AS busy,
+                        CASE WHEN p.expected_until > now() THEN greatest(0, p.expected_claims
+                             - (SELECT count(*) FROM events e
+                                WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name
+                                  AND e.id >= coalesce((SELECT min(id) FROM events WHERE created_at >= p.expected_at), 0)
+                                  AND e.type = 'VM_CLAIMED' AND e.created_at >= p.expected_at)
+                             - (SELECT count(*) FROM pool_refused_claims r
+                                WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
+                                  AND r.refused_at >= p.expected_at))
+                        ELSE 0 END AS hint_remaining,
+                        coalesce(p.expected_until <= now(), false) AS hint_expired
+                 FROM cand k JOIN pools p ON (p.namespace, p.name) = (k.namespace, k.name)
+                 WHERE p.autoscaling IS NOT NULL
+             )
+             SELECT coalesce(jsonb_agg(to_jsonb(d) ORDER BY d.namespace, d.name), '[]') AS pools FROM d",
+            &[(&window_seconds, Type::FLOAT8), (&ns, Type::TEXT), (&name, Type::TEXT)],
+        )
+        .await?;
+    json_req(&row, "pools")
+}
+
+/// One sizing decision to write.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScalingWrite {
+    pub namespace: String,
+    pub name: String,
+    /// The desired size the decision started from: the write applies only if it still holds
+    /// (two overlapping passes: the second one's decision is dropped, not written twice).
+    pub from_size: Option<i32>,
+    pub desired: i32,
+    pub reason: String,
+    pub scaling: ScalingState,
+    pub clear_hint: bool,
+}
+
+/// Writes sizing decisions, and POOL_SCALED `{from, to, reason}` for each that changed the
+/// desired size, in one statement; prunes refusals older than `keep_refused_seconds`. Returns
+/// the pools whose desired size changed.
+pub async fn pool_apply_scaling(
+    c: &impl Executor,
+    writes: &[ScalingWrite],
+    keep_refused_seconds: f64,
+) -> Result<Vec<PoolRef>> {
+    let writes = serde_json::to_value(writes).map_err(|e| super::StoreError::Db(e.to_string()))?;
+    let row = c
+        .timed_query_one(
+            "WITH u AS (
+                 SELECT * FROM jsonb_to_recordset($1) AS x(namespace text, name text, from_size int, desired int,
+                                                          reason text, scaling jsonb, clear_hint boolean)
+             ), upd AS (
+                 UPDATE pools p SET desired_size = u.desired, scaling = u.scaling,
+                     expected_claims = CASE WHEN u.clear_hint THEN NULL ELSE p.expected_claims END,
+                     expected_at = CASE WHEN u.clear_hint THEN NULL ELSE p.expected_at END,
+                     expected_until = CASE WHEN u.clear_hint THEN NULL ELSE p.expected_until END
+                 FROM u
+                 WHERE (p.namespace, p.name) = (u.namespace, u.name) AND p.autoscaling IS NOT NULL
+                   AND p.desired_size IS NOT DISTINCT FROM u.from_size
+                 RETURNING p.namespace, p.name
+             ), scaled AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, payload)
+                 SELECT 'POOL_SCALED', u.namespace, u.name,
+                        jsonb_build_object('from', u.from_size, 'to', u.desired, 'reason', u.reason)
+                 FROM u JOIN upd ON (upd.namespace, upd.name) = (u.namespace, u.name)
+                 WHERE u.from_size IS DISTINCT FROM u.desired
+                 RETURNING pool_namespace, pool_name
+             ), pruned AS (
+                 DELETE FROM pool_refused_claims WHERE refused_at < now() - make_interval(secs => $2)
+             )
+             SELECT coalesce(jsonb_agg(jsonb_build_object('namespace', pool_namespace, 'name', pool_name)), '[]') AS scaled
+             FROM scaled",
+            &[(&writes, Type::JSONB), (&keep_refused_seconds, Type::FLOAT8)],
+        )
+        .await?;
+    json_req(&row, "scaled")
+}
+
+/// An announced demand as recorded ([`pool_expect`]).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Expected {
+    pub expected_until: DateTime<Utc>,
+    pub expected_claims: i32,
+    pub autoscaled: bool,
+    pub size: i32,
+}
+
+/// Records that `claims` claims are expected within `within_seconds` on a pool: added to a
+/// hint still running (counted from its start), else a new one; it lasts `within_seconds`
+/// plus the pool's provisioning time (`provisioning_seconds` when none is measured). `None`:
+/// no such pool.
+pub async fn pool_expect(
+    c: &impl Executor,
+    pool: &PoolRef,
+    claims: i32,
+    within_seconds: i32,
+    provisioning_seconds: f64,
+) -> Result<Option<Expected>> {
+    let row = c
+        .timed_query_opt(
+            "WITH p AS (
+                 SELECT namespace, name, expected_until > now() AS live,
+                        coalesce((scaling->>'provisioning_seconds')::float8, 0) AS measured
+                 FROM pools WHERE namespace = $1 AND name = $2
+                 FOR NO KEY UPDATE
+             )
+             UPDATE pools t SET
+                 expected_claims = CASE WHEN p.live THEN t.expected_claims + $3 ELSE $3 END,
+                 expected_at = CASE WHEN p.live THEN t.expected_at ELSE now() END,
+                 expected_until = greatest(CASE WHEN p.live THEN t.expected_until END,
+                     now() + make_interval(secs => $4 + CASE WHEN p.measured > 0 THEN p.measured ELSE $5 END))
+             FROM p WHERE (t.namespace, t.name) = (p.namespace, p.name)
+             RETURNING jsonb_build_object('expected_until', t.expected_until, 'expected_claims', t.expected_claims,
+                                          'autoscaled', t.autoscaling IS NOT NULL, 'size', t.size) AS expected",
+            &[
+                (&pool.namespace, Type::TEXT),
+                (&pool.name, Type::TEXT),
+                (&claims, Type::INT4),
+                (&f64::from(within_seconds), Type::FLOAT8),
+                (&provisioning_seconds, Type::FLOAT8),
+            ],
+        )
+        .await?;
+    row.map(|r| json_req(&r, "expected")).transpose()
+}

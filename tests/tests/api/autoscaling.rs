@@ -1,0 +1,240 @@
+//! Issue 22 items 2 and 3: an `autoscaling` block sizes a pool from its measured demand
+//! (claims and refused claims, the provisioning time its events record), up at once, down
+//! only after the stabilization window, never above its ceiling; `POST …/expect` pre-warms
+//! for announced demand. All state is in PostgreSQL: every pass below could be another
+//! process.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use poolmgr_tests::{ADMIN, CLIENT_A, TestApp, pool_spec};
+use serde_json::{Value, json};
+
+fn autoscaled(name: &str, size: i32, autoscaling: Value) -> Value {
+    let mut spec = pool_spec(name, size);
+    spec["autoscaling"] = autoscaling;
+    spec
+}
+
+/// Short windows so a test sees a whole cycle: demand measured over 2 s.
+async fn spawn() -> TestApp {
+    TestApp::spawn_with(|env| {
+        env.push(("POOLMGR_AUTOSCALE_WINDOW_SECONDS".into(), "2".into()));
+        // A hint lasts its window plus the provisioning time, this until one is measured.
+        env.push(("POOLMGR_AUTOSCALE_DEFAULT_PROVISIONING_SECONDS".into(), "0.5".into()));
+    })
+    .await
+}
+
+async fn scaled_events(app: &TestApp) -> Vec<Value> {
+    app.events("pool=ci&namespace=default&limit=1000")
+        .await
+        .events
+        .into_iter()
+        .filter(|e| e.kind == "POOL_SCALED")
+        .map(|e| e.payload)
+        .collect()
+}
+
+#[tokio::test]
+async fn every_autoscaling_field_is_validated_and_a_bad_block_creates_nothing() {
+    let app = spawn().await;
+    let bad = [
+        json!({"min": 2, "max": 1, "target_warm_ratio": 0.9}),
+        json!({"min": -1, "max": 5, "target_warm_ratio": 0.9}),
+        json!({"min": 0, "max": 0, "target_warm_ratio": 0.9}),
+        json!({"min": 0, "max": 10001, "target_warm_ratio": 0.9}),
+        json!({"min": 0, "max": 5}),
+        json!({"min": 0, "max": 5, "target_warm_ratio": 0.9, "buffer": 1}),
+        json!({"min": 0, "max": 5, "target_warm_ratio": 0.0}),
+        json!({"min": 0, "max": 5, "target_warm_ratio": 1.0}),
+        json!({"min": 0, "max": 5, "target_warm_ratio": 1.5}),
+        json!({"min": 0, "max": 5, "buffer": 6}),
+        json!({"min": 0, "max": 5, "buffer": -1}),
+        json!({"min": 0, "max": 5, "buffer": 1, "scale_down_stabilization_seconds": -1}),
+        json!({"min": 0, "max": 5, "buffer": 1, "scale_down_stabilization_seconds": 86401}),
+        json!({"min": 0, "max": 5, "buffer": 1, "window": 0}),
+        json!({"max": 5, "buffer": 1}),
+        json!([1, 2]),
+    ];
+    for a in bad {
+        let r = app.post(ADMIN, "/v1/pools", autoscaled("ci", 1, a.clone())).await;
+        r.assert_error(400, "INVALID_ARGUMENT");
+        assert_eq!(app.scalar_i64("SELECT count(*) FROM pools").await, 0, "{a}");
+    }
+    // null is "off"; a good block is kept as given, with the default window.
+    let p = app.created_pool(autoscaled("ci", 3, Value::Null)).await;
+    assert!(p.spec.autoscaling.is_none());
+    assert_eq!(p.status.desired_size, 3);
+    assert!(p.status.autoscaling.is_none());
+    let p = app.updated_pool("ci", autoscaled("ci", 30, json!({"min": 1, "max": 8, "target_warm_ratio": 0.99}))).await;
+    assert_eq!(p.spec.autoscaling.as_ref().unwrap().scale_down_stabilization_seconds, 300);
+    assert_eq!(p.status.desired_size, 8, "size is the starting point, within the floor and the ceiling");
+}
+
+/// Demand the pool cannot serve is demand too: a burst of claims on an empty pool, most of
+/// them refused, raises the desired size at once; the retries of one request count once.
+#[tokio::test]
+async fn a_burst_of_claims_scales_up_at_once_counting_refused_claims_once_per_request() {
+    let app = spawn().await;
+    app.created_pool(autoscaled("ci", 1, json!({"min": 1, "max": 40, "target_warm_ratio": 0.99}))).await;
+    app.settle(40, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
+    for i in 0..12 {
+        let rid = format!("job-{i}");
+        // Each request retried three times, as a client does on 429.
+        for _ in 0..3 {
+            let r = app.claim(CLIENT_A, "ci", Some(&rid)).await;
+            assert!(r.status == 200 || r.status == 429, "{}", r.body);
+        }
+    }
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM pool_refused_claims").await, 11, "11 requests refused, each once");
+    let before = app.get_pool("ci").await.status.desired_size;
+    app.pass().await;
+    let p = app.get_pool("ci").await;
+    let a = p.status.autoscaling.clone().expect("autoscaled status");
+    assert!(p.status.desired_size > before, "{:?}", p.status);
+    assert!(a.refused_per_second > 0.0 && a.claims_per_second > 0.0, "{a:?}");
+    assert!(a.provisioning_seconds > 0.0, "measured from the first VM's VM_AVAILABLE: {a:?}");
+    let scaled = scaled_events(&app).await;
+    assert_eq!(scaled.len(), 1, "{scaled:?}");
+    assert_eq!(scaled[0]["from"], json!(before));
+    assert_eq!(scaled[0]["to"], json!(p.status.desired_size));
+    assert_eq!(scaled[0]["reason"], json!("DEMAND"));
+    // The metrics say the same.
+    let text = app.scrape().await;
+    assert!(
+        text.contains(&format!(
+            "poolmgr_pool_desired_size{{pool_namespace=\"default\",pool_name=\"ci\"}} {}",
+            p.status.desired_size
+        )),
+        "{text}"
+    );
+}
+
+/// Down only after the stabilization window, and only by AVAILABLE VMs: a leased VM and the
+/// VMs still provisioning are never taken for a scale-down.
+#[tokio::test]
+async fn a_pool_scales_down_only_after_its_window_and_never_takes_a_leased_vm() {
+    let app = spawn().await;
+    app.created_pool(autoscaled(
+        "ci",
+        1,
+        json!({"min": 1, "max": 20, "buffer": 0, "scale_down_stabilization_seconds": 3}),
+    ))
+    .await;
+    app.settle(40, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
+    // A hint raises it (reason HINT), the pool fills.
+    let r = app.post(CLIENT_A, "/v1/pools/default/ci/expect", json!({"claims": 6, "within_seconds": 1})).await;
+    r.assert_ok(202);
+    let desired: i64 = r.json_at("/desired_size");
+    assert_eq!(desired, 6, "{}", r.body);
+    app.settle(60, "6 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 6 }).await;
+    let lease = app.claimed(CLIENT_A, "ci", Some("keep")).await.lease.lease_id;
+    // The hint runs out after 1 s plus the provisioning time; the size is held for the window.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    app.pass().await;
+    assert!(app.get_pool("ci").await.status.desired_size >= 6, "held within the window");
+    // Past the window: down to the busy VM (buffer 0), the floor 1.
+    let mut down = false;
+    for _ in 0..100 {
+        app.pass().await;
+        if app.get_pool("ci").await.status.desired_size == 1 {
+            down = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(down, "{:?}", app.get_pool("ci").await.status);
+    app.settle(40, "surplus shed", || async { app.count_phase("ci", "AVAILABLE").await == 0 }).await;
+    assert_eq!(app.count_phase("ci", "LEASED").await, 1, "the leased VM stays");
+    app.get(CLIENT_A, &format!("/v1/leases/{lease}")).await.assert_ok(200);
+    let reasons: Vec<Value> = scaled_events(&app).await.iter().map(|e| e["reason"].clone()).collect();
+    assert_eq!(reasons.first(), Some(&json!("HINT")), "{reasons:?}");
+    assert!(app.count_events("VM_DELETED_ON_SCALE_DOWN").await >= 5);
+}
+
+/// The ceiling counts every VM (leased, provisioning and available), whatever the strategy,
+/// under many clients claiming and releasing at once while passes run beside them.
+#[tokio::test]
+async fn racing_claims_and_passes_never_take_a_pool_above_its_ceiling() {
+    let app = Arc::new(spawn().await);
+    let mut spec = autoscaled("ci", 2, json!({"min": 2, "max": 6, "target_warm_ratio": 0.999}));
+    spec["replenishment"] = json!({"strategy": "IMMEDIATE_ON_LEASE"});
+    app.created_pool(spec).await;
+    app.settle(40, "2 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients = (0..6).map(|c| {
+        let (app, stop) = (app.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let r = app.claim(CLIENT_A, "ci", Some(&format!("c{c}-{i}"))).await;
+                if r.status == 200 {
+                    let lease: String = r.json_at("/lease/lease_id");
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    app.release(CLIENT_A, &lease).await;
+                }
+            }
+        })
+    });
+    let clients: Vec<_> = clients.collect();
+    let mut highest = 0;
+    for _ in 0..40 {
+        app.pass().await;
+        let live = app
+            .scalar_i64(
+                "SELECT count(*) FROM vms WHERE phase IN ('AVAILABLE','PRE_LEASE_HOOK_RUNNING','LEASED','PROVISIONING','CREATE_HOOK_RUNNING')",
+            )
+            .await;
+        highest = highest.max(live);
+        assert!(live <= 6, "{live} VMs above the ceiling of 6");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert!(highest > 2, "the demand never raised the pool: {highest}");
+    assert!(app.get_pool("ci").await.status.desired_size <= 6);
+    assert_eq!(
+        app.scalar_i64("SELECT count(*) FROM (SELECT vm_id FROM leases GROUP BY vm_id HAVING count(*) > 1) d").await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn expect_is_bounded_validated_and_without_autoscaling_changes_no_size() {
+    let app = spawn().await;
+    app.create_pool("plain", 2).await;
+    app.created_pool(autoscaled("ci", 2, json!({"min": 2, "max": 10, "target_warm_ratio": 0.99}))).await;
+    for bad in [
+        json!({"claims": 0, "within_seconds": 60}),
+        json!({"claims": 10001, "within_seconds": 60}),
+        json!({"claims": 5, "within_seconds": 0}),
+        json!({"claims": 5, "within_seconds": 3601}),
+        json!({"claims": 5}),
+        json!({"claims": 5, "within_seconds": 60, "extra": 1}),
+    ] {
+        app.post(CLIENT_A, "/v1/pools/default/ci/expect", bad.clone()).await.assert_error(400, "INVALID_ARGUMENT");
+    }
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM pools WHERE expected_claims IS NOT NULL").await, 0);
+    app.post(CLIENT_A, "/v1/pools/default/nope/expect", json!({"claims": 5, "within_seconds": 60}))
+        .await
+        .assert_error(404, "NOT_FOUND");
+    app.post("no-such-token", "/v1/pools/default/ci/expect", json!({"claims": 5, "within_seconds": 60}))
+        .await
+        .assert_error(401, "UNAUTHENTICATED");
+    // Bounded by the ceiling.
+    let r = app.post(CLIENT_A, "/v1/pools/default/ci/expect", json!({"claims": 50, "within_seconds": 60})).await;
+    r.assert_ok(202);
+    assert_eq!(r.json_at::<i64>("/desired_size"), 10, "{}", r.body);
+    let p = app.get_pool("ci").await;
+    assert_eq!(p.status.desired_size, 10);
+    assert_eq!(p.status.autoscaling.as_ref().unwrap().expected_claims, 50);
+    assert_eq!(scaled_events(&app).await.last().map(|e| e["reason"].clone()), Some(json!("CEILING")));
+    // Without autoscaling: recorded, the size stays.
+    let r = app.post(ADMIN, "/v1/pools/default/plain/expect", json!({"claims": 50, "within_seconds": 60})).await;
+    r.assert_ok(202);
+    assert_eq!(r.json_at::<i64>("/desired_size"), 2);
+    assert_eq!(app.get_pool("plain").await.status.desired_size, 2);
+}

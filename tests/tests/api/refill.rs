@@ -1,0 +1,153 @@
+//! Issue 22 item 1: refill in seconds. A claim wakes the reconciler (`poolmgr_core::wake`),
+//! a reconcile loop (`reconcile::run_loop`) keeps passing while VMs boot, one invocation loops
+//! at a time (the loop lease), a wake that finds the lease held is never lost, and a loop
+//! whose budget runs out hands on.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use poolmgr_core::reconcile::run_loop;
+use poolmgr_core::store;
+use poolmgr_core::wake::Waker;
+use poolmgr_tests::{CLIENT_A, TestApp};
+use tokio::sync::Notify;
+
+/// The local shape (poolmgr-local's ticker): a loop per wake, the schedule far away. A
+/// claimed VM is replaced without any scheduled pass: the claim's wake starts the loop, which
+/// passes until the replacement is AVAILABLE.
+#[tokio::test]
+async fn a_claim_wakes_the_reconciler_and_its_replacement_is_available_without_a_scheduled_pass() {
+    let notify = Arc::new(Notify::new());
+    let app = TestApp::spawn().await.with_waker(Waker::local(notify.clone()));
+    // IMMEDIATE_ON_LEASE: a claimed VM is replaced at once (REPLACE_ON_DELETE waits for its
+    // release).
+    let mut spec = poolmgr_tests::pool_spec("ci", 2);
+    spec["replenishment"] = serde_json::json!({"strategy": "IMMEDIATE_ON_LEASE"});
+    app.post(poolmgr_tests::ADMIN, "/v1/pools", spec).await.assert_ok(201);
+    // The pool's creation woke it: one loop fills the pool.
+    tokio::time::timeout(Duration::from_secs(5), notify.notified()).await.expect("the create woke the reconciler");
+    let r = run_loop(&app.state, Duration::from_secs(600)).await.unwrap();
+    assert_eq!((r.total.created, r.total.available), (2, 2), "{r:?}");
+
+    // A ticker that only wakes on the signal (no schedule at all), as poolmgr-local's does.
+    let state = app.state.clone();
+    let n = notify.clone();
+    let ticker = tokio::spawn(async move {
+        loop {
+            n.notified().await;
+            run_loop(&state, Duration::from_secs(600)).await.unwrap();
+        }
+    });
+    let claimed = Instant::now();
+    app.claim(CLIENT_A, "ci", Some("job-1")).await.assert_ok(200);
+    let mut refilled = None;
+    for _ in 0..200 {
+        if app.count_phase("ci", "AVAILABLE").await == 2 {
+            refilled = Some(claimed.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    ticker.abort();
+    let lag = refilled.expect("the claimed VM was never replaced: the claim's wake did not start a loop");
+    // Not a timing assertion: the schedule here is "never", so any refill proves the wake.
+    eprintln!("refill lag with a 50 ms boot: {lag:?}");
+    assert_eq!(app.count_phase("ci", "LEASED").await, 1);
+}
+
+/// A replay changes nothing: it wakes nobody.
+#[tokio::test]
+async fn a_replayed_claim_does_not_wake_the_reconciler() {
+    let notify = Arc::new(Notify::new());
+    let app = TestApp::spawn().await.with_waker(Waker::local(notify.clone()));
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    app.claim(CLIENT_A, "ci", Some("job-1")).await.assert_ok(200);
+    tokio::time::timeout(Duration::from_secs(5), notify.notified()).await.expect("the claim woke it");
+    app.claim(CLIENT_A, "ci", Some("job-1")).await.assert_ok(200);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), notify.notified()).await.is_err(),
+        "a replay woke the reconciler"
+    );
+    // A refusal does (demand the pool could not serve).
+    app.claim(CLIENT_A, "ci", Some("job-2")).await.assert_error(429, "RESOURCE_EXHAUSTED");
+    tokio::time::timeout(Duration::from_secs(5), notify.notified()).await.expect("the refusal woke it");
+}
+
+/// One invocation loops at a time: an invocation that finds the loop lease held runs one pass
+/// (the work that woke it is done at once) and asks the holder to go on; the holder cannot
+/// give the lease back before that ask has run out, so the wake is never lost in between.
+#[tokio::test]
+async fn a_wake_that_finds_the_loop_held_runs_one_pass_and_the_holder_keeps_going() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    // Force the moment: another invocation holds the loop lease.
+    let holder = "loop-elsewhere";
+    assert!(store::loop_take(&app.state.db.get().await.unwrap(), holder, 60.0).await.unwrap());
+    let r = run_loop(&app.state, Duration::from_secs(600)).await.unwrap();
+    assert!(r.joined, "{r:?}");
+    assert_eq!(r.passes, 1, "{r:?}");
+    assert_eq!(r.total.created, 1, "its one pass did the work: {r:?}");
+    // The holder was asked to go on past now: it cannot give the lease back yet…
+    assert!(!store::loop_release(&app.state.db.get().await.unwrap(), holder, false).await.unwrap());
+    let lease = store::loop_renew(&app.state.db.get().await.unwrap(), holder, 60.0).await.unwrap().expect("still held");
+    assert!(lease.asked, "{lease:?}");
+    // …until the ask has run out (the suite's linger is 300 ms).
+    let mut released = false;
+    for _ in 0..100 {
+        if store::loop_release(&app.state.db.get().await.unwrap(), holder, false).await.unwrap() {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(released, "the holder could never give the lease back");
+    // Free now: the next invocation loops itself.
+    let r = run_loop(&app.state, Duration::from_secs(600)).await.unwrap();
+    assert!(!r.joined, "{r:?}");
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 1, "{r:?}");
+}
+
+/// Many invocations at once (a burst of wakes): exactly one of them loops, the others join.
+#[tokio::test]
+async fn racing_invocations_loop_once_and_the_others_join() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 3).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let runs = (0..8).map(|_| {
+        let (state, barrier) = (app.state.clone(), barrier.clone());
+        tokio::spawn(async move {
+            barrier.wait().await;
+            run_loop(&state, Duration::from_secs(600)).await.unwrap()
+        })
+    });
+    let reports: Vec<_> = futures::future::join_all(runs).await.into_iter().map(Result::unwrap).collect();
+    let loopers = reports.iter().filter(|r| !r.joined).count();
+    assert!(loopers >= 1, "{reports:?}");
+    // A joiner may find the lease free again once the looper is done (it then loops itself,
+    // with nothing left to do): never two loops at once, which the lease row forbids.
+    assert!(reports.iter().filter(|r| r.joined).all(|r| r.passes == 1), "{reports:?}");
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 3);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM vms").await, 3, "no VM twice");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM reconcile_loop WHERE owner IS NOT NULL").await, 0);
+}
+
+/// A loop whose budget would not hold one more pass stops, gives the lease back and wakes a
+/// successor while work remains: a function timeout never leaves the work to the schedule.
+#[tokio::test]
+async fn a_loop_out_of_budget_hands_on_to_a_fresh_invocation() {
+    let notify = Arc::new(Notify::new());
+    let app = TestApp::spawn().await.with_waker(Waker::local(notify.clone()));
+    app.create_pool("ci", 2).await;
+    // Drain the create's wake.
+    let _ = tokio::time::timeout(Duration::from_secs(1), notify.notified()).await;
+    let r = run_loop(&app.state, Duration::from_millis(1)).await.unwrap();
+    assert_eq!(r.passes, 1, "{r:?}");
+    assert_eq!(r.total.created, 2, "{r:?}");
+    assert!(r.handed_on, "{r:?}");
+    tokio::time::timeout(Duration::from_secs(1), notify.notified()).await.expect("a successor was woken");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM reconcile_loop WHERE owner IS NOT NULL").await, 0);
+    // The successor finishes the job.
+    let r = run_loop(&app.state, Duration::from_secs(600)).await.unwrap();
+    assert_eq!(r.total.available, 2, "{r:?}");
+}
