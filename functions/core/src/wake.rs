@@ -23,6 +23,9 @@ use hmac::{KeyInit, Mac};
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
+/// The `source` of a wake's event (the schedule's is `aws.scheduler`).
+pub const WAKE_SOURCE: &str = "poolmgr.wake";
+
 /// How long a wake may hold up the answer that caused it.
 pub const INVOKE_TIMEOUT: Duration = Duration::from_millis(1500);
 
@@ -196,7 +199,7 @@ impl LambdaInvoke {
     /// Lambda queues the event and answers 202 at once.
     pub async fn invoke_event(&self, why: &str) -> Result<(), InvokeError> {
         let creds = Credentials::from_env().ok_or(InvokeError::NoCredentials)?;
-        let body = serde_json::json!({"source": "poolmgr.wake", "detail-type": why}).to_string();
+        let body = serde_json::json!({"source": WAKE_SOURCE, "detail-type": why}).to_string();
         let name = uri_encode(&self.function);
         let path = format!("/2015-03-31/functions/{name}/invocations");
         let url = format!("{}{path}", self.endpoint);

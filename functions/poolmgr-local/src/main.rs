@@ -10,6 +10,7 @@ use anyhow::Context;
 use axum::serve::ListenerExt as _;
 use std::sync::Arc;
 
+use poolmgr_core::reconcile::{Start, run_loop_from};
 use poolmgr_core::wake::Waker;
 use poolmgr_core::{AppState, Config, db, http, telemetry};
 use tokio::sync::Notify;
@@ -68,15 +69,14 @@ async fn reconcile_ticker(state: AppState) {
     let mut tick = tokio::time::interval(state.config.reconcile.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        match &signal {
-            Some(n) => {
-                tokio::select! { _ = tick.tick() => {}, _ = n.notified() => {} }
-            }
+        let start = match &signal {
+            Some(n) => tokio::select! { _ = tick.tick() => Start::Schedule, _ = n.notified() => Start::Wake },
             None => {
                 tick.tick().await;
+                Start::Schedule
             }
-        }
-        match poolmgr_core::reconcile::run_loop(&state, state.config.reconcile.loop_budget).await {
+        };
+        match run_loop_from(&state, state.config.reconcile.loop_budget, start).await {
             Ok(r) => tracing::debug!(
                 passes = r.passes,
                 with_work = r.passes_with_work,

@@ -24,7 +24,7 @@ use lambda_runtime::tower::{Layer, Service};
 use lambda_runtime::{Diagnostic, LambdaEvent, LambdaInvocation};
 use poolmgr_core::AppState;
 use poolmgr_core::app::{BootError, Instance};
-use poolmgr_core::reconcile::{self, LoopReport, ReconcileError};
+use poolmgr_core::reconcile::{self, LoopReport, ReconcileError, Start};
 use poolmgr_core::store::{self, StoreError};
 use serde_json::Value;
 
@@ -97,7 +97,10 @@ pub async fn handle(state: &AppState, event: LambdaEvent<Value>) -> Result<LoopR
         detail_type = %field("detail-type"),
         "reconcile invoked"
     );
-    let report = reconcile::run_loop(state, budget(state, event.context.deadline)).await;
+    // A wake (a claim, a hand-off) lingers for the wakes debounced after it; the schedule's
+    // safety-net pass returns at once when it finds nothing to do.
+    let start = if field("source") == poolmgr_core::wake::WAKE_SOURCE { Start::Wake } else { Start::Schedule };
+    let report = reconcile::run_loop_from(state, budget(state, event.context.deadline), start).await;
     if report.is_ok()
         && let Err(e) = record_pool_gauges(state).await
     {

@@ -289,19 +289,22 @@ async fn a_claim_on_lambda_wakes_the_reconcile_function_with_a_signed_asynchrono
     assert!(rx.try_recv().is_err(), "a second invoke within the debounce");
 }
 
-/// The reconcile function as deployed (a 300 s timeout): one scheduled invocation keeps
-/// passing until the VMs it created are AVAILABLE, instead of leaving them to the next
-/// schedule a minute later.
+/// The reconcile function as deployed: one scheduled invocation keeps passing until the VMs it
+/// created are AVAILABLE, instead of leaving them to the next schedule a minute later. (The
+/// emulator's timeout is 60 s, the template's 300 s: a shorter pass deadline and hook timeout
+/// leave the loop the same room for passes before the invocation's deadline.)
 #[tokio::test]
 async fn one_scheduled_invocation_of_the_reconcile_function_fills_the_pool() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
-    let emu = Emulator::start_with_timeout("reconcile", Duration::from_secs(300)).await.unwrap();
+    let emu = Emulator::start("reconcile").await.unwrap();
     let (db_secret, mut env) = lambda_setup(&app);
     emu.extension.put_secret(DB_ARN, &db_secret);
     emu.extension.put_secret(TOKENS_ARN, &tokens_secret());
     env.push(("POOLMGR_RECONCILE_LINGER_MS".into(), "200".into()));
     env.push(("POOLMGR_RECONCILE_LOOP_INTERVAL_MS".into(), "50".into()));
+    env.push(("POOLMGR_RECONCILE_DEADLINE_SECONDS".into(), "10".into()));
+    env.push(("POOLMGR_HOOK_TIMEOUT_SECONDS".into(), "5".into()));
     let mut reconcile = emu.spawn(&function_bin("reconcile"), &env).unwrap();
     let scheduled = include_str!("../../../functions/reconcile/events/scheduled.json");
     let report = invoke(&mut reconcile, scheduled).await.json();

@@ -74,11 +74,11 @@ async fn a_replayed_claim_does_not_wake_the_reconciler() {
     tokio::time::timeout(Duration::from_secs(5), notify.notified()).await.expect("the refusal woke it");
 }
 
-/// One invocation loops at a time: an invocation that finds the loop lease held runs one pass
-/// (the work that woke it is done at once) and asks the holder to go on; the holder cannot
-/// give the lease back before that ask has run out, so the wake is never lost in between.
+/// One invocation loops at a time: an invocation that finds the loop lease held asks the
+/// holder to go on and runs no pass of its own; the holder cannot give the lease back before
+/// that ask has run out, so the wake is never lost in between.
 #[tokio::test]
-async fn a_wake_that_finds_the_loop_held_runs_one_pass_and_the_holder_keeps_going() {
+async fn a_wake_that_finds_the_loop_held_asks_the_holder_to_keep_going() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
     // Force the moment: another invocation holds the loop lease.
@@ -86,8 +86,7 @@ async fn a_wake_that_finds_the_loop_held_runs_one_pass_and_the_holder_keeps_goin
     assert!(store::loop_take(&app.state.db.get().await.unwrap(), holder, 60.0).await.unwrap());
     let r = run_loop(&app.state, Duration::from_secs(600)).await.unwrap();
     assert!(r.joined, "{r:?}");
-    assert_eq!(r.passes, 1, "{r:?}");
-    assert_eq!(r.total.created, 1, "its one pass did the work: {r:?}");
+    assert_eq!(r.passes, 0, "the holder does the work: {r:?}");
     // The holder was asked to go on past now: it cannot give the lease back yet…
     assert!(!store::loop_release(&app.state.db.get().await.unwrap(), holder, false).await.unwrap());
     let lease = store::loop_renew(&app.state.db.get().await.unwrap(), holder, 60.0).await.unwrap().expect("still held");
@@ -126,10 +125,25 @@ async fn racing_invocations_loop_once_and_the_others_join() {
     assert!(loopers >= 1, "{reports:?}");
     // A joiner may find the lease free again once the looper is done (it then loops itself,
     // with nothing left to do): never two loops at once, which the lease row forbids.
-    assert!(reports.iter().filter(|r| r.joined).all(|r| r.passes == 1), "{reports:?}");
+    assert!(reports.iter().filter(|r| r.joined).all(|r| r.passes == 0), "{reports:?}");
     assert_eq!(app.count_phase("ci", "AVAILABLE").await, 3);
     assert_eq!(app.scalar_i64("SELECT count(*) FROM vms").await, 3, "no VM twice");
     assert_eq!(app.scalar_i64("SELECT count(*) FROM reconcile_loop WHERE owner IS NOT NULL").await, 0);
+}
+
+/// The schedule's safety-net pass on a settled fleet returns after one pass (no linger): an
+/// idle fleet costs one short pass a minute. A wake lingers.
+#[tokio::test]
+async fn a_scheduled_loop_with_nothing_to_do_returns_after_one_pass() {
+    use poolmgr_core::reconcile::{Start, run_loop_from};
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.settle(40, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
+    app.pass().await;
+    let r = run_loop_from(&app.state, Duration::from_secs(600), Start::Schedule).await.unwrap();
+    assert_eq!((r.passes, r.passes_with_work), (1, 0), "{r:?}");
+    let r = run_loop_from(&app.state, Duration::from_secs(600), Start::Wake).await.unwrap();
+    assert!(r.passes > 1, "a wake lingers for the wakes debounced after it: {r:?}");
 }
 
 /// A loop whose budget would not hold one more pass stops, gives the lease back and wakes a

@@ -11,10 +11,13 @@
 //! fresh invocation, so a Lambda timeout never cuts the work short).
 //!
 //! One invocation loops at a time: the loop lease (`store::loop_*`, a row, never an advisory
-//! lock). An invocation that finds it held runs one pass itself (the work that woke it is done
-//! at once) and asks the holder to keep going for a linger (`store::loop_ask`); the holder
-//! gives the lease back only when nobody asked for later passes, so no wake is lost between
-//! the two. Passes of overlapping invocations are safe anyway (each pool's reconcile lease).
+//! lock). An invocation that finds it held asks the holder to keep going for a linger
+//! (`store::loop_ask`) and returns: the holder's next pass is at most a loop interval away.
+//! The holder gives the lease back only when nobody asked for later passes, so no wake is lost
+//! between the two. Passes of overlapping invocations would be safe anyway (each pool's
+//! reconcile lease); the lease only saves their cost. A scheduled invocation whose first pass
+//! finds nothing to do returns at once ([`Start::Schedule`]): an idle fleet costs one short
+//! pass a minute.
 //!
 //! Never keeps state between invocations: everything that matters is in the database.
 
@@ -33,7 +36,7 @@ pub struct LoopReport {
     pub passes: usize,
     /// Of those, the passes that found work (pools selected).
     pub passes_with_work: usize,
-    /// Another invocation held the loop lease: this one ran one pass and asked it to go on.
+    /// Another invocation held the loop lease: this one asked it to go on and ran no pass.
     pub joined: bool,
     /// The budget ran out while work remained: a fresh invocation was woken to go on.
     pub handed_on: bool,
@@ -52,10 +55,27 @@ impl LoopReport {
     }
 }
 
-/// Runs passes until there is no work left for a linger, or `budget` (measured from now) would
-/// not leave room for one more pass; see the module doc. The first pass always runs. Fails
-/// only when the first pass cannot start; a failure later ends the loop with what it did.
+/// What started a loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// The schedule (or poolmgr-local's ticker): a first pass with nothing to do ends the loop
+    /// at once, so an idle fleet costs one short pass a minute.
+    Schedule,
+    /// A wake (a claim, a refusal, a release, a hint, a hand-off): the loop lingers from its
+    /// start, so the work of a wake debounced after this one is seen too.
+    Wake,
+}
+
+/// [`run_loop_from`] for a wake.
 pub async fn run_loop(state: &AppState, budget: Duration) -> Result<LoopReport, ReconcileError> {
+    run_loop_from(state, budget, Start::Wake).await
+}
+
+/// Runs passes until there is no work left for a linger, or `budget` (measured from now) would
+/// not leave room for one more pass; see the module doc. The first pass always runs when this
+/// invocation takes the loop lease; one that finds it held only asks the holder to go on.
+/// Fails only when the first pass cannot start; a failure later ends the loop with what it did.
+pub async fn run_loop_from(state: &AppState, budget: Duration, start: Start) -> Result<LoopReport, ReconcileError> {
     let t0 = Instant::now();
     let rc = &state.config.reconcile;
     let owner = format!("loop-{}", ulid::Ulid::generate());
@@ -70,7 +90,10 @@ pub async fn run_loop(state: &AppState, budget: Duration) -> Result<LoopReport, 
         return Ok(report);
     }
     let end = t0 + budget;
-    let mut last_work = Instant::now();
+    let mut last_work = match start {
+        Start::Wake => Instant::now(),
+        Start::Schedule => Instant::now().checked_sub(rc.linger).unwrap_or_else(Instant::now),
+    };
     let signal = state.waker.local_signal();
     loop {
         let lease = {
@@ -135,7 +158,9 @@ pub async fn run_loop(state: &AppState, budget: Duration) -> Result<LoopReport, 
     Ok(report)
 }
 
-/// Takes the loop lease (`true`), or runs one pass and asks its holder to go on (`false`).
+/// Takes the loop lease (`true`), or asks its holder to go on (`false`): the holder's next
+/// pass is at most a loop interval away, so a wake that finds a loop running costs one
+/// statement, not a pass.
 async fn take_or_ask(
     state: &AppState,
     owner: &str,
@@ -146,9 +171,6 @@ async fn take_or_ask(
     for _ in 0..2 {
         if store::loop_take(&state.db.get().await?, owner, lease_secs).await? {
             return Ok(true);
-        }
-        if report.passes == 0 {
-            report.add(run_pass(state).await?);
         }
         if store::loop_ask(&state.db.get().await?, linger).await? {
             report.joined = true;

@@ -95,7 +95,7 @@ use crate::store::{self, HostRow, PoolRow, VmRow};
 use crate::teardown::TeardownError;
 use conn::StepConn;
 
-pub use driver::{LoopReport, run_loop};
+pub use driver::{LoopReport, Start, run_loop, run_loop_from};
 pub use error::ReconcileError;
 pub use provision::new_vm_id;
 pub use select::{needs_step, pools_with_work};
