@@ -467,8 +467,23 @@ async fn pools() {
     assert_eq!(
         t,
         [
-            ["POOL", "SIZE", "AVAILABLE", "CLAIMING", "LEASED", "PROVISIONING", "QUARANTINED", "DELETING"],
-            ["default/ci", "1", "1", "0", "0", "0", "0", "0"],
+            [
+                "POOL",
+                "SIZE",
+                "DESIRED",
+                "REASON",
+                "AVAILABLE",
+                "CLAIMING",
+                "LEASED",
+                "PROVISIONING",
+                "QUARANTINED",
+                "DELETING",
+                "CLAIMS/S",
+                "REFUSED/S",
+                "PROVISION_P90",
+                "EXPECTED"
+            ],
+            ["default/ci", "1", "1", "STATIC", "1", "0", "0", "0", "0", "0", "-", "-", "-", "-"],
         ]
     );
     assert_eq!(s.ctl(&["-o", "json", "pool", "status", "ci"]).await.json(), s.get("/v1/pools/default/ci").await);
@@ -773,7 +788,32 @@ async fn contexts_give_endpoint_and_token_and_flags_then_environment_win() {
     assert_eq!(t.len(), 2);
     s.create_pool("ci", 0).await;
     let t = s.ctl(&["--no-headers", "pool", "status", "ci"]).await.ok().table();
-    assert_eq!(t, [["default/ci", "0", "0", "0", "0", "0", "0", "0"]]);
+    assert_eq!(t, [["default/ci", "0", "0", "STATIC", "0", "0", "0", "0", "0", "0", "-", "-", "-", "-"]]);
+}
+
+/// Issue 22: `pool expect` announces demand (client or admin token), the autoscaled pool's
+/// status shows the desired size and why; bad input is refused before anything is sent.
+#[tokio::test]
+async fn pool_expect_prewarms_an_autoscaled_pool_and_status_says_why() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    let spec = format!("{}autoscaling: {{min: 1, max: 5, target_warm_ratio: 0.99}}\n", spec_yaml("ci", 1));
+    let f = s.write("auto.yaml", &spec);
+    s.ctl(&["pool", "create", "--file", &f]).await.ok();
+    let o = s.ctl_as(CLIENT, &["pool", "expect", "ci", "--claims", "50", "--within", "1m"]).await.ok();
+    assert!(o.stdout.contains("working towards 5 VMs"), "{o:#?}");
+    let o = s.ctl(&["-o", "json", "pool", "expect", "ci", "--claims", "2", "--within", "30s"]).await;
+    assert_eq!(o.json()["desired_size"], json!(5));
+    let t = s.ctl(&["pool", "status", "ci"]).await.ok().table();
+    assert_eq!(&t[1][..4], ["default/ci", "1", "5", "CEILING"], "{t:?}");
+    assert_eq!(t[1][13], "52", "{t:?}");
+    let o = s.ctl(&["pool", "expect", "ci", "--claims", "0"]).await;
+    o.fails(2, "invalid_argument");
+    assert!(o.stderr.contains("claims must be between 1 and"), "{o:#?}");
+    let o = s.ctl(&["pool", "expect", "ci", "--claims", "5", "--within", "2h"]).await;
+    o.fails(2, "invalid_argument");
+    assert!(o.stderr.contains("within_seconds"), "{o:#?}");
+    s.ctl(&["pool", "expect", "ghost", "--claims", "5"]).await.fails(3, "not_found");
 }
 
 #[tokio::test]
