@@ -531,11 +531,25 @@ async fn settled_db_checks(tx: &tokio_postgres::Transaction<'_>, out: &mut Vec<F
         let pool = format!("{}/{}", p.namespace, p.name);
         let strategy = p.strategy;
         let strategy_s = strategy.as_str();
-        let (size, min_size) = (p.size, p.min_size);
+        // An autoscaled pool works towards its desired size, not its spec's.
+        let (size, min_size) = (p.target_size(), p.min_size);
         let c = n;
-        let look_at = format!(
-            "poolmgrctl pool status {pool}; SELECT phase, count(*) FROM vms WHERE pool_namespace || '/' || pool_name = '{pool}' GROUP BY 1"
-        );
+        if let Some(a) = &p.autoscaling {
+            let live = c.available + c.claiming + c.leased + c.provisioning;
+            if live > i64::from(a.max) {
+                out.push(Finding {
+                    check: "pool-above-ceiling",
+                    class: Class::Settled,
+                    subject: format!("pool {pool}"),
+                    detail: format!(
+                        "autoscaling.max is {} but the pool has {live} VMs (available {}, claiming {}, leased {}, provisioning {}); only leases outliving a lowered max may hold it there",
+                        a.max, c.available, c.claiming, c.leased, c.provisioning
+                    ),
+                    look_at: look_at_pool(&pool),
+                });
+            }
+        }
+        let look_at = look_at_pool(&pool);
         let missing = desired_new(strategy, size, min_size, c);
         if missing > 0 {
             out.push(Finding {
@@ -564,6 +578,12 @@ async fn settled_db_checks(tx: &tokio_postgres::Transaction<'_>, out: &mut Vec<F
         }
     }
     Ok(())
+}
+
+fn look_at_pool(pool: &str) -> String {
+    format!(
+        "poolmgrctl pool status {pool}; SELECT phase, count(*) FROM vms WHERE pool_namespace || '/' || pool_name = '{pool}' GROUP BY 1"
+    )
 }
 
 /// How [`run`] goes about it.

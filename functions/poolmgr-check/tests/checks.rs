@@ -234,6 +234,23 @@ async fn pools_below_or_above_size_and_vms_in_transition_are_settled_violations(
     assert!(o.violations(false).is_empty(), "{:?}", checks_of(&o));
 }
 
+/// Issue 22: an autoscaled pool is checked against its desired size, and above its ceiling
+/// (which counts every VM) is a finding.
+#[tokio::test]
+async fn an_autoscaled_pool_is_checked_against_its_desired_size_and_its_ceiling() {
+    let app = TestApp::spawn().await;
+    let mut spec = poolmgr_tests::pool_spec("auto", 1);
+    spec["autoscaling"] = serde_json::json!({"min": 3, "max": 4, "buffer": 0});
+    app.created_pool(spec).await;
+    app.seed_available("auto", 2).await;
+    let o = check(&app).await;
+    // Desired 3 (the floor), not the spec's 1: one VM short, not one too many.
+    assert_finding(&o, "pool-below-size", Class::Settled, "default/auto");
+    app.seed_available("auto", 3).await;
+    let o = check(&app).await;
+    assert_finding(&o, "pool-above-ceiling", Class::Settled, "default/auto");
+}
+
 #[tokio::test]
 async fn an_unreachable_host_means_could_not_check_when_settled() {
     let app = filled(1).await;

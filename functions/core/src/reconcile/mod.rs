@@ -1,7 +1,8 @@
 //! The reconcile pass: keeps every pool at the size its strategy asks for, through flintlock.
 //!
-//! One call of [`run_pass`] is one pass; the `reconcile` Lambda (EventBridge schedule), the
-//! `poolmgr-local` ticker and the tests all call it. A pass is idempotent and resumable: it
+//! One call of [`run_pass`] is one pass; the `reconcile` Lambda and the `poolmgr-local`
+//! ticker run passes back to back while there is work ([`run_loop`], started by the schedule
+//! or by a wake), and the tests call it directly. A pass is idempotent and resumable: it
 //! advances every VM at most one step and never waits for a VM to boot, so the next pass
 //! picks up where it stopped. Overlapping passes are safe: a pass works on a pool only while
 //! it holds that pool's reconcile lease (a row, never an advisory lock).
@@ -14,9 +15,13 @@
 //!
 //! # Layout
 //!
-//! - `mod.rs` (here): [`run_pass`], [`PassReport`], the pass's shared state (`Pass`: sick
-//!   hosts, the per-host bound on flintlock calls), the pool workers with their
+//! - `mod.rs` (here): [`run_pass`], [`PassReport`], the pool workers with their
 //!   reconcile-lease handling, and a pool's step in order (`reconcile_pool`).
+//! - `pass`: the pass's shared state (`Pass`: sick hosts, the per-host bound on flintlock
+//!   calls, the selected and leased pools, the per-host statistics).
+//! - [`driver`]: the reconcile loop ([`run_loop`]): passes while there is work, one looper
+//!   at a time, hand-offs; [`scale`]: the sizing step of a pass (autoscaled pools);
+//!   [`sizing`]: its pure arithmetic (Erlang B, the stabilization window, hints).
 //! - [`strategy`]: the pure arithmetic: [`desired_new`], [`surplus`] of a pool's `VmCounts`.
 //! - `provision`: new VMs (placement, CreateMicroVM), adopting a VM whose create reply was
 //!   lost, polling PROVISIONING VMs until flintlock says CREATED.
@@ -69,6 +74,8 @@ pub mod driver;
 mod error;
 mod hooks;
 mod orphans;
+mod pass;
+use pass::Pass;
 mod provision;
 mod retention;
 pub mod scale;
@@ -77,22 +84,17 @@ pub mod sizing;
 pub mod strategy;
 mod sweeps;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::future::Future;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde::Serialize;
-use tokio::sync::Semaphore;
 
 use crate::app::AppState;
-use crate::deployment::Deployment;
 use crate::domain::{Phase, PoolRef};
-use crate::flintlock::FlintlockError;
 use crate::store::{self, HostRow, PoolRow, VmRow};
-use crate::teardown::TeardownError;
 use conn::StepConn;
 
 pub use driver::{LoopReport, Start, run_loop, run_loop_from};
@@ -175,149 +177,6 @@ impl PassReport {
             mine.created += h.created;
             mine.busy_ms += h.busy_ms;
         }
-    }
-}
-
-/// What the workers of one pass share.
-struct Pass<'a> {
-    state: &'a AppState,
-    owner: String,
-    started_db: DateTime<Utc>,
-    deadline: Instant,
-    /// This deployment's flintlock namespaces: where VMs are created, and which ones the
-    /// orphan scan may delete.
-    deployment: Deployment,
-    /// Hosts that could not be reached during this pass: no calls to them, no placements.
-    sick_hosts: Mutex<HashSet<String>>,
-    /// Per host, a slot per MicroVM call in flight (`POOLMGR_RECONCILE_HOST_CONCURRENCY`).
-    host_slots: Mutex<HashMap<String, Arc<Semaphore>>>,
-    /// Hosts whose row says "unreachable" (`unreachable_until`, no placements): cleared by
-    /// the first call of this pass that reaches the host.
-    marked_unreachable: Mutex<HashSet<String>>,
-    /// How long a pool lease of this pass lasts: past the deadline plus a hook command
-    /// started just before it, so a pool is never worked past its lease.
-    lease_secs: f64,
-    /// The selected pools whose leases are not taken yet, oldest lease first.
-    pending: Mutex<VecDeque<PoolRef>>,
-    /// Pools leased (and swept) by this pass and not yet stepped.
-    leased: Mutex<VecDeque<PoolRow>>,
-    /// Held by the worker taking the next batch of leases, so one batch is taken at a time.
-    taking: tokio::sync::Mutex<()>,
-    /// A batch of leases could not be taken: its pools were neither leased nor found held.
-    lease_failed: Mutex<bool>,
-    /// Per host, the calls of this pass so far (the report's `hosts`).
-    host_stats: Mutex<BTreeMap<String, HostPassStats>>,
-}
-
-/// A failed flintlock call that says its host could not be reached (not that the host
-/// refused this one call): the host is sick for the rest of the pass.
-trait HostFailure {
-    fn host_unreachable(&self) -> bool;
-}
-
-impl HostFailure for FlintlockError {
-    fn host_unreachable(&self) -> bool {
-        matches!(self, FlintlockError::Unavailable { .. })
-    }
-}
-
-impl HostFailure for TeardownError {
-    fn host_unreachable(&self) -> bool {
-        matches!(self, TeardownError::Flintlock(e) if e.host_unreachable())
-    }
-}
-
-impl Pass<'_> {
-    fn past_deadline(&self) -> bool {
-        Instant::now() >= self.deadline
-    }
-
-    /// Marks `host` sick for this pass; `true` if it was not yet.
-    fn sick(&self, host: &str) -> bool {
-        self.sick_hosts.lock().expect("sick hosts").insert(host.to_owned())
-    }
-
-    fn is_sick(&self, host: &str) -> bool {
-        self.sick_hosts.lock().expect("sick hosts").contains(host)
-    }
-
-    fn sick_list(&self) -> Vec<String> {
-        self.sick_hosts.lock().expect("sick hosts").iter().cloned().collect()
-    }
-
-    /// Runs `call`, a flintlock call to `host`, in one of the host's slots; `None`, without
-    /// calling, when the host is sick (checked again once a slot is free: the call that
-    /// held it may have found the host dead). A call failing because the host could not be
-    /// reached marks it sick *before* its slot is given back, so whatever queued behind it
-    /// is skipped instead of waiting out its own timeout. Give the step's connection back
-    /// first (`StepConn::released`): waiting for a slot is waiting for something else.
-    async fn on_host<T, E: HostFailure>(
-        &self,
-        host: &str,
-        call: impl Future<Output = Result<T, E>>,
-    ) -> Option<Result<T, E>> {
-        if self.is_sick(host) {
-            return None;
-        }
-        let slots = {
-            let limit = self.state.config.reconcile.host_concurrency;
-            let mut all = self.host_slots.lock().expect("host slots");
-            all.entry(host.to_owned()).or_insert_with(|| Arc::new(Semaphore::new(limit))).clone()
-        };
-        let _slot = slots.acquire_owned().await.ok()?;
-        if self.is_sick(host) {
-            return None;
-        }
-        let t = Instant::now();
-        let r = call.await;
-        self.count_call(host, t.elapsed(), r.is_err());
-        let unreachable = matches!(&r, Err(e) if e.host_unreachable());
-        if unreachable && self.sick(host) {
-            tracing::warn!(host, "flintlock host unreachable: skipping its VMs for the rest of this pass");
-            // And no placements on it by the next passes for a while: they place new VMs
-            // before their own calls could find it dead. Best effort: this pass knows anyway.
-            self.marked_unreachable.lock().expect("marked hosts").insert(host.to_owned());
-            let window = self.state.config.reconcile.backoff_cap.as_secs_f64();
-            self.record_reachability(host, Some(window)).await;
-        } else if !unreachable && self.marked_unreachable.lock().expect("marked hosts").remove(host) {
-            // It answered (a success or an error of its own): one lost reply must not keep
-            // new VMs off a healthy host.
-            self.record_reachability(host, None).await;
-        }
-        Some(r)
-    }
-
-    fn count_call(&self, host: &str, took: Duration, failed: bool) {
-        let mut stats = self.host_stats.lock().expect("host stats");
-        let h = stats.entry(host.to_owned()).or_default();
-        h.calls += 1;
-        h.failed += usize::from(failed);
-        h.busy_ms += took.as_millis();
-    }
-
-    fn count_create(&self, host: &str) {
-        self.host_stats.lock().expect("host stats").entry(host.to_owned()).or_default().created += 1;
-    }
-
-    /// Marks `host` unreachable for `window` seconds in its row, or clears that (`None`).
-    async fn record_reachability(&self, host: &str, window: Option<f64>) {
-        let recorded = match self.state.db.get().await {
-            Ok(c) => match window {
-                Some(secs) => store::host_mark_unreachable(&c, host, secs).await,
-                None => store::host_clear_unreachable(&c, host).await,
-            },
-            Err(e) => Err(e),
-        };
-        if let Err(e) = recorded {
-            tracing::warn!(host, error = %e, "could not record whether the host is reachable");
-        }
-    }
-
-    /// Puts a failing VM step off (exponential backoff, in the VM's row).
-    async fn backoff(&self, db: &mut StepConn<'_>, vm_id: &str) -> Result<(), ReconcileError> {
-        let rc = &self.state.config.reconcile;
-        let (base, cap) = (rc.backoff_base.as_secs_f64(), rc.backoff_cap.as_secs_f64());
-        Ok(store::vm_backoff(db.client().await?, vm_id, base, cap).await?)
     }
 }
 

@@ -12,7 +12,8 @@
 //! slot is out for the provisioning time `p` and the offered load is `λ·p`. With
 //! REPLACE_ON_DELETE (and MIN_SIZE_THRESHOLD, which counts leased VMs alike) the slot is out
 //! for the lease too, so the load is `λ·(h + p)`, whose `λ·h` is the mean number of busy VMs
-//! (Little's law), measured as a moving average. The size is the smallest whose Erlang-B loss
+//! (Little's law), measured as a moving average (or the busy VMs now, when more: a burst
+//! counts at once). The size is the smallest whose Erlang-B loss
 //! is at most `1 - target_warm_ratio`; Erlang B holds for any holding-time distribution.
 //! Or, with `buffer`, an explicit number of idle VMs on top of the busy ones (Actions Runner
 //! Controller's `minRunners + assignedJobs`).
@@ -88,7 +89,10 @@ fn demand_size(strategy: Strategy, policy: &Autoscaling, o: &Observed, busy_avg:
     let demand = match (policy.buffer, policy.target_warm_ratio) {
         (Some(b), _) => i64::from(b) + if counts_leased(strategy) { o.busy } else { 0 },
         (None, Some(r)) => {
-            let load = lambda * p + if counts_leased(strategy) { busy_avg } else { 0.0 };
+            // The busy VMs: up at once with them (a matrix burst leases 50 at a time), down
+            // with their moving average.
+            let busy = (o.busy as f64).max(busy_avg);
+            let load = lambda * p + if counts_leased(strategy) { busy } else { 0.0 };
             i64::from(servers_for(load, 1.0 - r, cap))
         }
         (None, None) => 0,
@@ -216,6 +220,17 @@ mod tests {
         // Load 0.5 × 40 + 60 busy = 80 Erlangs.
         assert_eq!(d.desired, servers_for(80.0, 0.01, 501) as i32);
         assert!(d.desired > 80);
+    }
+
+    #[test]
+    fn a_burst_of_leases_counts_at_once_and_decays_with_the_average() {
+        let p = ratio(1, 500, 0.99, 0);
+        let st = ScalingState { busy_avg: 2.0, at: 100.0, ..ScalingState::default() };
+        let d = decide(Strategy::ReplaceOnDelete, &p, &obs(0.0, 30.0, 50), 3, &st, 101.0, 60.0);
+        assert!(d.desired >= 50, "the 50 busy VMs count at once: {d:?}");
+        // They are released: the average, not the count, says how many stay busy.
+        let d2 = decide(Strategy::ReplaceOnDelete, &p, &obs(0.0, 30.0, 0), d.desired, &d.state, 111.0, 60.0);
+        assert!(d2.state.busy_avg > 0.0 && d2.state.busy_avg < 50.0, "{d2:?}");
     }
 
     #[test]
