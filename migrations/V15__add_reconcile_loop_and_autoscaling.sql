@@ -3,10 +3,12 @@
 
 -- The reconcile loop's lease: one row. An invocation of the reconcile function (the schedule,
 -- a claim's wake, a loop's own hand-off) that takes it keeps passing while there is work,
--- and for a linger after it; one that finds it held runs one pass and asks the holder to
--- keep going until at least `wake_until` (store::loop_*). So however many wakes arrive, one
+-- and for a linger after it; one that finds it held asks the holder to keep going
+-- (`asked_at`, `wake_until`: store::loop_*) and returns. So however many wakes arrive, one
 -- invocation at a time loops, and a wake is never lost: the holder gives the lease back only
--- in a statement that also checks `wake_until` has passed.
+-- in a statement that also checks that no ask came after its last pass started and that
+-- `wake_until` has passed. The holder renews the lease every few seconds while it works, so a
+-- holder that died is replaced within seconds.
 CREATE TABLE reconcile_loop (
     id         boolean     PRIMARY KEY DEFAULT true CHECK (id),
     owner      text,
@@ -14,6 +16,8 @@ CREATE TABLE reconcile_loop (
     until      timestamptz NOT NULL DEFAULT '-infinity',
     -- Somebody asked for passes until then (a wake that found the lease held).
     wake_until timestamptz NOT NULL DEFAULT '-infinity',
+    -- The last ask: the holder owes a pass that starts after it.
+    asked_at   timestamptz NOT NULL DEFAULT '-infinity',
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 INSERT INTO reconcile_loop DEFAULT VALUES;
@@ -49,6 +53,12 @@ CREATE TABLE pool_refused_claims (
     PRIMARY KEY (pool_namespace, pool_name, request_key)
 );
 CREATE INDEX pool_refused_claims_at ON pool_refused_claims (refused_at);
+-- A pool's refusals of the window, without reading the rest of what it kept.
+CREATE INDEX pool_refused_claims_pool_at ON pool_refused_claims (pool_namespace, pool_name, refused_at);
+
+-- Whether any pool is autoscaled at all, without a scan of `pools` (the sizing step reads
+-- nothing else when none is).
+CREATE INDEX pools_autoscaling ON pools ((1)) WHERE autoscaling IS NOT NULL;
 
 -- The provisioning time of a pool's recent VMs (the p90 of creation to AVAILABLE, from the
 -- VM_AVAILABLE events' `provision_seconds`): the last few of one pool without reading its

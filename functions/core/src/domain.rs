@@ -587,6 +587,11 @@ impl PoolSpec {
         }
         if let Some(a) = &self.autoscaling {
             a.validate()?;
+            // It refills only below min_size: a desired size raised by demand or a hint would
+            // create nothing until the pool was nearly empty.
+            if self.replenishment.strategy == Strategy::MinSizeThreshold {
+                return Err("autoscaling applies to IMMEDIATE_ON_LEASE and REPLACE_ON_DELETE pools, not MIN_SIZE_THRESHOLD (which refills only below min_size)".into());
+            }
             if self.microvm_template.has_static_network() {
                 return Err("autoscaling cannot size a pool whose microvm_template sets guest_mac or a static address (such a pool holds at most one VM)".into());
             }

@@ -118,20 +118,18 @@ impl Waker {
                     }
                     *last = Some(now);
                 }
-                match tokio::time::timeout(INVOKE_TIMEOUT, invoke.invoke_event(why)).await {
+                let outcome = match tokio::time::timeout(INVOKE_TIMEOUT, invoke.invoke_event(why)).await {
                     Ok(Ok(())) => {
                         tracing::debug!(why, function = %invoke.function, "reconciler woken");
-                        true
+                        return true;
                     }
-                    Ok(Err(e)) => {
-                        tracing::warn!(why, function = %invoke.function, error = %e, "could not wake the reconciler; the next scheduled pass does the work");
-                        false
-                    }
-                    Err(_) => {
-                        tracing::warn!(why, function = %invoke.function, "waking the reconciler timed out; the next scheduled pass does the work");
-                        false
-                    }
-                }
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "timed out".to_owned(),
+                };
+                tracing::warn!(why, function = %invoke.function, error = %outcome, "could not wake the reconciler; the next wake or scheduled pass does the work");
+                // A wake that did not go out covers nothing: the next one may go at once.
+                *self.last.lock().expect("wake debounce") = None;
+                false
             }
         }
     }

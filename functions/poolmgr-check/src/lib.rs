@@ -535,14 +535,16 @@ async fn settled_db_checks(tx: &tokio_postgres::Transaction<'_>, out: &mut Vec<F
         let (size, min_size) = (p.target_size(), p.min_size);
         let c = n;
         if let Some(a) = &p.autoscaling {
+            // Leases that outlive a lowered max may hold the pool above it; VMs that are not
+            // leased never may.
             let live = c.available + c.claiming + c.leased + c.provisioning;
-            if live > i64::from(a.max) {
+            if live > i64::from(a.max) && c.available + c.provisioning > 0 {
                 out.push(Finding {
                     check: "pool-above-ceiling",
                     class: Class::Settled,
                     subject: format!("pool {pool}"),
                     detail: format!(
-                        "autoscaling.max is {} but the pool has {live} VMs (available {}, claiming {}, leased {}, provisioning {}); only leases outliving a lowered max may hold it there",
+                        "autoscaling.max is {} but the pool has {live} VMs (available {}, claiming {}, leased {}, provisioning {}); only leases outliving a lowered max may hold it there, and these are not all leased",
                         a.max, c.available, c.claiming, c.leased, c.provisioning
                     ),
                     look_at: look_at_pool(&pool),
@@ -550,7 +552,9 @@ async fn settled_db_checks(tx: &tokio_postgres::Transaction<'_>, out: &mut Vec<F
             }
         }
         let look_at = look_at_pool(&pool);
-        let missing = desired_new(strategy, size, min_size, c);
+        let ceiling = p.autoscaling.as_ref().map(|a| a.max);
+        let missing =
+            poolmgr_core::reconcile::strategy::wants_within(desired_new(strategy, size, min_size, c), ceiling, c);
         if missing > 0 {
             out.push(Finding {
                 check: "pool-below-size",

@@ -62,6 +62,11 @@ async fn every_autoscaling_field_is_validated_and_a_bad_block_creates_nothing() 
         r.assert_error(400, "INVALID_ARGUMENT");
         assert_eq!(app.scalar_i64("SELECT count(*) FROM pools").await, 0, "{a}");
     }
+    let mut spec = autoscaled("ci", 1, json!({"min": 0, "max": 5, "buffer": 1}));
+    spec["replenishment"] = json!({"strategy": "MIN_SIZE_THRESHOLD", "min_size": 1});
+    let r = app.post(ADMIN, "/v1/pools", spec).await;
+    r.assert_error(400, "INVALID_ARGUMENT");
+    assert!(r.body.to_string().contains("MIN_SIZE_THRESHOLD"), "{}", r.body);
     // null is "off"; a good block is kept as given, with the default window.
     let p = app.created_pool(autoscaled("ci", 3, Value::Null)).await;
     assert!(p.spec.autoscaling.is_none());
@@ -237,4 +242,24 @@ async fn expect_is_bounded_validated_and_without_autoscaling_changes_no_size() {
     r.assert_ok(202);
     assert_eq!(r.json_at::<i64>("/desired_size"), 2);
     assert_eq!(app.get_pool("plain").await.status.desired_size, 2);
+}
+
+/// A PUT that changes the policy of an idle pool takes effect at the next pass: a raised floor
+/// at once, a lowered one when the sizing decides again (the pool was not being looked at).
+#[tokio::test]
+async fn a_changed_policy_is_decided_again_even_on_an_idle_pool() {
+    let app = spawn().await;
+    let policy = |min: i32| json!({"min": min, "max": 10, "buffer": 0, "scale_down_stabilization_seconds": 0});
+    app.created_pool(autoscaled("ci", 1, policy(1))).await;
+    app.settle(40, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
+    app.pass().await;
+    assert_eq!(app.updated_pool("ci", autoscaled("ci", 1, policy(4))).await.status.desired_size, 4);
+    app.settle(40, "4 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 4 }).await;
+    for _ in 0..3 {
+        app.pass().await;
+    }
+    assert_eq!(app.updated_pool("ci", autoscaled("ci", 1, policy(2))).await.status.desired_size, 4, "kept by the PUT");
+    app.pass().await;
+    assert_eq!(app.get_pool("ci").await.status.desired_size, 2, "decided again by the next pass");
+    app.settle(40, "shed to 2", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
 }

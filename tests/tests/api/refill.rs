@@ -81,26 +81,27 @@ async fn a_replayed_claim_does_not_wake_the_reconciler() {
 async fn a_wake_that_finds_the_loop_held_asks_the_holder_to_keep_going() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
-    // Force the moment: another invocation holds the loop lease.
+    // Force the moment: another invocation holds the loop lease, its last pass started now.
     let holder = "loop-elsewhere";
-    assert!(store::loop_take(&app.state.db.get().await.unwrap(), holder, 60.0).await.unwrap());
+    let db = || async { app.state.db.get().await.unwrap() };
+    assert!(store::loop_take(&db().await, holder, 60.0).await.unwrap());
+    let pass_started: chrono::DateTime<chrono::Utc> =
+        app.conn().await.query_one("SELECT now()", &[]).await.unwrap().get(0);
     let r = run_loop(&app.state, Duration::from_secs(600)).await.unwrap();
     assert!(r.joined, "{r:?}");
     assert_eq!(r.passes, 0, "the holder does the work: {r:?}");
-    // The holder was asked to go on past now: it cannot give the lease back yet…
-    assert!(!store::loop_release(&app.state.db.get().await.unwrap(), holder, false).await.unwrap());
-    let lease = store::loop_renew(&app.state.db.get().await.unwrap(), holder, 60.0).await.unwrap().expect("still held");
+    // The holder was asked to go on: it cannot give the lease back yet…
+    assert!(!store::loop_release(&db().await, holder, false, Some(pass_started)).await.unwrap());
+    let lease = store::loop_renew(&db().await, holder, 60.0).await.unwrap().expect("still held");
     assert!(lease.asked, "{lease:?}");
-    // …until the ask has run out (the suite's linger is 300 ms).
-    let mut released = false;
-    for _ in 0..100 {
-        if store::loop_release(&app.state.db.get().await.unwrap(), holder, false).await.unwrap() {
-            released = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(released, "the holder could never give the lease back");
+    // …not even once the asked-for linger (the suite's is 300 ms) is over, while its last pass
+    // started before the ask: that pass may not have seen the work (a pass longer than the
+    // linger, say a dead host's timeouts).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!store::loop_release(&db().await, holder, false, Some(pass_started)).await.unwrap());
+    // A pass that started after the ask: now it may.
+    let later: chrono::DateTime<chrono::Utc> = app.conn().await.query_one("SELECT now()", &[]).await.unwrap().get(0);
+    assert!(store::loop_release(&db().await, holder, false, Some(later)).await.unwrap());
     // Free now: the next invocation loops itself.
     let r = run_loop(&app.state, Duration::from_secs(600)).await.unwrap();
     assert!(!r.joined, "{r:?}");
@@ -164,4 +165,22 @@ async fn a_loop_out_of_budget_hands_on_to_a_fresh_invocation() {
     // The successor finishes the job.
     let r = run_loop(&app.state, Duration::from_secs(600)).await.unwrap();
     assert_eq!(r.total.available, 2, "{r:?}");
+}
+
+/// A pool that wants VMs it cannot get (its only host cordoned) is selected by every pass but
+/// moves nothing: it keeps no loop running (on Lambda: no invocation around the clock), and
+/// nothing is handed on.
+#[tokio::test]
+async fn a_pool_that_cannot_get_vms_keeps_no_loop_running() {
+    use poolmgr_core::reconcile::{Start, run_loop_from};
+    let app = TestApp::spawn().await;
+    app.cordoned(poolmgr_tests::SIM_HOST, Some(serde_json::json!({"reason": "maintenance"}))).await;
+    app.create_pool("ci", 2).await;
+    let r = run_loop_from(&app.state, Duration::from_secs(600), Start::Wake).await.unwrap();
+    assert_eq!(r.total.created, 0, "{r:?}");
+    assert!(!r.handed_on, "{r:?}");
+    // The suite's linger is 300 ms at 50 ms between passes: a handful, not a budget's worth.
+    assert!(r.passes < 20, "{r:?}");
+    let r = run_loop_from(&app.state, Duration::from_secs(600), Start::Schedule).await.unwrap();
+    assert_eq!(r.passes, 1, "the schedule's pass finds nothing it can move: {r:?}");
 }

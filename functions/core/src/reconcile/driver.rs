@@ -11,10 +11,13 @@
 //! fresh invocation, so a Lambda timeout never cuts the work short).
 //!
 //! One invocation loops at a time: the loop lease (`store::loop_*`, a row, never an advisory
-//! lock). An invocation that finds it held asks the holder to keep going for a linger
-//! (`store::loop_ask`) and returns: the holder's next pass is at most a loop interval away.
-//! The holder gives the lease back only when nobody asked for later passes, so no wake is lost
-//! between the two. Passes of overlapping invocations would be safe anyway (each pool's
+//! lock, renewed every few seconds while the holder works, so a dead holder is replaced within
+//! seconds). An invocation that finds it held asks the holder to keep going for a linger
+//! (`store::loop_ask`) and returns. The holder gives the lease back only when no ask came after
+//! its last pass started and the asked-for linger is over, so no wake is lost between the two,
+//! however long a pass takes. A pass that moved nothing (no VM created, found booted, deleted,
+//! no flintlock call answered) is not work: a pool that wants VMs it cannot get keeps no loop
+//! running. Passes of overlapping invocations would be safe anyway (each pool's
 //! reconcile lease); the lease only saves their cost. A scheduled invocation whose first pass
 //! finds nothing to do returns at once ([`Start::Schedule`]): an idle fleet costs one short
 //! pass a minute.
@@ -71,21 +74,35 @@ pub async fn run_loop(state: &AppState, budget: Duration) -> Result<LoopReport, 
     run_loop_from(state, budget, Start::Wake).await
 }
 
+/// How long the loop lease lasts between renewals; the holder renews it every third of this
+/// while a pass runs, so a holder that died (a killed invocation) is replaced this soon.
+const LEASE_SECS: f64 = 15.0;
+
+/// Whether a pass moved anything: created, adopted, found AVAILABLE, deleted, expired, failed
+/// or resized VMs, or stepped one (a VM still booting was polled, a create hook ran). A pool
+/// that wants VMs it cannot get (no eligible host) is selected by every pass but moves
+/// nothing, and an orphan scan is not work: neither may keep a loop, and a Lambda, running
+/// around the clock.
+fn moved(r: &PassReport) -> bool {
+    r.created + r.adopted + r.available + r.deleted + r.expired + r.failed + r.orphans_deleted + r.scaled + r.stepped
+        > 0
+}
+
 /// Runs passes until there is no work left for a linger, or `budget` (measured from now) would
 /// not leave room for one more pass; see the module doc. The first pass always runs when this
 /// invocation takes the loop lease; one that finds it held only asks the holder to go on.
-/// Fails only when the first pass cannot start; a failure later ends the loop with what it did.
+/// Fails only when the loop lease cannot be read; a failure after that ends the loop, gives
+/// the lease back and hands on if work or an ask is pending.
 pub async fn run_loop_from(state: &AppState, budget: Duration, start: Start) -> Result<LoopReport, ReconcileError> {
     let t0 = Instant::now();
     let rc = &state.config.reconcile;
     let owner = format!("loop-{}", ulid::Ulid::generate());
     // Past its pass deadline a pass still finishes the hook commands it started.
     let pass_room = rc.deadline + state.config.hooks.command_timeout + Duration::from_secs(5);
-    let lease_secs = pass_room.as_secs_f64() + rc.loop_interval.as_secs_f64() + 5.0;
     let linger = rc.linger.as_secs_f64();
     let mut report = LoopReport::default();
 
-    if !take_or_ask(state, &owner, lease_secs, linger, &mut report).await? {
+    if !take_or_ask(state, &owner, LEASE_SECS, linger, &mut report).await? {
         report.duration_ms = t0.elapsed().as_millis();
         return Ok(report);
     }
@@ -95,56 +112,57 @@ pub async fn run_loop_from(state: &AppState, budget: Duration, start: Start) -> 
         Start::Schedule => Instant::now().checked_sub(rc.linger).unwrap_or_else(Instant::now),
     };
     let signal = state.waker.local_signal();
+    // Whether work or an ask is pending when the loop stops: then it hands on. Not after a
+    // database failure: a successor would fail alike at once, a chain of invocations; the
+    // schedule comes back in a minute.
+    let pending;
     loop {
-        let lease = {
-            let c = state.db.get().await?;
-            store::loop_renew(&c, &owner, lease_secs).await?
-        };
-        let Some(lease) = lease else {
-            tracing::warn!("the reconcile loop lease was taken over (this loop overran it); stopping");
-            break;
-        };
-        let pass = match run_pass(state).await {
-            Ok(p) => p,
-            Err(e) if report.passes == 0 => {
-                release(state, &owner, true).await;
-                return Err(e);
+        let lease = match renew(state, &owner).await {
+            Ok(Some(l)) => l,
+            Ok(None) => {
+                tracing::warn!("the reconcile loop lease was taken over (it ran out); stopping");
+                report.duration_ms = t0.elapsed().as_millis();
+                return Ok(report);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "a reconcile pass of the loop could not start; the loop stops");
+                tracing::warn!(error = %e, "cannot renew the reconcile loop lease; the loop stops");
+                pending = false;
                 break;
             }
         };
-        let worked = pass.selected > 0;
+        let pass = match with_renewals(state, &owner, run_pass(state)).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "a reconcile pass of the loop could not start; the loop stops");
+                pending = false;
+                break;
+            }
+        };
+        let worked = moved(&pass);
         report.add(pass);
         let now = Instant::now();
         if worked {
             last_work = now;
         }
-        let asked = lease.asked;
-        if !worked && !asked && now.duration_since(last_work).as_secs_f64() >= linger {
-            // Nothing to do for a linger: give the lease back, unless a wake came in since.
-            match store::loop_release(&state.db.get().await?, &owner, false).await {
-                Ok(true) => {
+        if !worked && !lease.asked && now.duration_since(last_work).as_secs_f64() >= linger {
+            // Nothing to do for a linger: give the lease back, unless a wake asked for a pass
+            // that starts after its ask (this one may have started before it).
+            match release(state, &owner, false, Some(lease.now)).await {
+                Some(true) => {
                     report.duration_ms = t0.elapsed().as_millis();
                     return Ok(report);
                 }
-                Ok(false) => last_work = now,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot give the reconcile loop lease back; it runs out by itself");
-                    report.duration_ms = t0.elapsed().as_millis();
-                    return Ok(report);
+                Some(false) => last_work = now,
+                None => {
+                    pending = false;
+                    break;
                 }
             }
         }
         if now + rc.loop_interval + pass_room > end {
-            // The budget would not hold another pass: hand on if there is work or a wake.
-            release(state, &owner, true).await;
-            if worked || asked || now.duration_since(last_work).as_secs_f64() < linger {
-                report.handed_on = state.waker.wake("hand-off").await;
-            }
-            report.duration_ms = t0.elapsed().as_millis();
-            return Ok(report);
+            // The budget would not hold another pass.
+            pending = worked || lease.asked;
+            break;
         }
         match &signal {
             Some(n) => {
@@ -153,9 +171,35 @@ pub async fn run_loop_from(state: &AppState, budget: Duration, start: Start) -> 
             None => tokio::time::sleep(rc.loop_interval).await,
         }
     }
-    release(state, &owner, true).await;
+    release(state, &owner, true, None).await;
+    if pending {
+        report.handed_on = state.waker.wake("hand-off").await;
+    }
     report.duration_ms = t0.elapsed().as_millis();
     Ok(report)
+}
+
+async fn renew(state: &AppState, owner: &str) -> Result<Option<store::LoopLease>, ReconcileError> {
+    Ok(store::loop_renew(&state.db.get().await?, owner, LEASE_SECS).await?)
+}
+
+/// Runs `work` while renewing the loop lease every third of its length, so the lease can be
+/// short whatever a pass takes (a dead host's timeouts, hook commands).
+async fn with_renewals<T>(state: &AppState, owner: &str, work: impl std::future::Future<Output = T>) -> T {
+    let renewals = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs_f64(LEASE_SECS / 3.0)).await;
+            if let Err(e) = renew(state, owner).await {
+                tracing::warn!(error = %e, "cannot renew the reconcile loop lease during a pass");
+            }
+        }
+    };
+    tokio::pin!(work);
+    tokio::pin!(renewals);
+    match futures::future::select(work, renewals).await {
+        futures::future::Either::Left((out, _)) => out,
+        futures::future::Either::Right(_) => unreachable!("the renewals never end"),
+    }
 }
 
 /// Takes the loop lease (`true`), or asks its holder to go on (`false`): the holder's next
@@ -181,12 +225,23 @@ async fn take_or_ask(
     Ok(store::loop_take(&state.db.get().await?, owner, lease_secs).await?)
 }
 
-async fn release(state: &AppState, owner: &str, force: bool) {
+/// Gives the loop lease back (`force`: whatever asks are pending); `Some(released)`, or
+/// `None` when the database could not be asked (the lease then runs out by itself).
+async fn release(
+    state: &AppState,
+    owner: &str,
+    force: bool,
+    last_pass_started: Option<chrono::DateTime<chrono::Utc>>,
+) -> Option<bool> {
     let released = match state.db.get().await {
-        Ok(c) => store::loop_release(&c, owner, force).await.map_err(ReconcileError::from),
+        Ok(c) => store::loop_release(&c, owner, force, last_pass_started).await.map_err(ReconcileError::from),
         Err(e) => Err(e.into()),
     };
-    if let Err(e) = released {
-        tracing::warn!(error = %e, "cannot give the reconcile loop lease back; it runs out by itself");
+    match released {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot give the reconcile loop lease back; it runs out by itself");
+            None
+        }
     }
 }

@@ -127,6 +127,9 @@ pub struct PassReport {
     pub events_pruned: u64,
     /// Autoscaled pools whose desired size this pass changed.
     pub scaled: usize,
+    /// VM steps taken (a delete, a create or adoption, a poll of a booting VM, a create-hook
+    /// step): what keeps a reconcile loop passing while VMs boot.
+    pub stepped: usize,
     /// Steps not taken because their host failed a call earlier in this pass (the next pass
     /// tries again).
     pub skipped: usize,
@@ -167,6 +170,7 @@ impl PassReport {
         self.orphans_deleted += o.orphans_deleted;
         self.events_pruned += o.events_pruned;
         self.scaled += o.scaled;
+        self.stepped += o.stepped;
         self.skipped += o.skipped;
         self.errors.extend(o.errors);
         self.deadline_reached |= o.deadline_reached;
@@ -497,6 +501,7 @@ async fn step_vms(
         let (sick, hook_vms): (Vec<&VmRow>, Vec<&VmRow>) =
             hook_vms.into_iter().partition(|vm| pass.is_sick(&vm.flintlock_host));
         report.skipped += sick.len();
+        report.stepped += hook_vms.len();
         let res = hooks::run_create_hooks(pass, pool, hook_vms, hosts, &mut report).await;
         (report, res)
     };
@@ -526,6 +531,7 @@ async fn step_vm(
     }
     let mut db = StepConn::new(&pass.state.db);
     let host = hosts.get(&vm.flintlock_host);
+    report.stepped += 1;
     let res = match vm.phase {
         Phase::Deleting => sweeps::delete_vm(pass, &mut db, vm, host, &mut report).await,
         Phase::Provisioning if vm.uid.is_none() => {

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::conn::StepConn;
 use super::hooks::fail_vm;
-use super::strategy::{ceiling_room, quarantine_full, strategy_wants};
+use super::strategy::{quarantine_full, strategy_wants, wants_within};
 use super::{Pass, PassReport, ReconcileError};
 use crate::domain::VmCounts;
 use crate::domain::{EventType, Phase};
@@ -83,11 +83,10 @@ pub(super) async fn replenish(
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {
     let pref = pool.pool_ref();
-    let mut want = strategy_wants(pool.strategy, pool.target_size(), pool.min_size, counts);
-    if let Some(a) = &pool.autoscaling {
-        // The ceiling counts every VM of the pool, whatever the strategy.
-        want = want.min(ceiling_room(a.max, counts));
-    }
+    // The ceiling counts every VM of the pool, whatever the strategy.
+    let ceiling = pool.autoscaling.as_ref().map(|a| a.max);
+    let mut want =
+        wants_within(strategy_wants(pool.strategy, pool.target_size(), pool.min_size, counts), ceiling, counts);
     if want > 0 && quarantine_full(pool.target_size(), counts) {
         tracing::debug!(pool = %pref, quarantined = counts.quarantined, "replenishment held back by quarantined VMs");
         return below_target(db, pool, Some(BELOW_TARGET_QUARANTINE_FULL), counts).await;

@@ -13,9 +13,6 @@ use crate::app::AppState;
 use crate::domain::PoolRef;
 use crate::store::{self, PoolDemand, ScalingWrite};
 
-/// Refusals are kept this long at least: a hint counts the arrivals since it started.
-const KEEP_REFUSED_SECONDS: f64 = 7200.0;
-
 /// What one sizing step did.
 #[derive(Debug, Default, Clone)]
 pub struct ScaleReport {
@@ -49,6 +46,7 @@ pub fn decision(state: &AppState, d: &PoolDemand) -> ScalingWrite {
         reason: out.reason.as_str().to_owned(),
         scaling: out.state,
         clear_hint: d.hint_expired,
+        policy: d.autoscaling.clone(),
     }
 }
 
@@ -72,7 +70,7 @@ pub async fn scale_pools(state: &AppState, pool: Option<&PoolRef>) -> Result<Sca
     if writes.is_empty() {
         return Ok(report);
     }
-    report.scaled = store::pool_apply_scaling(&conn, &writes, KEEP_REFUSED_SECONDS.max(2.0 * window)).await?;
+    report.scaled = store::pool_apply_scaling(&conn, &writes).await?;
     for w in writes.iter().filter(|w| w.from_size != Some(w.desired)) {
         tracing::info!(pool = %format!("{}/{}", w.namespace, w.name), from = ?w.from_size, to = w.desired, reason = %w.reason, "pool scaled");
     }

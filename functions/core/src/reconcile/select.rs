@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 
 use super::ReconcileError;
 use super::provision::BELOW_TARGET_QUARANTINE_FULL;
-use super::strategy::{quarantine_full, strategy_wants, surplus};
+use super::strategy::{quarantine_full, strategy_wants, surplus, wants_within};
 use crate::app::AppState;
 use crate::domain::PoolRef;
 use crate::store::{self, PoolWork};
@@ -26,7 +26,7 @@ pub fn needs_step(w: &PoolWork) -> bool {
     if w.changed || w.leases_due || w.vms_due || surplus(w.strategy, w.size, w.counts) > 0 {
         return true;
     }
-    let wants = strategy_wants(w.strategy, w.size, w.min_size, w.counts) > 0;
+    let wants = wants_within(strategy_wants(w.strategy, w.size, w.min_size, w.counts), w.ceiling, w.counts) > 0;
     match (wants, quarantine_full(w.size, w.counts)) {
         (true, true) => w.below_target_reason.as_deref() != Some(BELOW_TARGET_QUARANTINE_FULL),
         (true, false) => true,

@@ -89,9 +89,11 @@ fn demand_size(strategy: Strategy, policy: &Autoscaling, o: &Observed, busy_avg:
     let demand = match (policy.buffer, policy.target_warm_ratio) {
         (Some(b), _) => i64::from(b) + if counts_leased(strategy) { o.busy } else { 0 },
         (None, Some(r)) => {
-            // The busy VMs: up at once with them (a matrix burst leases 50 at a time), down
-            // with their moving average.
-            let busy = (o.busy as f64).max(busy_avg);
+            // The busy VMs: their moving average, or the count now when it is far above it
+            // (a matrix burst leases 50 at once); not the count's every wobble, which would
+            // walk a small pool up and down.
+            let now = o.busy as f64;
+            let busy = if now > busy_avg + 3.0 * busy_avg.sqrt() + 1.0 { now } else { busy_avg };
             let load = lambda * p + if counts_leased(strategy) { busy } else { 0.0 };
             i64::from(servers_for(load, 1.0 - r, cap))
         }
@@ -119,9 +121,10 @@ pub fn decide(
         prev.busy_avg + (o.busy as f64 - prev.busy_avg) * k
     };
     let (demand, hint) = demand_size(strategy, policy, o, busy_avg);
-    // The ceiling counts every VM: a strategy that does not count leased VMs in its size
-    // gets only the room the busy ones leave.
-    let ceiling = if counts_leased(strategy) { i64::from(policy.max) } else { (i64::from(policy.max) - o.busy).max(0) };
+    // The ceiling counts every VM. For a strategy whose size leaves leased VMs out, that is
+    // enforced where VMs are created (`strategy::ceiling_room`), not here: a desired size that
+    // moved with every claim would shed and re-create VMs and flap.
+    let ceiling = i64::from(policy.max);
     let floor = i64::from(policy.min).min(ceiling);
     let raw = demand + hint;
     let (rec, rec_reason) = if raw > ceiling {
@@ -139,21 +142,26 @@ pub fn decide(
     let stab = f64::from(policy.scale_down_stabilization_seconds.max(0));
     let bucket = (stab / 20.0).max(1.0);
     let start = (now / bucket).floor() * bucket;
-    let mut recs: Vec<(f64, i32)> = prev.recs.iter().copied().filter(|(t, _)| *t > now - stab - bucket).collect();
+    // No window: no history, the size follows the recommendation down at once.
+    let mut recs: Vec<(f64, i32)> =
+        if stab > 0.0 { prev.recs.iter().copied().filter(|(t, _)| *t > now - stab - bucket).collect() } else { vec![] };
     match recs.last_mut() {
         Some((t, r)) if *t == start => *r = (*r).max(rec),
         _ => recs.push((start, rec)),
     }
     let held = recs.iter().map(|(_, r)| *r).max().unwrap_or(rec);
-    let band = (f64::from(held) * 0.1).round() as i32;
+    let floor32 = i32::try_from(floor).unwrap_or(policy.min);
+    // A dead band of a tenth, at least one VM, above the window's highest recommendation; none
+    // when the whole window asked for the floor (an idle pool goes back to its floor).
+    let band = if held <= floor32 || stab <= 0.0 { 0 } else { ((f64::from(held) * 0.1).round() as i32).max(1) };
     let keep = (held + band).min(i32::try_from(ceiling).unwrap_or(policy.max));
 
     let (next, reason) = if rec > desired {
         (rec, rec_reason)
     } else if desired > keep.max(rec) {
-        // Down, but not below what the window's highest recommendation asks for.
-        let next = keep.max(rec);
-        (next, if next == rec { rec_reason } else { prev.reason.unwrap_or(rec_reason) })
+        // Down, but not below what the window's highest recommendation asks for; the reason
+        // is the recommendation's.
+        (keep.max(rec), rec_reason)
     } else if desired < i32::try_from(floor).unwrap_or(policy.min) {
         (i32::try_from(floor).unwrap_or(policy.min), ScaleReason::Floor)
     } else if i64::from(desired) > ceiling {
@@ -204,13 +212,35 @@ mod tests {
     }
 
     #[test]
-    fn immediate_on_lease_sizes_for_the_provisioning_load_and_leaves_room_for_busy_vms() {
+    fn immediate_on_lease_sizes_for_the_provisioning_load_whatever_is_busy() {
         let p = ratio(0, 200, 0.99, 300);
+        // 107 warm-or-coming VMs; the 150 busy ones are left to the creation's ceiling room
+        // (`strategy::ceiling_room`), so the size does not move with every claim.
         let d = decide(Strategy::ImmediateOnLease, &p, &obs(2.0, 45.0, 150), 0, &ScalingState::default(), 100.0, 60.0);
-        // 107 wanted, but 150 busy VMs leave only 50 under the ceiling of 200.
-        assert_eq!((d.desired, d.reason), (50, ScaleReason::Ceiling));
-        let d = decide(Strategy::ImmediateOnLease, &p, &obs(2.0, 45.0, 10), 0, &ScalingState::default(), 100.0, 60.0);
         assert_eq!((d.desired, d.reason), (107, ScaleReason::Demand));
+        let d = decide(Strategy::ImmediateOnLease, &p, &obs(9.0, 45.0, 0), 0, &ScalingState::default(), 100.0, 60.0);
+        assert_eq!((d.desired, d.reason), (200, ScaleReason::Ceiling));
+    }
+
+    /// A small pool under a steady load whose busy count wobbles (Poisson noise) does not walk
+    /// up and down: the busy VMs count by their moving average, and the dead band is at least
+    /// one VM.
+    #[test]
+    fn a_small_pool_with_a_wobbling_busy_count_does_not_reverse() {
+        let p = ratio(1, 100, 0.99, 300);
+        let (mut desired, mut st) = (1, ScalingState::default());
+        let mut changes = vec![];
+        let busy = [2, 5, 3, 4, 2, 3, 5, 4, 3, 2, 4, 5, 3, 2, 3];
+        for i in 0..3000usize {
+            let t = 1000.0 + i as f64;
+            let d = decide(Strategy::ReplaceOnDelete, &p, &obs(0.1, 30.0, busy[i % busy.len()]), desired, &st, t, 60.0);
+            if d.desired != desired && i > 120 {
+                changes.push((t, desired, d.desired));
+            }
+            (desired, st) = (d.desired, d.state);
+        }
+        let reversals = changes.windows(2).filter(|w| (w[0].2 > w[0].1) != (w[1].2 > w[1].1)).count();
+        assert!(reversals <= 1, "{changes:?}");
     }
 
     #[test]

@@ -44,6 +44,14 @@ pub fn strategy_wants(strategy: Strategy, size: i32, min_size: Option<i32>, c: V
     }
 }
 
+/// What the strategy wants, within an autoscaled pool's ceiling (`None`: no ceiling).
+pub fn wants_within(wants: i64, ceiling: Option<i32>, c: VmCounts) -> i64 {
+    match ceiling {
+        Some(max) => wants.min(ceiling_room(max, c)),
+        None => wants,
+    }
+}
+
 /// How many more VMs an autoscaled pool may have under its ceiling of `max`, which counts
 /// every VM of the pool (available, being claimed, leased, provisioning).
 pub fn ceiling_room(max: i32, c: VmCounts) -> i64 {

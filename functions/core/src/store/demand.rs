@@ -105,18 +105,26 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                              ORDER BY e.id DESC LIMIT 20) x) AS provisioning,
                         (SELECT count(*) FROM vms v WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name
                            AND v.phase IN ('LEASED', 'PRE_LEASE_HOOK_RUNNING')) AS busy,
-                        CASE WHEN p.expected_until > now() THEN greatest(0, p.expected_claims
-                             - (SELECT count(*) FROM events e
+                        -- Arrivals since the hint: claims, or refusals when more (a request
+                        -- refused and then served counts in both: the larger is a floor on the
+                        -- arrivals, so the hint lasts rather than runs down too soon).
+                        CASE WHEN p.expected_until > now() THEN greatest(0, p.expected_claims - greatest(
+                               (SELECT count(*) FROM events e
                                 WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name
-                                  AND e.id >= coalesce((SELECT min(id) FROM events WHERE created_at >= p.expected_at), 0)
-                                  AND e.type = 'VM_CLAIMED' AND e.created_at >= p.expected_at)
-                             - (SELECT count(*) FROM pool_refused_claims r
+                                  AND e.id >= coalesce((SELECT min(id) FROM events WHERE created_at >= p.expected_at),
+                                                       (SELECT coalesce(max(id), 0) + 1 FROM events))
+                                  AND e.type = 'VM_CLAIMED' AND e.created_at >= p.expected_at),
+                               (SELECT count(*) FROM pool_refused_claims r
                                 WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
-                                  AND r.refused_at >= p.expected_at))
+                                  AND r.refused_at >= p.expected_at)))
                         ELSE 0 END AS hint_remaining,
                         coalesce(p.expected_until <= now(), false) AS hint_expired
                  FROM cand k JOIN pools p ON (p.namespace, p.name) = (k.namespace, k.name)
                  WHERE p.autoscaling IS NOT NULL
+             ), pruned AS (
+                 -- Refusals past any window or hint (an hour is the longest hint).
+                 DELETE FROM pool_refused_claims
+                 WHERE refused_at < now() - make_interval(secs => greatest(2 * $1, 7200))
              )
              SELECT coalesce(jsonb_agg(to_jsonb(d) ORDER BY d.namespace, d.name), '[]') AS pools FROM d",
             &[(&window_seconds, Type::FLOAT8), (&ns, Type::TEXT), (&name, Type::TEXT)],
@@ -137,29 +145,30 @@ pub struct ScalingWrite {
     pub reason: String,
     pub scaling: ScalingState,
     pub clear_hint: bool,
+    /// The policy the decision was made by.
+    pub policy: Autoscaling,
 }
 
 /// Writes sizing decisions, and POOL_SCALED `{from, to, reason}` for each that changed the
-/// desired size, in one statement; prunes refusals older than `keep_refused_seconds`. Returns
-/// the pools whose desired size changed.
-pub async fn pool_apply_scaling(
-    c: &impl Executor,
-    writes: &[ScalingWrite],
-    keep_refused_seconds: f64,
-) -> Result<Vec<PoolRef>> {
+/// desired size, in one statement. Returns the pools whose desired size changed.
+pub async fn pool_apply_scaling(c: &impl Executor, writes: &[ScalingWrite]) -> Result<Vec<PoolRef>> {
     let writes = serde_json::to_value(writes).map_err(|e| super::StoreError::Db(e.to_string()))?;
     let row = c
         .timed_query_one(
             "WITH u AS (
                  SELECT * FROM jsonb_to_recordset($1) AS x(namespace text, name text, from_size int, desired int,
-                                                          reason text, scaling jsonb, clear_hint boolean)
+                                                          reason text, scaling jsonb, clear_hint boolean,
+                                                          policy jsonb)
              ), upd AS (
+                 -- Only if the decision's inputs still hold: the desired size it started from and
+                 -- the policy it decided by (a PUT since), and a hint cleared only if it has
+                 -- expired (not a new one posted since).
                  UPDATE pools p SET desired_size = u.desired, scaling = u.scaling,
-                     expected_claims = CASE WHEN u.clear_hint THEN NULL ELSE p.expected_claims END,
-                     expected_at = CASE WHEN u.clear_hint THEN NULL ELSE p.expected_at END,
-                     expected_until = CASE WHEN u.clear_hint THEN NULL ELSE p.expected_until END
+                     expected_claims = CASE WHEN u.clear_hint AND p.expected_until <= now() THEN NULL ELSE p.expected_claims END,
+                     expected_at = CASE WHEN u.clear_hint AND p.expected_until <= now() THEN NULL ELSE p.expected_at END,
+                     expected_until = CASE WHEN u.clear_hint AND p.expected_until <= now() THEN NULL ELSE p.expected_until END
                  FROM u
-                 WHERE (p.namespace, p.name) = (u.namespace, u.name) AND p.autoscaling IS NOT NULL
+                 WHERE (p.namespace, p.name) = (u.namespace, u.name) AND p.autoscaling = u.policy
                    AND p.desired_size IS NOT DISTINCT FROM u.from_size
                  RETURNING p.namespace, p.name
              ), scaled AS (
@@ -169,12 +178,10 @@ pub async fn pool_apply_scaling(
                  FROM u JOIN upd ON (upd.namespace, upd.name) = (u.namespace, u.name)
                  WHERE u.from_size IS DISTINCT FROM u.desired
                  RETURNING pool_namespace, pool_name
-             ), pruned AS (
-                 DELETE FROM pool_refused_claims WHERE refused_at < now() - make_interval(secs => $2)
              )
              SELECT coalesce(jsonb_agg(jsonb_build_object('namespace', pool_namespace, 'name', pool_name)), '[]') AS scaled
              FROM scaled",
-            &[(&writes, Type::JSONB), (&keep_refused_seconds, Type::FLOAT8)],
+            &[(&writes, Type::JSONB)],
         )
         .await?;
     json_req(&row, "scaled")
@@ -209,7 +216,7 @@ pub async fn pool_expect(
                  FOR NO KEY UPDATE
              )
              UPDATE pools t SET
-                 expected_claims = CASE WHEN p.live THEN t.expected_claims + $3 ELSE $3 END,
+                 expected_claims = least(10000, CASE WHEN p.live THEN t.expected_claims + $3 ELSE $3 END),
                  expected_at = CASE WHEN p.live THEN t.expected_at ELSE now() END,
                  expected_until = greatest(CASE WHEN p.live THEN t.expected_until END,
                      now() + make_interval(secs => $4 + CASE WHEN p.measured > 0 THEN p.measured ELSE $5 END))

@@ -173,7 +173,11 @@ pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<bool> {
                  desired_size = CASE WHEN $13::jsonb IS NULL THEN NULL
                                      WHEN desired_size IS NULL OR autoscaling IS NULL THEN $14
                                      ELSE least(greatest(desired_size, $15), $16) END,
-                 scaling = CASE WHEN $13::jsonb IS NULL THEN NULL ELSE scaling END,
+                 -- A changed policy is decided again by the next pass, idle or not.
+                 scaling = CASE WHEN $13::jsonb IS NULL THEN NULL
+                                WHEN autoscaling IS DISTINCT FROM $13::jsonb
+                                    THEN jsonb_set(coalesce(scaling, '{}'), '{active}', 'true')
+                                ELSE scaling END,
                  updated_at = now()
              WHERE namespace = $1 AND name = $2",
             &[
@@ -299,6 +303,9 @@ pub struct PoolWork {
     pub strategy: Strategy,
     pub size: i32,
     pub min_size: Option<i32>,
+    /// An autoscaled pool's `autoscaling.max`, which counts every VM.
+    #[serde(default)]
+    pub ceiling: Option<i32>,
     pub below_target_reason: Option<String>,
     pub counts: VmCounts,
     /// The spec was written after the last pass released the pool (or none has yet).
@@ -410,7 +417,7 @@ pub async fn pool_list_with_work(
                      -- The size the strategy works with: an autoscaled pool's desired size.
                      SELECT p.namespace, p.name, p.strategy,
                             CASE WHEN p.autoscaling IS NULL THEN p.size ELSE coalesce(p.desired_size, p.size) END AS size,
-                            p.min_size, p.below_target_reason,
+                            p.min_size, (p.autoscaling->>'max')::int AS ceiling, p.below_target_reason,
                             p.reconcile_until, c.counts,
                             p.updated_at > p.reconcile_until AS changed,
                             EXISTS (SELECT 1 FROM leases l

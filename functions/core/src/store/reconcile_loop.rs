@@ -29,7 +29,8 @@ pub async fn loop_take(c: &impl Executor, owner: &str, lease_seconds: f64) -> Re
 pub async fn loop_ask(c: &impl Executor, linger_seconds: f64) -> Result<bool> {
     let row = c
         .timed_query_opt(
-            "UPDATE reconcile_loop SET wake_until = greatest(wake_until, now() + make_interval(secs => $1))
+            "UPDATE reconcile_loop SET wake_until = greatest(wake_until, now() + make_interval(secs => $1)),
+                 asked_at = greatest(asked_at, now())
              WHERE owner IS NOT NULL AND until >= now()
              RETURNING true",
             &[(&linger_seconds, Type::FLOAT8)],
@@ -60,19 +61,27 @@ pub async fn loop_renew(c: &impl Executor, owner: &str, lease_seconds: f64) -> R
     row.map(|r| Ok(LoopLease { now: r.try_get(0)?, asked: r.try_get(1)? })).transpose()
 }
 
-/// Gives `owner`'s lease back unless somebody asked for passes until after now (`force`: in
-/// any case, at the end of an invocation's budget). `true`: given back (or not held).
-pub async fn loop_release(c: &impl Executor, owner: &str, force: bool) -> Result<bool> {
+/// Gives `owner`'s lease back unless somebody asked for passes until after now, or asked
+/// at or after `last_pass_started` (its last pass's start on the database's clock: that pass
+/// may not have seen the work of the ask). `force`: in any case (the end of an invocation's
+/// budget, an error). `true`: given back (or not held).
+pub async fn loop_release(
+    c: &impl Executor,
+    owner: &str,
+    force: bool,
+    last_pass_started: Option<DateTime<Utc>>,
+) -> Result<bool> {
     let row = c
         .timed_query_opt(
-            "WITH mine AS (SELECT owner, wake_until FROM reconcile_loop WHERE owner = $1 FOR UPDATE),
+            "WITH mine AS (SELECT owner, wake_until, asked_at FROM reconcile_loop WHERE owner = $1 FOR UPDATE),
                   released AS (
                       UPDATE reconcile_loop l SET owner = NULL, until = '-infinity', updated_at = now()
-                      FROM mine WHERE l.owner = mine.owner AND ($2 OR mine.wake_until <= now())
+                      FROM mine WHERE l.owner = mine.owner
+                        AND ($2 OR (mine.wake_until <= now() AND mine.asked_at < coalesce($3, 'infinity')))
                       RETURNING true
                   )
              SELECT EXISTS (SELECT 1 FROM released) OR NOT EXISTS (SELECT 1 FROM mine)",
-            &[(&owner, Type::TEXT), (&force, Type::BOOL)],
+            &[(&owner, Type::TEXT), (&force, Type::BOOL), (&last_pass_started, Type::TIMESTAMPTZ)],
         )
         .await?;
     Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
