@@ -45,6 +45,7 @@
 //! The write survives the process being killed (SIGKILL), not a power loss:
 //! there is no fsync.
 
+mod boot;
 mod create;
 mod exec;
 mod service;
@@ -67,6 +68,7 @@ use prost::Message;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub use boot::BootDelay;
 pub use exec::{ExecCall, ExecRule, parse_exec_rule};
 pub use service::SimService;
 
@@ -137,6 +139,8 @@ fn take_fault(counter: &mut u32) -> bool {
 #[derive(Debug)]
 struct Inner {
     boot_delay: Duration,
+    /// When set, each VM's boot delay is drawn from it instead ([`Sim::set_boot_delay_dist`]).
+    boot_dist: Option<BootDelay>,
     delete_delay: Duration,
     basic_auth_token: Option<String>,
     vms: HashMap<String, MicroVm>,
@@ -219,6 +223,7 @@ impl Sim {
         Sim {
             inner: Arc::new(Mutex::new(Inner {
                 boot_delay: config.boot_delay,
+                boot_dist: None,
                 delete_delay: config.delete_delay,
                 basic_auth_token: config.basic_auth_token,
                 vms: HashMap::new(),
@@ -279,10 +284,7 @@ impl Sim {
             inner.persist()?;
             (pending, deleting)
         };
-        let (boot_delay, delete_delay) = {
-            let inner = sim.lock();
-            (inner.boot_delay, inner.delete_delay)
-        };
+        let delete_delay = sim.lock().delete_delay;
         tracing::info!(
             vms = sim.lock().vms.len(),
             resumed_boots = pending.len(),
@@ -290,6 +292,7 @@ impl Sim {
             "flintlock-sim state loaded"
         );
         for uid in pending {
+            let boot_delay = sim.lock().next_boot_delay();
             sim.schedule_boot(uid, boot_delay, false);
         }
         for uid in deleting {
@@ -379,9 +382,17 @@ impl Sim {
         self.lock().faults.unavailable = on;
     }
 
-    /// Boot delay for VMs created from now on.
+    /// Boot delay for VMs created from now on (replaces a distribution set before).
     pub fn set_boot_delay(&self, d: Duration) {
-        self.lock().boot_delay = d;
+        let mut inner = self.lock();
+        inner.boot_delay = d;
+        inner.boot_dist = None;
+    }
+
+    /// Boot delays drawn from `dist`, once per VM, for VMs created from now on (`None`: the
+    /// fixed boot delay again).
+    pub fn set_boot_delay_dist(&self, dist: Option<BootDelay>) {
+        self.lock().boot_dist = dist;
     }
 
     /// How long each CreateMicroVM takes from now on (its VM is stored at the end of it).
@@ -588,6 +599,14 @@ impl Sim {
 }
 
 impl Inner {
+    /// The boot delay of the next VM: a draw when a distribution is set.
+    fn next_boot_delay(&self) -> Duration {
+        match &self.boot_dist {
+            Some(d) => d.sample(&mut rand::rng()),
+            None => self.boot_delay,
+        }
+    }
+
     fn mark_booted(&mut self, vm: &mut MicroVm) {
         booted(vm, &mut self.next_ifindex, &mut self.next_snapshot);
     }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use flintlock_sim::{DEFAULT_VERSION, Sim, SimConfig};
+use flintlock_sim::{BootDelay, DEFAULT_VERSION, Sim, SimConfig};
 use tracing_subscriber::EnvFilter;
 
 const USAGE: &str = "\
@@ -21,6 +21,10 @@ microvmexec.services.api.v1alpha1.MicroVMExec over plaintext gRPC. Exec commands
 Options:
   --listen ADDR              Address to listen on (default 127.0.0.1:9090; port 0 picks a free port)
   --boot-delay-ms N          Milliseconds from PENDING to CREATED (default 100)
+  --boot-delay-dist SPEC     Draw each VM's boot delay from a distribution instead of
+                             --boot-delay-ms: lognormal:MEDIAN_MS:SIGMA (median · e^(SIGMA·Z)),
+                             uniform:MIN_MS:MAX_MS or fixed:MS; each draw is logged with the
+                             VM's creation (boot_delay_ms)
   --delete-delay-ms N        Milliseconds from DELETING to removal (default 50)
   --basic-auth-token TOKEN   Require metadata `authorization: Basic <base64(TOKEN)>`
   --exec-disabled            Run as without --enable-exec-api: ExecCommand answers UNIMPLEMENTED
@@ -43,6 +47,8 @@ Logging goes to stderr; filter with RUST_LOG (default info).";
 struct Args {
     listen: SocketAddr,
     config: SimConfig,
+    /// `--boot-delay-dist`: overrides `config.boot_delay` when set.
+    boot_dist: Option<BootDelay>,
     exec_enabled: bool,
     version: String,
     guest_agent_delay: Duration,
@@ -52,13 +58,14 @@ struct Args {
 }
 
 enum Parsed {
-    Run(Args),
+    Run(Box<Args>),
     Help,
 }
 
 fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
     let mut listen: SocketAddr = "127.0.0.1:9090".parse().expect("valid default");
     let mut config = SimConfig::default();
+    let mut boot_dist = None;
     let mut exec_enabled = true;
     let mut version = DEFAULT_VERSION.to_string();
     let mut guest_agent_delay = Duration::ZERO;
@@ -89,6 +96,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
                 listen = v.parse().map_err(|e| format!("--listen: invalid address {v:?}: {e}"))?;
             }
             "--boot-delay-ms" => config.boot_delay = parse_ms(&flag, &value()?)?,
+            "--boot-delay-dist" => boot_dist = Some(BootDelay::parse(&value()?).map_err(|e| format!("{flag}: {e}"))?),
             "--delete-delay-ms" => config.delete_delay = parse_ms(&flag, &value()?)?,
             "--guest-agent-delay-ms" => guest_agent_delay = parse_ms(&flag, &value()?)?,
             "--version" => version = value()?,
@@ -107,7 +115,16 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    Ok(Parsed::Run(Args { listen, config, exec_enabled, version, guest_agent_delay, state_file, exec_rules }))
+    Ok(Parsed::Run(Box::new(Args {
+        listen,
+        config,
+        boot_dist,
+        exec_enabled,
+        version,
+        guest_agent_delay,
+        state_file,
+        exec_rules,
+    })))
 }
 
 fn parse_ms(flag: &str, v: &str) -> Result<Duration, String> {
@@ -152,6 +169,7 @@ async fn main() -> ExitCode {
             }
         },
     };
+    sim.set_boot_delay_dist(args.boot_dist);
     sim.set_exec_enabled(args.exec_enabled);
     sim.set_server_info(&args.version);
     sim.set_guest_agent_delay(args.guest_agent_delay);
@@ -173,6 +191,7 @@ async fn main() -> ExitCode {
     tracing::info!(
         addr = %server.addr,
         boot_delay_ms = args.config.boot_delay.as_millis() as u64,
+        boot_delay_dist = args.boot_dist.map(|d| d.to_string()),
         delete_delay_ms = args.config.delete_delay.as_millis() as u64,
         basic_auth = args.config.basic_auth_token.is_some(),
         exec_enabled = args.exec_enabled,
@@ -234,6 +253,25 @@ mod tests {
         assert!(parse(&["--exec-rule", "setup"]).is_err());
         assert!(parse(&["--exec-rule", "setup=300"]).is_err());
         assert!(parse(&["--exec-rule", "setup=fail"]).is_err());
+    }
+
+    #[test]
+    fn parses_boot_delay_dist() {
+        let Ok(Parsed::Run(a)) = parse(&["--boot-delay-ms", "5", "--boot-delay-dist", "lognormal:250:0.3"]) else {
+            panic!("parse failed");
+        };
+        assert_eq!(a.boot_dist, Some(BootDelay::LogNormal { median_ms: 250.0, sigma: 0.3 }));
+        let Ok(Parsed::Run(a)) = parse(&["--boot-delay-dist=uniform:10:20"]) else {
+            panic!("parse failed");
+        };
+        assert_eq!(a.boot_dist, Some(BootDelay::Uniform { min_ms: 10, max_ms: 20 }));
+        let Ok(Parsed::Run(a)) = parse(&[]) else {
+            panic!("parse failed");
+        };
+        assert_eq!(a.boot_dist, None);
+        assert!(parse(&["--boot-delay-dist"]).is_err());
+        let err = parse(&["--boot-delay-dist", "gauss:1:2"]).err().unwrap();
+        assert!(err.starts_with("--boot-delay-dist: ") && err.contains("lognormal:MEDIAN_MS:SIGMA"), "{err}");
     }
 
     #[test]

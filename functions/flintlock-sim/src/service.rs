@@ -146,10 +146,11 @@ impl MicroVm for SimService {
                 return Err(Status::unknown(format!("creating microvm: saving microvm spec: {e}")));
             }
             let lose_reply = take_fault(&mut inner.faults.lose_create_replies);
-            (inner.boot_delay, inner.faults.vms_end_failed, lose_reply)
+            (inner.next_boot_delay(), inner.faults.vms_end_failed, lose_reply)
         };
         if let Some(spec) = vm.spec.as_ref() {
-            tracing::info!(%uid, namespace = %spec.namespace, id = %spec.id, "microvm created (PENDING)");
+            let boot_delay_ms = boot_delay.as_millis() as u64;
+            tracing::info!(%uid, namespace = %spec.namespace, id = %spec.id, boot_delay_ms, "microvm created (PENDING)");
         }
         self.sim.schedule_boot(uid, boot_delay, ends_failed);
 

@@ -10,8 +10,22 @@
 //! the `AWS_LAMBDA_*` variables, a session token and the extension's port), so a test or
 //! `scripts/bench-cold-start.sh` drives exactly what `sam build` ships.
 //!
-//! Tests use the library ([`Emulator`], [`Function::invoke`], [`http_event`]); the
-//! `lambda-emu` binary measures cold starts with it. Never used in production code.
+//! It also emulates the Lambda Invoke API ([`InvokeApi`]: asynchronous `Event` invokes
+//! queued for a function, SigV4 checked) and runs a function binary as one execution
+//! environment fed by a schedule and by those invokes ([`schedule`]), the deployed shape of
+//! the reconciler that `scripts/bench-demand.sh` drives.
+//!
+//! Tests use the library ([`Emulator`], [`Function::invoke`], [`http_event`], [`InvokeApi`]);
+//! the `lambda-emu` binary measures cold starts with it and runs `lambda-emu schedule`. Never
+//! used in production code.
+//!
+//! # Layout
+//!
+//! - this file: the Runtime API, the Parameters and Secrets extension, [`Emulator`] and
+//!   [`Function`], [`http_event`];
+//! - [`invoke`]: the Invoke API and the per-function queues;
+//! - [`schedule`]: one execution environment draining a queue, restarted when it dies;
+//! - [`sigv4`]: Signature Version 4, parsed, checked and made.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -31,11 +45,19 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+pub mod invoke;
+pub mod schedule;
+pub mod sigv4;
+
+pub use invoke::{InvocationType, InvokeApi, InvokeQueue, Queued, ReceivedInvoke, Signature, Source};
+
 /// The account and region the emulated environment pretends to be in.
 pub const ACCOUNT: &str = "123456789012";
 pub const REGION: &str = "eu-west-1";
 /// Lines of a function's stderr kept for failure messages.
 const KEPT_LINES: usize = 400;
+/// An invocation's deadline unless the environment was started with another.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What the function answered to one invocation.
 #[derive(Debug, Clone)]
@@ -95,7 +117,11 @@ struct Server {
 
 impl Server {
     async fn start(app: Router) -> std::io::Result<Server> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        Server::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), app).await
+    }
+
+    async fn start_on(addr: SocketAddr, app: Router) -> std::io::Result<Server> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -119,6 +145,11 @@ pub struct RuntimeApi {
 impl RuntimeApi {
     /// Serves the Runtime API on a free loopback port for function `function_name`.
     pub async fn start(function_name: &str) -> std::io::Result<RuntimeApi> {
+        RuntimeApi::start_with_timeout(function_name, DEFAULT_TIMEOUT).await
+    }
+
+    /// As [`RuntimeApi::start`], each invocation's deadline `timeout` after `/next` hands it out.
+    pub async fn start_with_timeout(function_name: &str, timeout: Duration) -> std::io::Result<RuntimeApi> {
         let (queue_tx, queue_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(RuntimeShared {
             function_name: function_name.to_owned(),
@@ -128,7 +159,7 @@ impl RuntimeApi {
             next_calls: watch::Sender::new(0),
             first_next: Mutex::new(None),
             init_errors: Mutex::new(vec![]),
-            timeout: Duration::from_secs(60),
+            timeout,
         });
         let app = Router::new()
             .route("/2018-06-01/runtime/invocation/next", get(next))
@@ -343,14 +374,35 @@ pub struct Emulator {
     pub runtime: RuntimeApi,
     pub extension: SecretsExtension,
     session_token: String,
+    /// The execution role's temporary credentials, as Lambda puts them in the environment.
+    access_key_id: String,
+    secret_access_key: String,
 }
 
 impl Emulator {
     pub async fn start(function_name: &str) -> std::io::Result<Emulator> {
-        let runtime = RuntimeApi::start(function_name).await?;
+        Emulator::start_with_timeout(function_name, DEFAULT_TIMEOUT).await
+    }
+
+    /// As [`Emulator::start`], with the function's timeout (each invocation's deadline).
+    pub async fn start_with_timeout(function_name: &str, timeout: Duration) -> std::io::Result<Emulator> {
+        let runtime = RuntimeApi::start_with_timeout(function_name, timeout).await?;
         let session_token = format!("emulated-session-{}", ulid::Ulid::generate());
         let extension = SecretsExtension::start(&runtime, &session_token).await?;
-        Ok(Emulator { runtime, extension, session_token })
+        let id = ulid::Ulid::generate().to_string();
+        Ok(Emulator {
+            runtime,
+            extension,
+            session_token,
+            access_key_id: format!("ASIA{}", &id[10..]),
+            secret_access_key: format!("emulated/{}", ulid::Ulid::generate()),
+        })
+    }
+
+    /// The environment's `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` (for
+    /// [`InvokeApi::add_credentials`], so the function's own invokes are checked).
+    pub fn credentials(&self) -> (&str, &str) {
+        (&self.access_key_id, &self.secret_access_key)
     }
 
     /// The variables Lambda sets for a function, pointing at this emulator.
@@ -366,6 +418,8 @@ impl Emulator {
             ("AWS_LAMBDA_LOG_STREAM_NAME", "2026/01/01/[$LATEST]emulated".into()),
             ("AWS_REGION", REGION.into()),
             ("AWS_DEFAULT_REGION", REGION.into()),
+            ("AWS_ACCESS_KEY_ID", self.access_key_id.clone()),
+            ("AWS_SECRET_ACCESS_KEY", self.secret_access_key.clone()),
             ("AWS_SESSION_TOKEN", self.session_token.clone()),
             ("PARAMETERS_SECRETS_EXTENSION_HTTP_PORT", self.extension.port().to_string()),
             ("TZ", ":UTC".into()),

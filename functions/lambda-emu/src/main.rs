@@ -1,13 +1,18 @@
 //! `lambda-emu`: run a function binary under the emulated Lambda Runtime API and Parameters
-//! and Secrets extension (see the library), to measure its cold start; or print an API
-//! Gateway HTTP API event. `scripts/bench-cold-start.sh` drives it.
+//! and Secrets extension (see the library), to measure its cold start (`cold-start`,
+//! driven by `scripts/bench-cold-start.sh`); run it as one execution environment invoked on a
+//! schedule and through an emulated Lambda Invoke API (`schedule`, the deployed reconciler of
+//! `scripts/bench-demand.sh`); or print an API Gateway HTTP API event.
 
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use lambda_emu::{Emulator, Outcome, http_event};
+use lambda_emu::schedule::{self, EnvironmentSpec};
+use lambda_emu::{Emulator, InvokeApi, Outcome, http_event};
 use serde_json::Value;
 
 #[derive(Parser)]
@@ -47,6 +52,49 @@ enum Cmd {
         /// Append the function's stderr (its logs) of every run to this file.
         #[arg(long)]
         log: Option<PathBuf>,
+    },
+    /// Start BIN as one Lambda execution environment, invoke it with an EventBridge Scheduler
+    /// event every --every-ms, and serve the Lambda Invoke API on --invoke-addr
+    /// (`POST /2015-03-31/functions/{name}/invocations`; an `Event` invoke answers 202 and
+    /// queues its payload). Invocations run one at a time, in order; each one's start, end and
+    /// answer go to stderr. Prints `lambda-emu invoke API listening on http://ADDR` on stdout
+    /// once it serves; stops on SIGINT/SIGTERM.
+    Schedule {
+        /// The function binary (e.g. target/debug/reconcile).
+        #[arg(long)]
+        bin: PathBuf,
+        /// AWS_LAMBDA_FUNCTION_NAME and the name invokes use (default: the binary's file name).
+        #[arg(long)]
+        name: Option<String>,
+        /// Milliseconds between scheduled invocations (0: none, only the Invoke API's).
+        #[arg(long)]
+        every_ms: u64,
+        /// Where the Invoke API listens (port 0: a free one).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        invoke_addr: SocketAddr,
+        /// A variable of the function's environment (repeatable; on top of Lambda's own).
+        #[arg(long = "env", value_name = "KEY=VALUE")]
+        env: Vec<String>,
+        /// A secret the extension serves: ARN=SECRET_STRING, or ARN=@FILE (repeatable).
+        #[arg(long = "secret", value_name = "ARN=JSON")]
+        secrets: Vec<String>,
+        /// The function's timeout: each invocation's deadline, after which the environment is
+        /// replaced.
+        #[arg(long, default_value_t = 120_000)]
+        timeout_ms: u64,
+        /// Another key pair whose signed invokes are accepted, ACCESS_KEY_ID:SECRET_ACCESS_KEY
+        /// (repeatable; the environment's own always are). With none, a well-formed SigV4
+        /// header from anyone is accepted; with some, every signature is checked.
+        #[arg(long = "credentials", value_name = "KEY_ID:SECRET")]
+        credentials: Vec<String>,
+        /// Merge an Event into one already queued for the function and not yet started
+        /// (default: queue every one, as Lambda does).
+        #[arg(long)]
+        coalesce: bool,
+        /// The scheduled event's payload (default: the EventBridge Scheduler envelope, a fresh
+        /// id and time each time).
+        #[arg(long)]
+        event: Option<PathBuf>,
     },
     /// Print an API Gateway HTTP API (payload 2.0) event for METHOD PATH.
     HttpEvent {
@@ -209,9 +257,108 @@ async fn cold_start(
     Ok(())
 }
 
+fn stamp() -> String {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    format!("{}.{:03}", t.as_secs(), t.subsec_millis())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_schedule(
+    bin: PathBuf,
+    name: Option<String>,
+    every_ms: u64,
+    invoke_addr: SocketAddr,
+    env: Vec<String>,
+    secrets: Vec<String>,
+    timeout_ms: u64,
+    credentials: Vec<String>,
+    coalesce: bool,
+    event: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let bin = std::fs::canonicalize(&bin).with_context(|| format!("{}: build it first", bin.display()))?;
+    let name = match name {
+        Some(n) => n,
+        None => bin.file_name().context("--bin needs a file name")?.to_string_lossy().into_owned(),
+    };
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|e| split_pair(e, '=', "--env KEY=VALUE").map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect::<anyhow::Result<_>>()?;
+    let mut secret_values = vec![];
+    for s in &secrets {
+        let (arn, value) = split_pair(s, '=', "--secret ARN=JSON")?;
+        let value = match value.strip_prefix('@') {
+            Some(file) => std::fs::read_to_string(file).with_context(|| format!("reading secret file {file}"))?,
+            None => value.to_owned(),
+        };
+        secret_values.push((arn.to_owned(), value));
+    }
+    let event = match event {
+        Some(f) => Some(std::fs::read_to_string(&f).with_context(|| format!("reading event file {}", f.display()))?),
+        None => None,
+    };
+    let api = InvokeApi::start(invoke_addr)
+        .await
+        .with_context(|| format!("cannot listen on {invoke_addr}: pick a free --invoke-addr"))?;
+    for c in &credentials {
+        let (key, secret) = split_pair(c, ':', "--credentials ACCESS_KEY_ID:SECRET_ACCESS_KEY")?;
+        api.add_credentials(key, secret);
+    }
+    api.set_coalesce(coalesce);
+    api.set_log(|line| eprintln!("{} lambda-emu: {line}", stamp()));
+    let queue = api.add_function(&name);
+    let spec = EnvironmentSpec {
+        bin,
+        name: name.clone(),
+        env,
+        secrets: secret_values,
+        timeout: Duration::from_millis(timeout_ms),
+    };
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "lambda-emu invoke API listening on http://{}", api.addr())?;
+        out.flush()?;
+    }
+    let log = |line: String| eprintln!("{} lambda-emu: {line}", stamp());
+    log(format!(
+        "{name}: scheduled every {every_ms} ms, invoke API on {}, timeout {timeout_ms} ms{}",
+        api.addr(),
+        if coalesce { ", events coalesced" } else { "" }
+    ));
+    let ticker = async {
+        if every_ms == 0 {
+            return std::future::pending::<()>().await;
+        }
+        let mut tick = tokio::time::interval(Duration::from_millis(every_ms));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let payload = event.clone().unwrap_or_else(|| schedule::scheduled_event("poolmgr-reconcile").to_string());
+            if !api.enqueue(&name, payload) {
+                log("scheduled event merged into one already queued".to_owned());
+            }
+        }
+    };
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = schedule::serve(&spec, &api, queue, &log) => r.context("starting the function")?,
+        _ = ticker => {}
+        _ = tokio::signal::ctrl_c() => log("interrupted; stopping".to_owned()),
+        _ = term.recv() => log("terminated; stopping".to_owned()),
+    }
+    let received = api.received();
+    let events = received.iter().filter(|r| r.status == 202).count();
+    let coalesced = received.iter().filter(|r| r.coalesced).count();
+    log(format!("{} invoke requests: {events} accepted events ({coalesced} coalesced)", received.len()));
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
+        Cmd::Schedule { bin, name, every_ms, invoke_addr, env, secrets, timeout_ms, credentials, coalesce, event } => {
+            run_schedule(bin, name, every_ms, invoke_addr, env, secrets, timeout_ms, credentials, coalesce, event).await
+        }
         Cmd::ColdStart { bin, name, runs, secrets, env, events, log } => {
             cold_start(bin, name, runs, secrets, env, events, log).await
         }

@@ -120,6 +120,30 @@ pub fn process_cpu_ms(pid: &str) -> Option<f64> {
     proc_stat_ticks(pid, false).map(|(_, _, t)| t * MS_PER_TICK)
 }
 
+/// User + system CPU time of process `pid` and every process below it (live ones), in ms.
+pub fn tree_cpu_ms(pid: &str) -> Option<f64> {
+    let mut parent: Vec<(String, String, f64)> = vec![];
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        if name.bytes().all(|b| b.is_ascii_digit())
+            && let Some((_, ppid, ticks)) = proc_stat_ticks(&name, false)
+        {
+            parent.push((name, ppid, ticks));
+        }
+    }
+    let mut tree = vec![pid.to_owned()];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i].clone();
+        tree.extend(parent.iter().filter(|(_, pp, _)| *pp == p).map(|(n, _, _)| n.clone()));
+        i += 1;
+    }
+    // None when the process itself is gone.
+    parent.iter().find(|(n, _, _)| n == pid)?;
+    let sum: f64 = parent.iter().filter(|(n, _, _)| tree.contains(n)).map(|(_, _, t)| t).sum();
+    Some(sum * MS_PER_TICK)
+}
+
 /// (command name, parent pid, utime + stime [+ cutime + cstime]) of `/proc/PID/stat`, in
 /// ticks.
 fn proc_stat_ticks(pid: &str, with_children: bool) -> Option<(String, String, f64)> {

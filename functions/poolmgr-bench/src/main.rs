@@ -7,9 +7,13 @@
 //! - `reconcile`, `reconcile-report`: pools × VMs against in-process flintlock-sims; time of
 //!   the passes that fill them, of a settled pass and of a pass with 1 % of the pools needing
 //!   work, and the growth series' table and chart; driven by `scripts/bench-reconcile.sh`.
+//! - `demand`, `demand-report`: claim traces replayed in scaled time against running stacks,
+//!   pool policies side by side (static, autoscaled, with hints), local and deployed; driven by
+//!   `scripts/bench-demand.sh` ([`demand`]).
 //!
 //! Measurements only: nothing here asserts a time.
 
+mod demand;
 mod growth;
 mod load;
 mod report;
@@ -191,6 +195,24 @@ enum Cmd {
         hosts: usize,
         #[arg(long, default_value_t = 5)]
         passes: usize,
+    },
+    /// Replay claim traces against running poolmgrs, one pool per (trace, policy,
+    /// configuration), in scaled time; rows to --results. Exits 1 on a double lease or a pool
+    /// above its autoscaling max (the results are written first).
+    Demand(Box<demand::Args>),
+    /// Write a demand run (--results, --summary) into the generated section of --doc.
+    DemandReport {
+        #[arg(long)]
+        results: PathBuf,
+        #[arg(long)]
+        summary: PathBuf,
+        #[arg(long)]
+        machine: String,
+        /// What `poolmgr-check --settled` said, per configuration.
+        #[arg(long, default_value = "")]
+        checks: String,
+        #[arg(long)]
+        doc: PathBuf,
     },
     /// Write the growth series in --results into the generated section of --doc and the chart --svg.
     ReconcileReport {
@@ -436,6 +458,23 @@ async fn main() -> anyhow::Result<()> {
                 .with_context(|| format!("writing {}", doc.display()))?;
             growth::chart(&rs, &svg)?;
             eprintln!("==> wrote {} and {}", doc.display(), svg.display());
+            Ok(())
+        }
+        Cmd::Demand(args) => {
+            if demand::run(*args).await? {
+                Ok(())
+            } else {
+                bail!("the demand run broke an invariant; see the VIOLATION lines above")
+            }
+        }
+        Cmd::DemandReport { results, summary, machine, checks, doc } => {
+            let rows = demand::report::read_rows(&results)?;
+            let summary = demand::report::read_summary(&summary)?;
+            let section = demand::report::markdown(&rows, &summary, &machine, &checks);
+            let old = std::fs::read_to_string(&doc).unwrap_or_default();
+            std::fs::write(&doc, report::splice(&old, &section, demand::report::BEGIN, demand::report::END))
+                .with_context(|| format!("writing {}", doc.display()))?;
+            eprintln!("==> wrote {}", doc.display());
             Ok(())
         }
         Cmd::HookClaims { clients, claims_per_client, hook_ms } => {
