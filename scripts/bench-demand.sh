@@ -24,7 +24,7 @@
 #   --step-scale K     the step traces' (default 20: their 3 h take 9 min)
 #   --stagger S        the deployed rows start S real seconds after the local ones (default 75),
 #                      so the two configurations' busiest minutes do not share the CPUs
-#   --demand D         demand factor on every arrival rate and the burst rate (default 0.1)
+#   --demand D         demand factor on every arrival rate and the burst rate (default 0.05)
 #   --seed S           the traces' seed (default 1)
 #   --traces LIST      comma-separated (default model-day,step,step-hinted)
 #   --policies LIST    comma-separated (default static-peak,static-mean,autoscaled,autoscaled-hints)
@@ -49,7 +49,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SCALE=120
 STEP_SCALE=20
 STAGGER=75
-DEMAND=0.1
+DEMAND=0.05
 SEED=1
 TRACES=model-day,step,step-hinted
 POLICIES=static-peak,static-mean,autoscaled,autoscaled-hints
@@ -282,7 +282,7 @@ $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, $("$(pg_b
 $(rustc --version | cut -d' ' -f1-2)."
     "$BIN/poolmgr-bench" demand-report --results "$RESULTS" --summary "$SUMMARY" --machine "$machine" \
         --checks "$check_text" --doc "$ROOT/docs/benchmarks.md"
-    cp "$RESULTS" "$ROOT/docs/bench-demand-results.jsonl"
+    [[ "$RESULTS" -ef "$ROOT/docs/bench-demand-results.jsonl" ]] || cp "$RESULTS" "$ROOT/docs/bench-demand-results.jsonl"
 fi
 if [[ $bench_status -ne 0 ]]; then
     die "the benchmark found a violation (exit $bench_status): read the VIOLATION lines above; logs in $LOGS"

@@ -128,7 +128,7 @@ pub struct Args {
     #[arg(long, default_value_t = 75.0)]
     pub stagger_s: f64,
     /// D: every arrival rate and the burst rate multiplied by it (burst sizes are not).
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.05)]
     pub demand: f64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -156,7 +156,7 @@ pub struct Args {
     #[arg(long, default_value_t = 200.0)]
     pub retry_rate: f64,
     /// Real milliseconds between two status polls of every pool.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 150)]
     pub poll_ms: u64,
     /// Claims of each real-time segment, their spacing and hold (real seconds).
     #[arg(long, default_value_t = 6)]
