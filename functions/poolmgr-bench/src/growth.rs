@@ -273,15 +273,6 @@ async fn check_settled(state: &AppState, sims: &[(String, Sim, SimServer)]) -> S
     }
 }
 
-pub fn read_results(path: &Path) -> anyhow::Result<Vec<SizeResult>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .enumerate()
-        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}: line {}", path.display(), i + 1)))
-        .collect()
-}
-
 /// The generated section of `docs/benchmarks.md`: one row per size, smallest first.
 pub fn markdown(rs: &[SizeResult], machine: &str, chart: &str) -> String {
     let mut rs = rs.to_vec();

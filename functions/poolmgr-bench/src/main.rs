@@ -432,7 +432,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::ClaimsVerify { database_url, expect_leases } => fail_on(load::verify(&database_url, expect_leases).await?),
         Cmd::ClaimsReport { results, label, machine, settings, doc, svg } => {
-            let rs = report::read_results(&results)?;
+            let rs: Vec<load::RunResult> = report::read_jsonl(&results)?;
             let chart_name = svg.file_name().context("--svg needs a file name")?.to_string_lossy().to_string();
             let section = report::markdown(&rs, &label, &machine, &settings, &chart_name)?;
             let old = std::fs::read_to_string(&doc).unwrap_or_default();
@@ -450,7 +450,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::ReconcileSettled { pools, vms, hosts, passes } => growth::settled(pools, vms, hosts, passes).await,
         Cmd::ReconcileReport { results, machine, doc, svg } => {
-            let rs = growth::read_results(&results)?;
+            let rs: Vec<growth::SizeResult> = report::read_jsonl(&results)?;
             let chart_name = svg.file_name().context("--svg needs a file name")?.to_string_lossy().to_string();
             let section = growth::markdown(&rs, &machine, &chart_name);
             let old = std::fs::read_to_string(&doc).unwrap_or_default();
@@ -468,7 +468,7 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         Cmd::DemandReport { results, summary, machine, checks, doc } => {
-            let rows = demand::report::read_rows(&results)?;
+            let rows: Vec<demand::metrics::Row> = report::read_jsonl(&results)?;
             let summary = demand::report::read_summary(&summary)?;
             let section = demand::report::markdown(&rows, &summary, &machine, &checks);
             let old = std::fs::read_to_string(&doc).unwrap_or_default();

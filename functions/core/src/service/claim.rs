@@ -132,17 +132,18 @@ async fn waited_for_claimers(state: &AppState, req: &ClaimRequest, rounds: &mut 
 /// changed) or a refusal (recorded as demand first: `store::pool_record_refused`) wakes the
 /// reconciler ([`crate::wake`]). A replay changes nothing and wakes nobody.
 pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -> Result<ClaimResponse, ApiError> {
-    let pool = req.pool.clone();
-    let key = match &req.request_id {
-        Some(rid) => format!("{}:{}", principal.name, rid.as_str()),
-        None => format!("-:{}", crate::domain::random_uuid()),
-    };
+    // Kept for the refusal path only; the key is built there, not on every claim.
+    let (pool, request_id) = (req.pool.clone(), req.request_id.clone());
     let answer = claim_vm(state, principal, req).await;
     match &answer {
         Ok(r) if !r.replayed => {
             state.waker.wake("claim").await;
         }
         Err(ApiError::ResourceExhausted(_)) => {
+            let key = match &request_id {
+                Some(rid) => format!("{}:{}", principal.name, rid.as_str()),
+                None => format!("-:{}", crate::domain::random_uuid()),
+            };
             // Best effort: a refusal not counted only makes the demand look smaller.
             match state.conn().await {
                 Ok(c) => {

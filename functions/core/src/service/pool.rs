@@ -241,9 +241,11 @@ pub async fn expect(
         store::pool_expect(&conn, pool, claims, within_seconds, default_p).await?.ok_or_else(|| not_found(pool))?
     };
     let desired_size = if expected.autoscaled {
-        crate::reconcile::scale::scale_pools(state, Some(pool)).await.map_err(|e| {
-            ApiError::unavailable("the hint is recorded but the pool could not be sized yet; the reconciler will", e)
-        })?;
+        // The hint is recorded: answering an error now would make the client retry and count
+        // its claims twice. A sizing that fails here is the next pass's to do.
+        if let Err(e) = crate::reconcile::scale::scale_pools(state, Some(pool)).await {
+            tracing::warn!(%pool, error = %e, "demand hint recorded; the pool is sized by the next pass");
+        }
         let conn = state.conn().await?;
         store::pool_get(&conn, pool).await?.map_or(expected.size, |(row, _)| row.target_size())
     } else {
