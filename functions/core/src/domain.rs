@@ -291,6 +291,16 @@ pub struct ScalingState {
     /// Why the pool has its current desired size.
     #[serde(default)]
     pub reason: Option<ScaleReason>,
+    /// The arrival rate the size was computed for (`reconcile::sizing::arrival_rate`).
+    #[serde(default)]
+    pub demand_per_second: f64,
+    /// When the estimate last saw the demand change (seconds on the database's clock): its
+    /// windows start no earlier.
+    #[serde(default)]
+    pub since: f64,
+    /// Whether that change went up.
+    #[serde(default)]
+    pub rising: bool,
     #[serde(default)]
     pub claims_per_second: f64,
     #[serde(default)]

@@ -263,3 +263,80 @@ async fn a_changed_policy_is_decided_again_even_on_an_idle_pool() {
     assert_eq!(app.get_pool("ci").await.status.desired_size, 2, "decided again by the next pass");
     app.settle(40, "shed to 2", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
 }
+
+/// Records `n` VM_CLAIMED events for pool `ci`, spread evenly over the `secs` seconds ending
+/// `ago` seconds before now, and 20 VM_AVAILABLE events saying a VM took `provision` s: the
+/// demand history the sizing step reads, written as the claims and passes would.
+async fn record_demand(app: &TestApp, n: i32, secs: f64, ago: f64, provision: f64) {
+    let c = app.conn().await;
+    c.execute(
+        "INSERT INTO events (type, pool_namespace, pool_name, payload, created_at)
+         SELECT 'VM_CLAIMED', 'default', 'ci', '{}', now() - make_interval(secs => $3 + $2 * (1 - i::float8 / $1))
+         FROM generate_series(1, $1) i",
+        &[&n, &secs, &ago],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO events (type, pool_namespace, pool_name, payload)
+         SELECT 'VM_AVAILABLE', 'default', 'ci', jsonb_build_object('provision_seconds', $1::float8)
+         FROM generate_series(1, 20)",
+        &[&provision],
+    )
+    .await
+    .unwrap();
+}
+
+async fn scaling_state(app: &TestApp) -> Value {
+    app.conn().await.query_one("SELECT scaling FROM pools WHERE name = 'ci'", &[]).await.unwrap().get(0)
+}
+
+/// Issue 22: after a drop in demand the estimate starts every window at the drop, so the
+/// demand before it cannot come back into the rate when the shortest window stops telling
+/// it apart (the size went down and up again, a reversal, before the windows were cut). With
+/// a 2 s window (windows of 2, 10 and 60 s): 200 claims in 12 s, then none.
+#[tokio::test]
+async fn a_drop_in_demand_is_followed_down_and_the_demand_before_it_never_comes_back() {
+    let app = spawn().await;
+    let mut spec = autoscaled(
+        "ci",
+        1,
+        json!({"min": 1, "max": 200, "target_warm_ratio": 0.99, "scale_down_stabilization_seconds": 1}),
+    );
+    spec["replenishment"] = json!({"strategy": "IMMEDIATE_ON_LEASE"});
+    app.created_pool(spec).await;
+    // The pool has been there a minute, its demand history with it.
+    app.conn()
+        .await
+        .execute("UPDATE pools SET created_at = now() - interval '60 s' WHERE name = 'ci'", &[])
+        .await
+        .unwrap();
+    record_demand(&app, 200, 12.0, 0.0, 3.0).await;
+    app.pass().await;
+    let high = app.get_pool("ci").await.status.desired_size;
+    // ~16.7 claims/s × 3 s = 50 Erlangs.
+    assert!(high > 40, "up with the demand: {high} ({})", scaling_state(&app).await);
+    let st = scaling_state(&app).await;
+    assert_eq!(st["rising"], json!(true), "a rise seen: {st}");
+
+    // No claim for 2.5 s: none in the 2 s window where 33 were expected is a drop.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    app.pass().await;
+    let st = scaling_state(&app).await;
+    assert_eq!(st["rising"], json!(false), "a drop seen: {st}");
+    let since = st["since"].as_f64().unwrap();
+    let now = st["at"].as_f64().unwrap();
+    assert!(now - since <= 2.5, "the windows start at the drop: {st}");
+
+    // From now on, pass after pass for 15 s (past the stabilization), the size only goes
+    // down, to what no demand asks for (the half arrival a window's rate starts from, 2 VMs,
+    // plus the dead band's one): the 200 claims before the drop stay out of every window.
+    let mut sizes = vec![];
+    for _ in 0..30 {
+        app.pass().await;
+        sizes.push(app.get_pool("ci").await.status.desired_size);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(sizes.windows(2).all(|w| w[1] <= w[0]), "never up again: {sizes:?}");
+    assert!(*sizes.last().unwrap() <= 3, "down: {sizes:?} ({})", scaling_state(&app).await);
+}

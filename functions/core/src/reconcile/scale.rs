@@ -8,10 +8,10 @@
 //! only), one that went up is filled by its replenishment.
 
 use super::ReconcileError;
-use super::sizing::{Observed, decide};
+use super::sizing::{Arrivals, Observed, arrival_rate, cut_spans, decide};
 use crate::app::AppState;
 use crate::domain::PoolRef;
-use crate::store::{self, PoolDemand, ScalingWrite};
+use crate::store::{self, DEMAND_WINDOWS, PoolDemand, ScalingWrite};
 
 /// What one sizing step did.
 #[derive(Debug, Default, Clone)]
@@ -26,13 +26,23 @@ pub struct ScaleReport {
 pub fn decision(state: &AppState, d: &PoolDemand) -> ScalingWrite {
     let window = state.config.autoscale.window.as_secs_f64();
     let prev = d.scaling.clone().unwrap_or_default();
+    // Each window cut to the pool's age and to the last change the estimate saw.
+    let spans = cut_spans(DEMAND_WINDOWS.map(|w| w * window), d.age, d.now - prev.since);
+    let full = DEMAND_WINDOWS[2] * window;
+    let provisioning = d
+        .provisioning
+        .filter(|p| p.is_finite() && *p >= 0.0)
+        .unwrap_or_else(|| state.config.autoscale.default_provisioning.as_secs_f64());
+    let counts = [0, 1, 2].map(|i| d.claims[i] + d.refused[i]);
+    let rising_since = prev.rising.then_some(d.now - prev.since);
+    let (rate, change) = arrival_rate(&Arrivals { counts, spans, full, provisioning, rising_since });
     let observed = Observed {
-        claims_per_second: d.claims as f64 / window,
-        refused_per_second: d.refused as f64 / window,
-        provisioning_seconds: d
-            .provisioning
-            .filter(|p| p.is_finite() && *p >= 0.0)
-            .unwrap_or_else(|| state.config.autoscale.default_provisioning.as_secs_f64()),
+        demand_per_second: rate,
+        since: change.map_or(0.0, |(c, _)| d.now - c),
+        rising: change.is_some_and(|(_, up)| up),
+        claims_per_second: d.claims[0] as f64 / spans[0],
+        refused_per_second: d.refused[0] as f64 / spans[0],
+        provisioning_seconds: provisioning,
         busy: d.busy,
         hint_remaining: d.hint_remaining,
     };
@@ -83,6 +93,9 @@ fn same_but_time(a: &crate::domain::ScalingState, b: &crate::domain::ScalingStat
         && a.reason == b.reason
         && a.active == b.active
         && a.expected_claims == b.expected_claims
+        && (a.demand_per_second - b.demand_per_second).abs() < 1e-9
+        && a.since == b.since
+        && a.rising == b.rising
         && (a.claims_per_second - b.claims_per_second).abs() < 1e-9
         && (a.refused_per_second - b.refused_per_second).abs() < 1e-9
         && (a.provisioning_seconds - b.provisioning_seconds).abs() < 1e-6

@@ -29,6 +29,12 @@ use crate::domain::{Autoscaling, ScaleReason, ScalingState, Strategy};
 /// What was measured for one pool, as the sizing step reads it.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Observed {
+    /// The arrival rate the size is computed for ([`arrival_rate`]), per second.
+    pub demand_per_second: f64,
+    /// When the estimate last saw the demand change (seconds; 0: never) and whether it went
+    /// up: kept in the state.
+    pub since: f64,
+    pub rising: bool,
     /// Claims that took a VM, per second, over the demand window.
     pub claims_per_second: f64,
     /// Claims refused with 429 (each request once, however often retried), per second.
@@ -47,6 +53,112 @@ pub struct Decision {
     pub desired: i32,
     pub reason: ScaleReason,
     pub state: ScalingState,
+}
+
+/// Arrivals (claims that took a VM, and requests refused for want of one) counted over nested
+/// windows ending now, shortest first: the demand window `w`, `5w` and `30w`, each cut to the
+/// pool's age and the last change seen ([`cut_spans`]; `spans`, seconds).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Arrivals {
+    pub counts: [i64; 3],
+    pub spans: [f64; 3],
+    /// The longest window uncut (seconds): the half arrival is spread over it.
+    pub full: f64,
+    /// The provisioning time (seconds): a change seen by a window shorter than that counts
+    /// as that many more (or fewer) slots out, not as a rate to extrapolate.
+    pub provisioning: f64,
+    /// Seconds since the demand was last seen going up (`None`: its last change was down).
+    pub rising_since: Option<f64>,
+}
+
+/// The significance each window's count must reach against the rate of the longer windows
+/// before it replaces that rate: two-sided, so a steady Poisson load (whose counts wobble by
+/// their square root) almost never moves the estimate, while a step moves it within a few
+/// arrivals.
+pub const CHANGE_SIGNIFICANCE: f64 = 1e-5;
+
+/// The arrival rate to size for, and whether it changed: the longest window's rate (with
+/// half an arrival per full window added, so an empty window is not a certain zero),
+/// replaced by a shorter window's when that window's count is significantly unlikely under it
+/// ([`CHANGE_SIGNIFICANCE`]), from the longer to the shorter. Steady load: the longest
+/// window's rate, which barely wobbles; a step up or down: the window that saw it, as soon as
+/// its count says so (a step from 0.02 to 2 claims/s within a few seconds, back down within a
+/// minute of its end). The second value is the span of the window that saw a change and
+/// whether it went up: the caller starts every window no earlier than that span ago from now
+/// on (`ScalingState::since`, [`cut_spans`]), so what came before the change never leaks back
+/// into the estimate.
+pub fn arrival_rate(a: &Arrivals) -> (f64, Option<(f64, bool)>) {
+    let span = |i: usize| a.spans[i].max(1.0);
+    let mut rate = a.counts[2].max(0) as f64 / span(2) + 0.5 / a.full.max(1.0);
+    let mut change = None;
+    let before = rate;
+    for i in [1, 0] {
+        let n = a.counts[i].max(0);
+        if span(i) < span(i + 1) && changed(n, rate * span(i)) {
+            rate = if span(i) < a.provisioning {
+                // A window shorter than a provisioning interval cannot tell a step from a
+                // batch (a 50-job matrix arriving at once): its excess over the rate so far
+                // is that many more slots out for one provisioning interval (Little's law),
+                // so a batch of 50 asks for 50 more VMs, not for its count extrapolated to
+                // the interval; a step keeps adding as its arrivals keep coming.
+                (rate + (n as f64 - rate * span(i)) / a.provisioning).max(0.0)
+            } else {
+                n as f64 / span(i)
+            };
+            change = Some((span(i), rate > before));
+        }
+    }
+    // Within two windows of a step up, the windows cut at the step still hold up to a window
+    // of the lower demand before it: the shortest window is the better estimate while it is
+    // higher (a ramp is followed as it comes, not diluted).
+    if change.is_none() && a.rising_since.is_some_and(|s| s < 2.0 * span(0)) {
+        rate = rate.max(a.counts[0].max(0) as f64 / span(0));
+    }
+    (rate, change)
+}
+
+/// The spans of windows `w` (shortest first), `age` seconds after the pool was created and
+/// `since_change` after its demand last changed: each cut to that history, but none below the
+/// shortest (the demand window), which a change just seen is followed through.
+pub fn cut_spans(w: [f64; 3], age: f64, since_change: f64) -> [f64; 3] {
+    let seen = since_change.max(w[0]).min(age).max(1.0);
+    w.map(|x| x.min(seen))
+}
+
+/// Whether `n` arrivals are significantly unlikely when `mu` are expected (Poisson, either
+/// tail below [`CHANGE_SIGNIFICANCE`]).
+pub fn changed(n: i64, mu: f64) -> bool {
+    changed_at(n, mu, CHANGE_SIGNIFICANCE)
+}
+
+/// Whether either Poisson tail of `n` at mean `mu` is below `alpha`: exact up to a mean of
+/// 400, by the normal approximation with continuity correction above.
+pub fn changed_at(n: i64, mu: f64, alpha: f64) -> bool {
+    if mu.is_nan() || mu <= 0.0 {
+        return n > 0;
+    }
+    let nf = n as f64;
+    if mu > 400.0 {
+        // z of the one-sided tail alpha (Abramowitz and Stegun 26.2.23, within 5e-4).
+        let t = (-2.0 * alpha.ln()).sqrt();
+        let z = t
+            - (2.515_517 + 0.802_853 * t + 0.010_328 * t * t)
+                / (1.0 + 1.432_788 * t + 0.189_269 * t * t + 0.001_308 * t * t * t);
+        return (nf + 0.5 - mu) / mu.sqrt() < -z || (nf - 0.5 - mu) / mu.sqrt() > z;
+    }
+    if nf > mu + 12.0 * mu.sqrt() + 30.0 {
+        return true;
+    }
+    // P(N <= n) and P(N >= n) by the recursion pmf(k) = pmf(k-1)·mu/k.
+    let (mut pmf, mut below) = ((-mu).exp(), 0.0);
+    for k in 0..=n {
+        if k > 0 {
+            pmf *= mu / k as f64;
+        }
+        below += pmf;
+    }
+    let above = 1.0 - (below - pmf);
+    below < alpha || above < alpha
 }
 
 /// Erlang's loss formula: the probability that a claim finds all `servers` slots out when the
@@ -84,7 +196,7 @@ fn counts_leased(strategy: Strategy) -> bool {
 /// part, and the hint on top.
 fn demand_size(strategy: Strategy, policy: &Autoscaling, o: &Observed, busy_avg: f64) -> (i64, i64) {
     let cap = u32::try_from(policy.max.max(0)).unwrap_or(0) + 1;
-    let lambda = (o.claims_per_second + o.refused_per_second).max(0.0);
+    let lambda = o.demand_per_second.max(0.0);
     let p = o.provisioning_seconds.max(0.0);
     let demand = match (policy.buffer, policy.target_warm_ratio) {
         (Some(b), _) => i64::from(b) + if counts_leased(strategy) { o.busy } else { 0 },
@@ -169,12 +281,15 @@ pub fn decide(
     } else {
         (desired, prev.reason.unwrap_or(rec_reason))
     };
-    let lambda = o.claims_per_second + o.refused_per_second;
+    let lambda = o.demand_per_second;
     let state = ScalingState {
         recs,
         busy_avg,
         at: now,
         reason: Some(reason),
+        demand_per_second: o.demand_per_second,
+        since: if o.since > prev.since { o.since } else { prev.since },
+        rising: if o.since > prev.since { o.rising } else { prev.rising },
         claims_per_second: o.claims_per_second,
         refused_per_second: o.refused_per_second,
         provisioning_seconds: o.provisioning_seconds,
@@ -193,7 +308,13 @@ mod tests {
     }
 
     fn obs(lambda: f64, p: f64, busy: i64) -> Observed {
-        Observed { claims_per_second: lambda, provisioning_seconds: p, busy, ..Observed::default() }
+        Observed {
+            demand_per_second: lambda,
+            claims_per_second: lambda,
+            provisioning_seconds: p,
+            busy,
+            ..Observed::default()
+        }
     }
 
     #[test]
@@ -345,5 +466,135 @@ mod tests {
         assert_eq!(d.desired, 5, "below the new floor");
         assert_eq!(p.initial_size(3), 5);
         assert_eq!(p.initial_size(30), 8);
+    }
+
+    /// A reproducible Poisson process: arrival times over `segments` of (seconds, rate).
+    fn poisson_arrivals(segments: &[(f64, f64)], seed: u64) -> Vec<f64> {
+        let mut x = seed.max(1);
+        let mut uniform = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        let (mut out, mut start) = (vec![], 0.0);
+        for &(len, rate) in segments {
+            let mut t = start;
+            loop {
+                t += -uniform().ln() / rate;
+                if t >= start + len {
+                    break;
+                }
+                out.push(t);
+            }
+            start += len;
+        }
+        out
+    }
+
+    /// Replays arrivals through the estimator and `decide` every `step` seconds (an
+    /// IMMEDIATE_ON_LEASE pool, 45 s provisioning, a 60 s window, 300 s stabilization):
+    /// the (time, desired) of every pass.
+    fn replay(arrivals: &[f64], until: f64, step: f64) -> Vec<(f64, i32)> {
+        let p = ratio(1, 1000, 0.99, 300);
+        let (mut desired, mut st, mut out) = (1, ScalingState::default(), vec![]);
+        let (mut t, mut since, mut rising) = (step, 0.0, false);
+        while t < until {
+            let count =
+                |w: f64| (arrivals.partition_point(|a| *a <= t) - arrivals.partition_point(|a| *a <= t - w)) as i64;
+            let spans = cut_spans([60.0, 300.0, 1800.0], t, t - since);
+            let rising_since = rising.then_some(t - since);
+            let a = Arrivals { counts: spans.map(count), spans, full: 1800.0, provisioning: 45.0, rising_since };
+            let (rate, change) = arrival_rate(&a);
+            if let Some((c, up)) = change {
+                (since, rising) = (t - c, up);
+            }
+            let o = Observed { demand_per_second: rate, provisioning_seconds: 45.0, ..Observed::default() };
+            let d = decide(Strategy::ImmediateOnLease, &p, &o, desired, &st, t, 60.0);
+            (desired, st) = (d.desired, d.state);
+            out.push((t, desired));
+            t += step;
+        }
+        out
+    }
+
+    /// A matrix burst of 50 claims at once on a steady 0.5 claims/s: about 50 more VMs at
+    /// once (not its count extrapolated to a rate), back near the model's size within ten
+    /// minutes.
+    #[test]
+    fn a_batch_asks_for_its_size_not_for_its_rate() {
+        let mut arrivals = poisson_arrivals(&[(7200.0, 0.5)], 8);
+        arrivals.extend((0..50).map(|i| 5000.0 + f64::from(i) * 0.02));
+        arrivals.sort_by(f64::total_cmp);
+        let sizes = replay(&arrivals, 7200.0, 1.0);
+        let model = servers_for(0.5 * 45.0, 0.01, 1000) as i32;
+        let before = sizes.iter().find(|(t, _)| *t >= 4990.0).unwrap().1;
+        let peak = sizes.iter().filter(|(t, _)| *t >= 5000.0 && *t < 5400.0).map(|(_, s)| *s).max().unwrap();
+        assert!(peak >= before + 35 && peak <= before + 75, "before {before}, peak {peak} (model {model})");
+        let after = sizes.iter().find(|(t, _)| *t >= 5600.0).unwrap().1;
+        assert!(after <= model + model / 5 + 2, "10 min after: {after} (model {model})");
+    }
+
+    fn reversals_after(sizes: &[(f64, i32)], from: f64) -> usize {
+        let dirs: Vec<bool> =
+            sizes.windows(2).filter(|w| w[0].0 >= from && w[1].1 != w[0].1).map(|w| w[1].1 > w[0].1).collect();
+        dirs.windows(2).filter(|d| d[0] != d[1]).count()
+    }
+
+    #[test]
+    fn poisson_tails_are_exact_where_it_matters() {
+        // P(N >= 4 | 0.06) ≈ 5.3e-7; P(N >= 3 | 0.06) ≈ 3.4e-5.
+        assert!(changed(4, 0.06) && !changed(3, 0.06));
+        // Mean 120: ±5 σ (±55) is a change, ±3 σ is not.
+        assert!(changed(175, 120.0) && changed(65, 120.0));
+        assert!(!changed(153, 120.0) && !changed(87, 120.0));
+        // Above a mean of 400 the normal approximation, same rule.
+        assert!(changed(3600 + 300, 3600.0) && !changed(3600 + 180, 3600.0));
+        assert!(changed(1, 0.0) && !changed(0, 0.0));
+        assert!(changed(0, 12.0) && !changed(0, 10.0), "P(N = 0 | 12) = 6e-6, P(N = 0 | 10) = 4.5e-5");
+    }
+
+    /// Issue 22: no flapping under steady load. Ten hours of a steady Poisson load at each of
+    /// the model day's rates (and the bench's scaled-down ones), a decision every 2 s: at most
+    /// two reversals an hour, after the first hour.
+    #[test]
+    fn a_steady_poisson_load_does_not_flap_at_any_rate() {
+        for (rate, seed) in [(0.001, 1), (0.005, 2), (0.02, 3), (0.1, 4), (0.5, 5), (2.0, 6)] {
+            let hours = 10.0;
+            let arrivals = poisson_arrivals(&[(hours * 3600.0, rate)], seed);
+            let sizes = replay(&arrivals, hours * 3600.0, 2.0);
+            let r = reversals_after(&sizes, 3600.0);
+            assert!(r as f64 <= 2.0 * (hours - 1.0), "rate {rate}: {r} reversals in {} h", hours - 1.0);
+            // And the size is the model's at that rate, within its wobble.
+            let model = servers_for(rate * 45.0, 0.01, 1000).max(1) as i32;
+            let (lo, hi) = sizes
+                .iter()
+                .filter(|(t, _)| *t > 3600.0)
+                .fold((i32::MAX, 0), |(lo, hi), (_, s)| (lo.min(*s), hi.max(*s)));
+            assert!(
+                lo >= (model * 8 / 10).max(1) - 1 && hi <= model * 13 / 10 + 2,
+                "rate {rate}: model {model}, sizes {lo}..={hi}"
+            );
+        }
+    }
+
+    /// Issue 22: a step from 0.02 to 2 claims/s is followed within seconds, and the size is
+    /// back near the model's within ten minutes of the step's end.
+    #[test]
+    fn a_step_is_followed_up_at_once_and_down_within_ten_minutes() {
+        let arrivals = poisson_arrivals(&[(3600.0, 0.02), (1800.0, 2.0), (3600.0, 0.02)], 7);
+        let sizes = replay(&arrivals, 9000.0, 1.0);
+        let at = |t: f64| sizes.iter().find(|(s, _)| *s >= t).map(|(_, d)| *d).unwrap();
+        let peak = servers_for(90.0, 0.01, 1000) as i32;
+        assert!(at(3600.0 + 15.0) >= peak / 4, "15 s into the step: {}", at(3615.0));
+        assert!(at(3600.0 + 60.0) >= peak * 8 / 10, "60 s into the step: {} of {peak}", at(3660.0));
+        assert!(at(3600.0 + 90.0) >= peak * 9 / 10, "90 s into the step: {} of {peak}", at(3690.0));
+        let low = servers_for(0.02 * 45.0, 0.01, 1000) as i32;
+        assert!(at(5400.0 + 600.0) <= low + 2, "10 min after the step: {} (model {low})", at(6000.0));
+        assert!(
+            reversals_after(&sizes, 0.0) <= 2,
+            "{:?}",
+            sizes.windows(2).filter(|w| w[0].1 != w[1].1).collect::<Vec<_>>()
+        );
     }
 }

@@ -40,10 +40,13 @@ pub struct PoolDemand {
     pub scaling: Option<ScalingState>,
     /// The database's now, in seconds since the epoch.
     pub now: f64,
-    /// VM_CLAIMED events within the window.
-    pub claims: i64,
-    /// Refused requests within the window.
-    pub refused: i64,
+    /// VM_CLAIMED events within the window, 5 and 30 windows ([`DEMAND_WINDOWS`]), none
+    /// before the last change of demand seen.
+    pub claims: [i64; 3],
+    /// Refused requests within the same windows.
+    pub refused: [i64; 3],
+    /// Seconds since the pool was created (a window longer than that saw less).
+    pub age: f64,
     /// The p90 of the last 20 VMs' creation to AVAILABLE (`None`: none recorded).
     pub provisioning: Option<f64>,
     /// VMs leased or being claimed.
@@ -54,6 +57,10 @@ pub struct PoolDemand {
     pub hint_expired: bool,
 }
 
+/// The demand windows, in demand windows: the rate is estimated over all three
+/// (`reconcile::sizing::arrival_rate`).
+pub const DEMAND_WINDOWS: [f64; 3] = [1.0, 5.0, 30.0];
+
 impl PoolDemand {
     pub fn pool_ref(&self) -> PoolRef {
         PoolRef { namespace: self.namespace.clone(), name: self.name.clone() }
@@ -61,7 +68,7 @@ impl PoolDemand {
 }
 
 /// The autoscaled pools the sizing step must look at, with their demand over the last
-/// `window_seconds`: those whose state says to look again (`pools_scaling_active`), with a
+/// `window_seconds` and the longer [`DEMAND_WINDOWS`]: those whose state says to look again (`pools_scaling_active`), with a
 /// hint, with a claim or a refusal in the window (`pool`: just that one). Found through the
 /// indexes of those conditions (recent events, refusals), never by scanning every pool; and
 /// nothing at all is read when no pool is autoscaled.
@@ -72,10 +79,12 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
             "WITH any_autoscaled AS (
                  SELECT EXISTS (SELECT 1 FROM pools WHERE autoscaling IS NOT NULL) AS yes
              ), bound AS (
-                 -- The first event of the window (events_created_at), for the per-pool ranges
-                 -- of events_pool_id.
+                 -- The first event of the window and of the longest one (events_created_at),
+                 -- for the ranges of events_pool_id.
                  SELECT coalesce((SELECT min(id) FROM events WHERE created_at >= now() - make_interval(secs => $1)),
-                                 (SELECT coalesce(max(id), 0) + 1 FROM events)) AS first_id
+                                 (SELECT coalesce(max(id), 0) + 1 FROM events)) AS first_id,
+                        coalesce((SELECT min(id) FROM events WHERE created_at >= now() - make_interval(secs => 30 * $1)),
+                                 (SELECT coalesce(max(id), 0) + 1 FROM events)) AS long_id
              ), cand AS (
                  SELECT p.namespace, p.name FROM pools p, any_autoscaled a
                  WHERE a.yes AND $2::text IS NULL AND p.autoscaling IS NOT NULL
@@ -91,12 +100,21 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
              ), d AS (
                  SELECT p.namespace, p.name, p.strategy, p.autoscaling, p.desired_size, p.size, p.scaling,
                         extract(epoch FROM now())::float8 AS now,
-                        (SELECT count(*) FROM events e, bound
-                         WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name AND e.id >= bound.first_id
-                           AND e.type = 'VM_CLAIMED' AND e.created_at >= now() - make_interval(secs => $1)) AS claims,
-                        (SELECT count(*) FROM pool_refused_claims r
+                        (SELECT jsonb_build_array(
+                                    count(*) FILTER (WHERE e.created_at >= greatest(p.created_at, now() - make_interval(secs => $1))),
+                                    count(*) FILTER (WHERE e.created_at >= greatest(s.since, now() - make_interval(secs => 5 * $1))),
+                                    count(*))
+                         FROM events e, bound
+                         WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name AND e.id >= bound.long_id
+                           AND e.type = 'VM_CLAIMED' AND e.created_at >= s.since) AS claims,
+                        (SELECT jsonb_build_array(
+                                    count(*) FILTER (WHERE r.refused_at >= greatest(p.created_at, now() - make_interval(secs => $1))),
+                                    count(*) FILTER (WHERE r.refused_at >= greatest(s.since, now() - make_interval(secs => 5 * $1))),
+                                    count(*))
+                         FROM pool_refused_claims r
                          WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
-                           AND r.refused_at >= now() - make_interval(secs => $1)) AS refused,
+                           AND r.refused_at >= s.since) AS refused,
+                        greatest(0, extract(epoch FROM now() - p.created_at))::float8 AS age,
                         -- events_pool_available: the pool's last VM_AVAILABLE events only.
                         (SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY x.s) FROM (
                              SELECT (e.payload->>'provision_seconds')::float8 AS s FROM events e
@@ -120,11 +138,18 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                         ELSE 0 END AS hint_remaining,
                         coalesce(p.expected_until <= now(), false) AS hint_expired
                  FROM cand k JOIN pools p ON (p.namespace, p.name) = (k.namespace, k.name)
+                 -- The windows start no earlier than the pool (a pool of the same name
+                 -- deleted before left its events) and the last change of the demand the
+                 -- estimate detected (`since`; what came before is another regime), but
+                 -- never less than one window before now (as `sizing::cut_spans`).
+                 CROSS JOIN LATERAL (SELECT greatest(now() - make_interval(secs => 30 * $1), p.created_at,
+                                                     least(now() - make_interval(secs => $1),
+                                                           to_timestamp(coalesce((p.scaling->>'since')::float8, 0)))) AS since) s
                  WHERE p.autoscaling IS NOT NULL
              ), pruned AS (
                  -- Refusals past any window or hint (an hour is the longest hint).
                  DELETE FROM pool_refused_claims
-                 WHERE refused_at < now() - make_interval(secs => greatest(2 * $1, 7200))
+                 WHERE refused_at < now() - make_interval(secs => greatest(31 * $1, 7200))
              )
              SELECT coalesce(jsonb_agg(to_jsonb(d) ORDER BY d.namespace, d.name), '[]') AS pools FROM d",
             &[(&window_seconds, Type::FLOAT8), (&ns, Type::TEXT), (&name, Type::TEXT)],
