@@ -47,6 +47,14 @@ pub struct Row {
     /// λ·p at the trace's peak rate and at its mean rate (erlangs).
     pub peak_load: f64,
     pub mean_load: f64,
+    /// The model's idle VM-minutes over the trace's phases (bursts not counted): of the
+    /// static pool sized for the peak, and of the ideal pool that follows each phase's Erlang
+    /// size at once (`Trace::model_idle_vm_minutes`); their ratio is the best an autoscaler can
+    /// do against `static-peak` at this demand factor.
+    #[serde(default)]
+    pub model_idle_static_peak_vm_minutes: f64,
+    #[serde(default)]
+    pub model_idle_ideal_vm_minutes: f64,
     pub claims: usize,
     pub claims_ok: usize,
     pub claims_failed: usize,
@@ -95,6 +103,12 @@ pub struct Row {
     /// The configuration's real-time segment (k = 1), when it ran: claim → replacement AVAILABLE.
     pub realtime_refill_lag_p50_s: Option<f64>,
     pub realtime_refill_lag_p99_s: Option<f64>,
+    /// The real-time segment's lags less each replacement's own boot draw (what issue 22's
+    /// "p99 ≤ boot + 3 s" asks about), seconds.
+    #[serde(default)]
+    pub refill_overhead_p99_s: Option<f64>,
+    #[serde(default)]
+    pub refill_overhead_max_s: Option<f64>,
     pub duration_h: f64,
     pub wall_s: f64,
     pub violations: Vec<String>,
@@ -127,6 +141,25 @@ pub fn fifo_lags(claimed: &[f64], available: &[f64]) -> (Vec<f64>, usize) {
         }
     }
     (lags, unpaired)
+}
+
+/// Claims paired in order with the VMs that became AVAILABLE after them, as [`fifo_lags`]
+/// pairs them (`available`: time and VM id, sorted by time): each pair's lag less the boot the
+/// simulator drew for that VM (`boots`, ms by VM id), i.e. what the reconciler added to the
+/// boot. Pairs whose VM has no draw are left out.
+pub fn refill_overheads(claimed: &[f64], available: &[(f64, String)], boots: &HashMap<String, f64>) -> Vec<f64> {
+    let (mut out, mut j) = (vec![], 0);
+    for &c in claimed {
+        while j < available.len() && available[j].0 < c {
+            j += 1;
+        }
+        let Some((t, id)) = available.get(j) else { break };
+        if let Some(ms) = boots.get(id) {
+            out.push(t - c - ms / 1000.0);
+        }
+        j += 1;
+    }
+    out
 }
 
 /// Direction changes in a series of POOL_SCALED (from, to).
@@ -196,6 +229,11 @@ pub fn recovery(series: &[(f64, f64)], start: f64, end: f64, level: f64) -> Opti
 /// Boot draws (ms) of `pool`'s VMs in a flintlock-sim log: the `boot_delay_ms` of each
 /// "microvm created (PENDING)" line whose VM id is `<pool>-<ulid>`.
 pub fn boot_draws(log: &str, pool: &str) -> Vec<f64> {
+    boot_draws_by_id(log, pool).into_iter().map(|(_, ms)| ms).collect()
+}
+
+/// The same draws with the VM id each was drawn for, in the log's order.
+pub fn boot_draws_by_id(log: &str, pool: &str) -> Vec<(String, f64)> {
     let field = |line: &str, key: &str| -> Option<String> {
         let at = line.find(&format!(" {key}="))? + key.len() + 2;
         Some(line[at..].split_whitespace().next()?.trim_matches('"').to_owned())
@@ -206,9 +244,24 @@ pub fn boot_draws(log: &str, pool: &str) -> Vec<f64> {
             let id = field(l, "id")?;
             let ms: f64 = field(l, "boot_delay_ms")?.parse().ok()?;
             // `<pool>-` then a 26-character ULID: exactly this pool, not one whose name it prefixes.
-            (id.len() == pool.len() + 27 && id.starts_with(pool) && id.as_bytes()[pool.len()] == b'-').then_some(ms)
+            (id.len() == pool.len() + 27 && id.starts_with(pool) && id.as_bytes()[pool.len()] == b'-')
+                .then_some((id, ms))
         })
         .collect()
+}
+
+/// The model's idle VM-minutes of the row's trace, in trace time: static at the peak's
+/// size, or ideal (each phase's own size).
+fn model_idle(plan: &RowPlan, ideal: bool) -> f64 {
+    let peak = plan.trace.peak_rate();
+    if peak <= 0.0 {
+        return 0.0;
+    }
+    let p = plan.peak_load / peak;
+    let peak_size = super::trace::erlang_size(plan.peak_load, super::trace::TARGET_WARM);
+    plan.trace.model_idle_vm_minutes(p, |a| {
+        if ideal { super::trace::erlang_size(a, super::trace::TARGET_WARM) } else { peak_size }
+    })
 }
 
 /// What the run knew about the row before it started.
@@ -332,6 +385,8 @@ pub fn row(plan: &RowPlan<'_>, m: &Measured<'_>) -> Row {
         autoscaling_min: plan.autoscaling.map(|a| a.0),
         autoscaling_max: plan.autoscaling.map(|a| a.1),
         peak_load: plan.peak_load,
+        model_idle_static_peak_vm_minutes: model_idle(plan, false),
+        model_idle_ideal_vm_minutes: model_idle(plan, true),
         mean_load: plan.mean_load,
         claims: claims.len(),
         claims_ok: ok.len(),
@@ -381,6 +436,8 @@ pub fn row(plan: &RowPlan<'_>, m: &Measured<'_>) -> Row {
         hints_accepted: m.replayed.hints.iter().filter(|h| h.status == 202).count(),
         realtime_refill_lag_p50_s: None,
         realtime_refill_lag_p99_s: None,
+        refill_overhead_p99_s: None,
+        refill_overhead_max_s: None,
         duration_h: hours,
         wall_s: m.run_end,
         violations,
@@ -422,6 +479,16 @@ mod tests {
         let (lags, unpaired) = fifo_lags(&[10.0, 20.0, 20.0, 20.0, 50.0], &[1.0, 15.0, 24.0, 25.0, 27.0]);
         assert_eq!(lags, [5.0, 4.0, 5.0, 7.0]);
         assert_eq!(unpaired, 1);
+    }
+
+    #[test]
+    fn refill_overheads_take_each_replacements_own_boot_off_its_lag() {
+        let available = [(1.0, "a".to_owned()), (15.0, "b".to_owned()), (24.0, "c".to_owned()), (30.0, "d".to_owned())];
+        let boots: HashMap<String, f64> =
+            [("b", 4000.0), ("c", 3500.0), ("d", 9000.0)].into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        // Claims at 10 and 20: paired with b (lag 5, boot 4) and c (lag 4, boot 3.5).
+        let o = refill_overheads(&[10.0, 20.0], &available, &boots);
+        assert_eq!(o, [1.0, 0.5]);
     }
 
     #[test]

@@ -676,6 +676,8 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
         for r in out_rows.iter_mut().filter(|r| r.configuration == rt.configuration) {
             r.realtime_refill_lag_p50_s = rt.refill_lag_p50_s;
             r.realtime_refill_lag_p99_s = rt.refill_lag_p99_s;
+            r.refill_overhead_p99_s = rt.refill_overhead_p99_s;
+            r.refill_overhead_max_s = rt.refill_overhead_max_s;
             if rt.configuration == "deployed" && rt.error.is_none() {
                 r.refill_lag_p50_s = rt.refill_lag_p50_s;
                 r.refill_lag_p99_s = rt.refill_lag_p99_s;
@@ -771,11 +773,13 @@ pub async fn run(args: Args) -> anyhow::Result<bool> {
     }
     for rt in &summary.realtime {
         println!(
-            "real-time segment {}: refill lag p50 {} s, p99 {} s over {} claims{}",
+            "real-time segment {}: refill lag p50 {} s, p99 {} s over {} claims; less each replacement's boot p99 {} s, max {} s{}",
             rt.configuration,
             fmt_opt(rt.refill_lag_p50_s, 1),
             fmt_opt(rt.refill_lag_p99_s, 1),
             rt.lags_s.len(),
+            fmt_opt(rt.refill_overhead_p99_s, 2),
+            fmt_opt(rt.refill_overhead_max_s, 2),
             rt.error.as_ref().map(|e| format!(" (failed: {e})")).unwrap_or_default()
         );
     }
