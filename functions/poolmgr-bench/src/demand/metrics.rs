@@ -59,6 +59,10 @@ pub struct Row {
     pub claims_ok: usize,
     pub claims_failed: usize,
     pub warm_hits: usize,
+    /// Claims that were not warm hits, by the trace hour they arrived in (where the policy
+    /// lost them: a step, a burst, the peak).
+    #[serde(default)]
+    pub misses_by_hour: Vec<usize>,
     pub warm_hit_ratio: f64,
     pub claim_wait_p50_s: f64,
     pub claim_wait_p99_s: f64,
@@ -143,18 +147,26 @@ pub fn fifo_lags(claimed: &[f64], available: &[f64]) -> (Vec<f64>, usize) {
     (lags, unpaired)
 }
 
-/// Claims paired in order with the VMs that became AVAILABLE after them, as [`fifo_lags`]
-/// pairs them (`available`: time and VM id, sorted by time): each pair's lag less the boot the
-/// simulator drew for that VM (`boots`, ms by VM id), i.e. what the reconciler added to the
-/// boot. Pairs whose VM has no draw are left out.
-pub fn refill_overheads(claimed: &[f64], available: &[(f64, String)], boots: &HashMap<String, f64>) -> Vec<f64> {
+/// Each claim paired, in order, with the first VM created after it that no earlier claim
+/// took (`created`: creation time and VM id, sorted by time; with IMMEDIATE_ON_LEASE the
+/// claim's replacement): the time from the claim until that VM was AVAILABLE (`available`,
+/// by VM id) less the boot the simulator drew for it (`boots`, ms by VM id), i.e. what the
+/// reconciler added to the boot. Paired by creation, not by AVAILABLE order as
+/// [`fifo_lags`] is, since boots of different lengths finish out of order. Pairs whose VM
+/// has no draw or never became AVAILABLE are left out.
+pub fn refill_overheads(
+    claimed: &[f64],
+    created: &[(f64, String)],
+    available: &HashMap<String, f64>,
+    boots: &HashMap<String, f64>,
+) -> Vec<f64> {
     let (mut out, mut j) = (vec![], 0);
     for &c in claimed {
-        while j < available.len() && available[j].0 < c {
+        while j < created.len() && created[j].0 < c {
             j += 1;
         }
-        let Some((t, id)) = available.get(j) else { break };
-        if let Some(ms) = boots.get(id) {
+        let Some((_, id)) = created.get(j) else { break };
+        if let (Some(t), Some(ms)) = (available.get(id), boots.get(id)) {
             out.push(t - c - ms / 1000.0);
         }
         j += 1;
@@ -392,6 +404,14 @@ pub fn row(plan: &RowPlan<'_>, m: &Measured<'_>) -> Row {
         claims_ok: ok.len(),
         claims_failed: claims.len() - ok.len(),
         warm_hits,
+        misses_by_hour: {
+            let mut by_hour = vec![0usize; (plan.trace.duration / 3600.0).ceil().max(1.0) as usize];
+            for c in claims.iter().filter(|c| !is_warm_hit(c)) {
+                let h = ((c.arrival / 3600.0).floor().max(0.0) as usize).min(by_hour.len() - 1);
+                by_hour[h] += 1;
+            }
+            by_hour
+        },
         warm_hit_ratio: if claims.is_empty() { f64::NAN } else { warm_hits as f64 / claims.len() as f64 },
         claim_wait_p50_s: quantile(&waits, 0.5).unwrap_or(f64::NAN),
         claim_wait_p99_s: quantile(&waits, 0.99).unwrap_or(f64::NAN),
@@ -483,12 +503,14 @@ mod tests {
 
     #[test]
     fn refill_overheads_take_each_replacements_own_boot_off_its_lag() {
-        let available = [(1.0, "a".to_owned()), (15.0, "b".to_owned()), (24.0, "c".to_owned()), (30.0, "d".to_owned())];
-        let boots: HashMap<String, f64> =
-            [("b", 4000.0), ("c", 3500.0), ("d", 9000.0)].into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-        // Claims at 10 and 20: paired with b (lag 5, boot 4) and c (lag 4, boot 3.5).
-        let o = refill_overheads(&[10.0, 20.0], &available, &boots);
-        assert_eq!(o, [1.0, 0.5]);
+        let created = [(0.5, "a".to_owned()), (10.2, "b".to_owned()), (20.1, "c".to_owned()), (21.0, "d".to_owned())];
+        let map = |v: &[(&str, f64)]| v.iter().map(|(k, x)| ((*k).to_owned(), *x)).collect::<HashMap<String, f64>>();
+        // b boots long and c short: c is AVAILABLE before b, but each claim's own VM counts.
+        let available = map(&[("a", 1.0), ("b", 19.0), ("c", 23.6), ("d", 30.0)]);
+        let boots = map(&[("b", 8000.0), ("c", 3000.0), ("d", 9000.0)]);
+        let o = refill_overheads(&[10.0, 20.0], &created, &available, &boots);
+        assert_eq!(o.len(), 2);
+        assert!((o[0] - 1.0).abs() < 1e-9 && (o[1] - 0.6).abs() < 1e-9, "{o:?}");
     }
 
     #[test]

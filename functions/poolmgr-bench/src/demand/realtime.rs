@@ -149,13 +149,15 @@ async fn segment(api: &Arc<Api>, seg: &Segment, out: &mut RealtimeResult) -> any
         let ms: Vec<f64> = draws.iter().map(|(_, ms)| *ms).collect();
         out.boot_p50_s = quantile(&ms, 0.5).map(|ms| ms / 1000.0);
         let boots: std::collections::HashMap<String, f64> = draws.into_iter().collect();
-        let mut avail: Vec<(f64, String)> = events
+        let avail: std::collections::HashMap<String, f64> =
+            events.iter().filter(|e| e.kind == "VM_AVAILABLE").filter_map(|e| Some((e.vm_id.clone()?, e.t))).collect();
+        let mut created: Vec<(f64, String)> = events
             .iter()
-            .filter(|e| e.kind == "VM_AVAILABLE" && e.t >= 0.0)
+            .filter(|e| e.kind == "VM_PROVISIONED" && e.t >= 0.0)
             .filter_map(|e| Some((e.t, e.vm_id.clone()?)))
             .collect();
-        avail.sort_by(|a, b| a.0.total_cmp(&b.0));
-        out.overheads_s = refill_overheads(&claimed, &avail, &boots);
+        created.sort_by(|a, b| a.0.total_cmp(&b.0));
+        out.overheads_s = refill_overheads(&claimed, &created, &avail, &boots);
         out.refill_overhead_p50_s = quantile(&out.overheads_s, 0.5);
         out.refill_overhead_p99_s = quantile(&out.overheads_s, 0.99);
         out.refill_overhead_max_s = out.overheads_s.iter().copied().reduce(f64::max);
