@@ -10,7 +10,6 @@ use anyhow::Context;
 use axum::serve::ListenerExt as _;
 use std::sync::Arc;
 
-use poolmgr_core::reconcile::{Start, run_loop_from};
 use poolmgr_core::wake::Waker;
 use poolmgr_core::{AppState, Config, db, http, telemetry};
 use tokio::sync::Notify;
@@ -39,7 +38,7 @@ async fn main() -> anyhow::Result<()> {
         router = fault::lose_claim_answers(router, every);
     }
     if cfg.reconcile.ticker {
-        tokio::spawn(reconcile_ticker(state.clone()));
+        tokio::spawn(poolmgr_core::reconcile::run_ticker(state.clone()));
     } else {
         tracing::info!("POOLMGR_RECONCILE_TICKER=off: no reconciler in this process");
     }
@@ -58,34 +57,6 @@ async fn main() -> anyhow::Result<()> {
     axum::serve(listener, router).with_graceful_shutdown(shutdown()).await.context("serving HTTP")?;
     tracing::info!("poolmgr-local stopped");
     Ok(())
-}
-
-/// The local stand-in for the schedule and the wakes: every `POOLMGR_RECONCILE_INTERVAL_SECONDS`,
-/// or at once when a claim, a release or a hint signals, a reconcile loop
-/// (`reconcile::run_loop`: passes while there is work, then a linger), as the reconcile
-/// function does on AWS.
-async fn reconcile_ticker(state: AppState) {
-    let signal = state.waker.local_signal();
-    let mut tick = tokio::time::interval(state.config.reconcile.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let start = match &signal {
-            Some(n) => tokio::select! { _ = tick.tick() => Start::Schedule, _ = n.notified() => Start::Wake },
-            None => {
-                tick.tick().await;
-                Start::Schedule
-            }
-        };
-        match run_loop_from(&state, state.config.reconcile.loop_budget, start).await {
-            Ok(r) => tracing::debug!(
-                passes = r.passes,
-                with_work = r.passes_with_work,
-                joined = r.joined,
-                "reconcile loop done"
-            ),
-            Err(e) => tracing::warn!(error = %e, "reconcile loop failed"),
-        }
-    }
 }
 
 async fn shutdown() {

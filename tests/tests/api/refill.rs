@@ -184,3 +184,46 @@ async fn a_pool_that_cannot_get_vms_keeps_no_loop_running() {
     let r = run_loop_from(&app.state, Duration::from_secs(600), Start::Schedule).await.unwrap();
     assert_eq!(r.passes, 1, "the schedule's pass finds nothing it can move: {r:?}");
 }
+
+/// Several poolmgr-local on one database (issue 22's "Also"): a ticker whose loop joined
+/// another process's (the lease held elsewhere) pauses for the wake debounce before it asks
+/// again, so 40 claims' wakes in 2 s make a handful of asks, not 40 contended writes of the
+/// one `reconcile_loop` row; and the last wake is still asked for (none is lost: the holder
+/// lingers past the pause).
+#[tokio::test]
+async fn a_ticker_that_joined_another_processes_loop_asks_at_most_once_per_debounce() {
+    let app = TestApp::spawn_with(|env| env.push(("POOLMGR_WAKE_DEBOUNCE_MS".into(), "400".into()))).await;
+    let notify = Arc::new(tokio::sync::Notify::new());
+    let app = app.with_waker(poolmgr_core::wake::Waker::local(notify.clone()));
+    let c = app.conn().await;
+    // Another process holds the loop for the next minute.
+    c.batch_execute(
+        "UPDATE reconcile_loop SET owner = 'another-process', until = now() + interval '60 s';
+         CREATE TABLE loop_asks (at timestamptz NOT NULL);
+         CREATE FUNCTION count_ask() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.asked_at IS DISTINCT FROM OLD.asked_at THEN INSERT INTO loop_asks VALUES (NEW.asked_at); END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER count_ask AFTER UPDATE ON reconcile_loop FOR EACH ROW EXECUTE FUNCTION count_ask();",
+    )
+    .await
+    .unwrap();
+    let ticker = tokio::spawn(poolmgr_core::reconcile::run_ticker(app.state.clone()));
+    for _ in 0..40 {
+        notify.notify_one();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let last_wake: chrono::DateTime<chrono::Utc> = c.query_one("SELECT now()", &[]).await.unwrap().get(0);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    ticker.abort();
+    let asks = app.scalar_i64("SELECT count(*) FROM loop_asks").await;
+    assert!((1..=8).contains(&asks), "{asks} asks for 40 wakes in 2 s with a 400 ms debounce");
+    let latest: chrono::DateTime<chrono::Utc> = c.query_one("SELECT max(at) FROM loop_asks", &[]).await.unwrap().get(0);
+    assert!(
+        latest >= last_wake - chrono::Duration::milliseconds(450),
+        "the last wake was asked for: last ask {latest}, last wake {last_wake}"
+    );
+    let owner: Option<String> = c.query_one("SELECT owner FROM reconcile_loop", &[]).await.unwrap().get(0);
+    assert_eq!(owner.as_deref(), Some("another-process"), "the ticker never took a held lease");
+}
