@@ -192,7 +192,12 @@ async fn a_pool_that_cannot_get_vms_keeps_no_loop_running() {
 /// lingers past the pause).
 #[tokio::test]
 async fn a_ticker_that_joined_another_processes_loop_asks_at_most_once_per_debounce() {
-    let app = TestApp::spawn_with(|env| env.push(("POOLMGR_WAKE_DEBOUNCE_MS".into(), "400".into()))).await;
+    let app = TestApp::spawn_with(|env| {
+        env.push(("POOLMGR_WAKE_DEBOUNCE_MS".into(), "400".into()));
+        // The pause is at most half the linger, which covers it.
+        env.push(("POOLMGR_RECONCILE_LINGER_MS".into(), "1000".into()));
+    })
+    .await;
     let notify = Arc::new(tokio::sync::Notify::new());
     let app = app.with_waker(poolmgr_core::wake::Waker::local(notify.clone()));
     let c = app.conn().await;

@@ -252,7 +252,8 @@ async fn release(
 /// linger), as the reconcile function does on AWS. Never returns.
 ///
 /// A loop that joined (another process holds the loop lease and was just asked to pass for a
-/// linger from now) pauses for the wake debounce before it listens again: the wakes of that
+/// linger from now) pauses for the wake debounce (at most half the linger) before it listens
+/// again: the wakes of that
 /// pause are covered by the holder's passes, as an HTTP function's debounced wakes are on AWS
 /// (`crate::wake`), and they coalesce meanwhile into one. Without the pause, several
 /// poolmgr-local on one database asked at every claim: a loop_take and a loop_ask, a contended
@@ -280,7 +281,9 @@ pub async fn run_ticker(state: AppState) {
                     "reconcile loop done"
                 );
                 if r.joined {
-                    tokio::time::sleep(state.config.wake.debounce).await;
+                    // Never as long as the holder's linger, which is what covers the pause
+                    // (the rule "debounce below the linger" is documented, not enforced).
+                    tokio::time::sleep(state.config.wake.debounce.min(state.config.reconcile.linger / 2)).await;
                 }
             }
             Err(e) => tracing::warn!(error = %e, "reconcile loop failed"),

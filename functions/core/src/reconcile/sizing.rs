@@ -98,19 +98,19 @@ pub fn arrival_rate(a: &Arrivals) -> (f64, Option<(f64, bool)>) {
     for i in [1, 0] {
         let n = a.counts[i].max(0);
         let Some(up) = shift(n, rate * span(i)).filter(|_| span(i) < span(i + 1)) else { continue };
-        {
-            rate = if span(i) < a.provisioning {
-                // A window shorter than a provisioning interval cannot tell a step from a
-                // batch (a 50-job matrix arriving at once): its excess over the rate so far
-                // is that many more slots out for one provisioning interval (Little's law),
-                // so a batch of 50 asks for 50 more VMs, not for its count extrapolated to
-                // the interval; a step keeps adding as its arrivals keep coming.
-                (rate + (n as f64 - rate * span(i)) / a.provisioning).max(0.0)
-            } else {
-                n as f64 / span(i)
-            };
-            change = Some((if up { span(i) } else { 0.0 }, up));
-        }
+        rate = if span(i) < a.provisioning {
+            // A window shorter than a provisioning interval (provisioning above the demand
+            // window, or a young pool) cannot tell a step from a batch (a 50-job matrix
+            // arriving at once): its excess over the rate so far is that many more slots out
+            // for one provisioning interval (Little's law), so a batch of 50 asks for 50 more
+            // VMs, not for its count extrapolated to the interval; a step keeps adding as its
+            // arrivals keep coming. A longer window's rate times the provisioning time asks
+            // for at most the batch.
+            (rate + (n as f64 - rate * span(i)) / a.provisioning).max(0.0)
+        } else {
+            n as f64 / span(i)
+        };
+        change = Some((if up { span(i) } else { 0.0 }, up));
     }
     // Within two windows of a step up, the windows cut at the step still hold up to a window
     // of the lower demand before it: the shortest window is the better estimate while it is
