@@ -258,6 +258,7 @@ string_enum!(
         VmDiscarded => "VM_DISCARDED",
         VmAdopted => "VM_ADOPTED",
         VmOrphanDeleted => "VM_ORPHAN_DELETED",
+        VmLost => "VM_LOST",
         PoolReplenishing => "POOL_REPLENISHING",
         PoolSizeBelowTarget => "POOL_SIZE_BELOW_TARGET",
         PoolScaled => "POOL_SCALED",

@@ -498,6 +498,16 @@ impl Sim {
         self.lock().vms.get(uid).cloned()
     }
 
+    /// Removes the record for `uid` at once, as a microVM deleted behind poolmgr's back or
+    /// lost with its host's reboot (no DELETING phase, no delete call). `false`: no such VM.
+    pub fn remove_vm(&self, uid: &str) -> bool {
+        let mut inner = self.lock();
+        let removed = inner.vms.remove(uid).is_some();
+        inner.booted_at.remove(uid);
+        inner.persist_or_log();
+        removed
+    }
+
     /// Pre-seeds a record (e.g. in a foreign namespace, or a duplicate name)
     /// in the given state and returns its uid. The record has a minimal valid
     /// firecracker spec and does not transition by itself.

@@ -18,6 +18,7 @@
 //! | `db_resilience` | dead connections, an unreachable database, schema mismatch, EMF |
 //! | `db_tls` | TLS to PostgreSQL: each `sslmode`, the CA, the host name (a TLS-only server) |
 //! | `events_metrics` | `GET /v1/events`, `GET /metrics`, `/healthz` |
+//! | `faults` | vanished microVMs, dead and hung hosts, network blips in hooks, cleanup under load (issue 23) |
 //! | `flintlock_client` | the flintlock client against flintlock-sim over gRPC |
 //! | `harness` | the typed reads of `TestResponse` are as strict as the wire |
 //! | `hooks` | create and pre-lease hooks, the two-phase claim |
@@ -41,6 +42,7 @@ mod claims;
 mod db_resilience;
 mod db_tls;
 mod events_metrics;
+mod faults;
 mod flintlock_client;
 mod harness;
 mod hooks;

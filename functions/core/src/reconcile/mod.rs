@@ -123,6 +123,8 @@ pub struct PassReport {
     pub expiry_warnings: u64,
     pub failed: usize,
     pub orphans_deleted: usize,
+    /// Rows removed because their microVM was gone from flintlock (VM_LOST).
+    pub lost: usize,
     /// Events deleted because they were older than the retention.
     pub events_pruned: u64,
     /// Autoscaled pools whose desired size this pass changed.
@@ -168,6 +170,7 @@ impl PassReport {
         self.expiry_warnings += o.expiry_warnings;
         self.failed += o.failed;
         self.orphans_deleted += o.orphans_deleted;
+        self.lost += o.lost;
         self.events_pruned += o.events_pruned;
         self.scaled += o.scaled;
         self.stepped += o.stepped;

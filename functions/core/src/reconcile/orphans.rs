@@ -70,6 +70,13 @@ async fn scan_host(
         return Ok(());
     };
     let all = listed.map_err(|e| ReconcileError::flintlock("list", e))?;
+    // Every live microVM's uid, whatever its namespace: a row's uid is unique.
+    let present: Vec<String> = all
+        .iter()
+        .filter(|m| m.status.as_ref().is_none_or(|s| s.state != MicroVmState::Deleting as i32))
+        .filter_map(|m| m.spec.as_ref().and_then(|s| s.uid.clone()))
+        .collect();
+    forget_lost(pass, db, host, &present, report).await?;
     let managed: Vec<_> = all
         .into_iter()
         .filter_map(|m| {
@@ -120,6 +127,48 @@ async fn scan_host(
             &json!({"uid": uid, "host": host.name, "flintlock_namespace": spec.namespace}),
         )
         .await?;
+    }
+    Ok(())
+}
+
+/// Rows without microVMs (issue 23 finding 1): a VM deleted outside poolmgr, or lost with
+/// its host's reboot, must never be handed out. The rows on `host` that must name a live
+/// microVM ([`store::PHASES_CHECKED_FOR_LOSS`]) and whose uid the list did not show are each
+/// confirmed by a GetMicroVM (made after the rows were read, so a VM created or booted after
+/// the list was taken is found) and, when flintlock does not know the uid or is deleting it,
+/// removed with VM_LOST; the pool's replenishment replaces them in its next step (the event
+/// makes the selection look at the pool).
+async fn forget_lost(
+    pass: &Pass<'_>,
+    db: &mut StepConn<'_>,
+    host: &HostRow,
+    present: &[String],
+    report: &mut PassReport,
+) -> Result<(), ReconcileError> {
+    let state = pass.state;
+    let missing = store::vm_missing_on_host(db.client().await?, &host.name, present).await?;
+    for (id, uid, phase) in missing {
+        let Some(got) = db.released(pass.on_host(&host.name, state.flintlock.get(&host.endpoint(), &uid))).await else {
+            report.skipped += 1;
+            return Ok(());
+        };
+        let gone = match got {
+            Ok(None) => "flintlock does not know its uid",
+            Ok(Some(m)) if m.status.as_ref().is_some_and(|s| s.state == MicroVmState::Deleting as i32) => {
+                "flintlock is deleting it"
+            }
+            Ok(Some(_)) => continue, // Created or booted after the list was taken.
+            Err(e) => {
+                report.errors.push(format!("checking {id} ({uid}) on {}: {e}", host.name));
+                continue;
+            }
+        };
+        let payload =
+            json!({"uid": uid, "host": host.name, "phase": phase, "reason": format!("its microVM is gone: {gone}")});
+        if store::vm_forget_lost(db.client().await?, &id, &uid, phase, &payload).await? {
+            report.lost += 1;
+            tracing::warn!(host = %host.name, vm = %id, %uid, %phase, "a VM's microVM is gone from flintlock ({gone}): row removed, the pool replaces it");
+        }
     }
     Ok(())
 }

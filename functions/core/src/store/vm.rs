@@ -375,6 +375,64 @@ pub async fn vm_identities(c: &impl Executor, ids: &[String]) -> Result<Vec<(Str
     rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))).collect()
 }
 
+/// The phases whose rows must name a live microVM and that no other step polls: what the
+/// orphan scan checks against flintlock's list ([`vm_missing_on_host`]). PROVISIONING rows
+/// are polled by their own step; LEASED and PRE_LEASE_HOOK_RUNNING VMs are their claim's.
+pub const PHASES_CHECKED_FOR_LOSS: [&str; 3] = ["AVAILABLE", "QUARANTINED", "CREATE_HOOK_RUNNING"];
+
+/// VMs on `host` in [`PHASES_CHECKED_FOR_LOSS`] with a uid that is not in `present` (the
+/// live microVMs flintlock just listed there): `(id, uid, phase)`, each to be confirmed by a
+/// GetMicroVM before [`vm_forget_lost`] (a VM that became AVAILABLE after the list was taken
+/// is simply not in it).
+pub async fn vm_missing_on_host(
+    c: &impl Executor,
+    host: &str,
+    present: &[String],
+) -> Result<Vec<(String, String, Phase)>> {
+    let phases: Vec<&str> = PHASES_CHECKED_FOR_LOSS.to_vec();
+    let rows = c
+        .timed_query(
+            "SELECT id, uid, phase FROM vms
+             WHERE flintlock_host = $1 AND uid IS NOT NULL AND phase = ANY ($3) AND NOT (uid = ANY ($2))",
+            &[(&host, Type::TEXT), (&present, Type::TEXT_ARRAY), (&phases, Type::TEXT_ARRAY)],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let phase: String = r.try_get(2)?;
+            let phase = Phase::parse(&phase).ok_or_else(|| super::StoreError::Db(format!("vms.phase {phase:?}")))?;
+            Ok((r.try_get(0)?, r.try_get(1)?, phase))
+        })
+        .collect()
+}
+
+/// Removes the row of a VM whose microVM flintlock no longer has (deleted behind poolmgr's
+/// back, lost with a host's reboot), with VM_LOST in the same statement, while it is still
+/// in `phase` with `uid`: a claim that took the VM meanwhile keeps it. `false`: it had moved.
+pub async fn vm_forget_lost(
+    c: &impl Executor,
+    vm_id: &str,
+    uid: &str,
+    phase: Phase,
+    payload: &serde_json::Value,
+) -> Result<bool> {
+    let payload = super::event::stored_payload(payload);
+    let row = c
+        .timed_query_one(
+            "WITH v AS (
+                 DELETE FROM vms WHERE id = $1 AND uid = $2 AND phase = $3
+                 RETURNING pool_namespace, pool_name, id
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, payload)
+                 SELECT 'VM_LOST', v.pool_namespace, v.pool_name, v.id, $4 FROM v
+             )
+             SELECT count(*) FROM v",
+            &[(&vm_id, Type::TEXT), (&uid, Type::TEXT), (&phase.as_str(), Type::TEXT), (&payload, Type::JSONB)],
+        )
+        .await?;
+    Ok(row.try_get::<_, i64>(0)? == 1)
+}
+
 /// Records that a CREATE_HOOK_RUNNING VM finished create command `step - 1`.
 pub async fn vm_set_hook_step(c: &impl Executor, vm_id: &str, step: i32) -> Result<bool> {
     let n = c
