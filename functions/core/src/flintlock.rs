@@ -61,6 +61,14 @@ impl FlintlockError {
         }
     }
 
+    /// Whether the call failed in transit (the host could not be reached, the connection
+    /// broke, the answer did not come in time) rather than being answered: retryable, and
+    /// never a hook's failure (issue 23 finding 3). A create hook retries its step; a claim
+    /// gives its VM back and answers 503.
+    pub fn is_transport(&self) -> bool {
+        matches!(self, FlintlockError::Unavailable { .. })
+    }
+
     fn from_status(host: &str, s: tonic::Status) -> FlintlockError {
         match s.code() {
             tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
@@ -472,14 +480,18 @@ impl Flintlock {
     /// One readiness probe of VM `uid`'s guest agent: `exec("true")`, bounded by
     /// `per_attempt`. `Ok(true)` when an exit code (any value) arrives without an `error`
     /// message first; `Ok(false)` when the agent is not ready yet (agent error, handshake
-    /// failure, VM not CREATED yet, host unreachable, attempt timed out): the caller retries
-    /// on a later step, this never loops. `Err` for what retrying will not fix: the VM is
-    /// gone ([`FlintlockError::is_not_found`]), was created without guest agent access, the
-    /// exec API is disabled ([`FlintlockError::Unsupported`]), or the host is misconfigured.
+    /// failure, VM not CREATED yet, attempt timed out): the caller retries on a later step,
+    /// this never loops. `Err` with a [`FlintlockError::is_transport`] error when the host
+    /// could not be reached (retry later, and not the agent's fault); any other `Err` for what
+    /// retrying will not fix: the VM is gone ([`FlintlockError::is_not_found`]), was created
+    /// without guest agent access, the exec API is disabled ([`FlintlockError::Unsupported`]),
+    /// or the host is misconfigured.
     pub async fn wait_ready(&self, host: &Endpoint, uid: &str, per_attempt: Duration) -> Result<bool, FlintlockError> {
         let result = match tokio::time::timeout(per_attempt, self.exec_call(host, uid, "true", per_attempt)).await {
             Err(_) => Ok(false),
             Ok(Ok(_)) => Ok(true),
+            // Not the agent's answer: the caller must not count it against the agent.
+            Ok(Err(e)) if e.is_transport() => Err(e),
             Ok(Err(e)) if e.means_not_ready() => Ok(false),
             Ok(Err(e)) => Err(e),
         };

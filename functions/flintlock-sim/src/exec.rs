@@ -42,11 +42,22 @@ pub struct ExecRule {
     /// Some: the agent cannot set the command up; it sends this `error`
     /// message, then exit code 126 (no output, no duration).
     pub error: Option<String>,
+    /// Some: after the output and the run time, the stream ends with UNAVAILABLE and this
+    /// message instead of an exit code, as when the connection to flintlockd breaks
+    /// mid-command (a flintlockd restart, a network blip).
+    pub broken: Option<String>,
 }
 
 impl Default for ExecRule {
     fn default() -> Self {
-        ExecRule { exit_code: 0, stdout: String::new(), stderr: String::new(), duration: Duration::ZERO, error: None }
+        ExecRule {
+            exit_code: 0,
+            stdout: String::new(),
+            stderr: String::new(),
+            duration: Duration::ZERO,
+            error: None,
+            broken: None,
+        }
     }
 }
 
@@ -175,6 +186,10 @@ async fn run(tx: mpsc::Sender<Result<ExecCommandResponse, Status>>, rule: ExecRu
             _ = tokio::time::sleep(wait) => {}
             _ = tx.closed() => return,
         }
+    }
+    if let Some(message) = rule.broken {
+        let _ = tx.send(Err(Status::unavailable(message))).await;
+        return;
     }
     let _ = tx.send(response(ResponsePayload::ExitCode(exit_code))).await;
 }

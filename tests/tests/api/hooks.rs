@@ -728,3 +728,83 @@ async fn discarding_a_vm_during_its_pre_lease_hook_aborts_that_claim() {
     assert_eq!(app.count_events("VM_CLAIMED").await, 0);
     assert_eq!(app.count_events("VM_HOOK_FAILED").await, 0, "a discard is not a hook failure");
 }
+
+// ---------------------------------------------------------------------------------------
+// Transport errors are not hook failures (issue 23 finding 3)
+// ---------------------------------------------------------------------------------------
+
+fn broken() -> ExecRule {
+    ExecRule { broken: Some("injected: connection to flintlockd lost".into()), ..Default::default() }
+}
+
+/// Issue 23 finding 3, create hooks: a flintlockd restart during create hooks (every
+/// command's stream breaks with UNAVAILABLE) quarantined every VM mid-hook under QUARANTINE,
+/// and once the quarantined VMs filled the pool it stopped refilling. Now the step is
+/// retried: no VM_HOOK_FAILED, nothing quarantined, and once flintlock is back the same VMs
+/// finish their hooks and become AVAILABLE.
+#[tokio::test]
+async fn a_connection_broken_during_create_hooks_retries_the_step_instead_of_quarantining() {
+    let app = TestApp::spawn().await;
+    app.sim.set_exec_rule("setup", broken());
+    app.post(ADMIN, "/v1/pools", hook_spec("ci", 3, &["setup"], &[], "QUARANTINE")).await.assert_ok(201);
+    app.settle(80, "every VM's setup tried at least twice", || async {
+        let mut per_uid = std::collections::HashMap::<String, usize>::new();
+        for c in app.sim.exec_calls().into_iter().filter(|c| c.cmd == "setup") {
+            *per_uid.entry(c.uid).or_default() += 1;
+        }
+        per_uid.len() == 3 && per_uid.values().all(|n| *n >= 2)
+    })
+    .await;
+    assert_eq!(app.count_events("VM_HOOK_FAILED").await, 0, "a transport error is not the hook failing");
+    assert_eq!(app.count_phase("ci", "QUARANTINED").await, 0);
+    let ids: Vec<String> = app
+        .conn()
+        .await
+        .query("SELECT id FROM vms WHERE phase = 'CREATE_HOOK_RUNNING' ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(ids.len(), 3, "the same three VMs are still in their hooks");
+    app.sim.clear_exec_rules();
+    app.settle(80, "3 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 3 }).await;
+    for id in ids {
+        assert_eq!(app.phase_of(&id).await.as_deref(), Some("AVAILABLE"), "{id} finished its hook");
+    }
+    assert_eq!(app.count_events("VM_HOOK_FAILED").await, 0);
+}
+
+/// Issue 23 finding 3, pre-lease hooks: a claim whose hook command lost its connection to
+/// flintlock answered 500 and burned its VM (quarantined or deleted). Now it answers 503
+/// with Retry-After and gives the VM back; concurrent claims caught in the same blip all do,
+/// none gets a lease or applies the policy, and their retries with the same request_ids
+/// claim once the host answers again.
+#[tokio::test]
+async fn claims_whose_pre_lease_hook_loses_its_connection_answer_503_and_give_the_vm_back() {
+    let app = Arc::new(TestApp::spawn().await);
+    let vms = hook_pool(&app, "QUARANTINE", 4).await;
+    app.sim.set_exec_rule("reset-state", broken());
+    let claims = (0..4).map(|i| {
+        let app = app.clone();
+        tokio::spawn(async move { app.claim(CLIENT_A, "ci", Some(&format!("blip-{i}"))).await })
+    });
+    for r in futures::future::join_all(claims).await {
+        let r = r.unwrap();
+        assert_eq!(r.status.as_u16(), 503, "{}", r.body);
+        assert_eq!(r.body["error"]["status"], json!("UNAVAILABLE"));
+        assert!(r.headers.contains_key("retry-after"));
+        assert!(r.body["error"]["message"].as_str().unwrap().contains("given back"), "{}", r.body);
+    }
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 4, "every VM is back");
+    assert_eq!(app.count_events("VM_HOOK_FAILED").await, 0);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+    app.sim.clear_exec_rules();
+    let mut got = std::collections::HashSet::new();
+    for i in 0..4 {
+        let c = app.claimed(CLIENT_A, "ci", Some(&format!("blip-{i}"))).await;
+        assert!(!c.replayed, "nothing to replay: the first attempt got no lease");
+        assert!(got.insert(c.vm.id.clone()), "one VM per request_id");
+    }
+    assert!(vms.iter().all(|v| got.contains(&v.id)));
+}

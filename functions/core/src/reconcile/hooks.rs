@@ -70,6 +70,9 @@ async fn create_hook_step(
                 }
                 return pass.backoff(db, &vm.id).await;
             }
+            Err(e) if e.is_transport() => {
+                return transport_retry(pass, db, pool, vm, "the guest agent wait", &e, report).await;
+            }
             Err(e) => return fail_vm(pass, db, pool, vm, &format!("guest agent: {e}"), report).await,
         }
     }
@@ -77,6 +80,11 @@ async fn create_hook_step(
         return hook_done(pass, db, pool, vm, started, report).await;
     };
     let outcome = db.released(state.flintlock.exec(&host.endpoint(), uid, cmd, hooks.command_timeout)).await;
+    if let Err(e) = &outcome
+        && e.is_transport()
+    {
+        return transport_retry(pass, db, pool, vm, &format!("create command {step}"), e, report).await;
+    }
     // Sanitised and capped: the output is stored in the VM_HOOK_FAILED event.
     if let Some(why) = flintlock::hook_failure(cmd, &outcome) {
         return fail_vm(pass, db, pool, vm, &format!("create command {step} {why}"), report).await;
@@ -87,6 +95,35 @@ async fn create_hook_step(
     }
     store::vm_set_hook_step(db.client().await?, &vm.id, next).await?;
     Ok(())
+}
+
+/// A hook step whose call failed in transit (issue 23 finding 3): the host could not be
+/// reached, the connection broke, the answer did not come. That is not the VM failing its
+/// hook, so the step is retried on a later pass (backing off), the command included: a
+/// flintlockd restart mid-hook no longer quarantines every VM in its hooks. Bounded: a step
+/// that could not reach its host for longer than the guest agent timeout (60 s; a host
+/// unreachable that long is judged dead first and its VMs retired, `POOLMGR_HOST_DEAD_SECONDS`)
+/// gets the pool's policy after all, so a VM never sits in CREATE_HOOK_RUNNING for ever.
+async fn transport_retry(
+    pass: &Pass<'_>,
+    db: &mut StepConn<'_>,
+    pool: &PoolRow,
+    vm: &VmRow,
+    what: &str,
+    e: &flintlock::FlintlockError,
+    report: &mut PassReport,
+) -> Result<(), ReconcileError> {
+    let hooks = &pass.state.config.hooks;
+    // `updated_at`: when this step began (the phase change, or the last command's success).
+    let waited = (pass.state.clock.now() - vm.updated_at).to_std().unwrap_or_default();
+    let budget = hooks.guest_agent_timeout.max(hooks.command_timeout);
+    if waited > budget {
+        let why = format!("{what} could not reach its host for {} s: {e}", waited.as_secs());
+        return fail_vm(pass, db, pool, vm, &why, report).await;
+    }
+    tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, error = %e, "{what} failed in transit; retrying the step later");
+    report.errors.push(format!("{}: {what}: {e} (retried)", vm.id));
+    pass.backoff(db, &vm.id).await
 }
 
 async fn hook_done(

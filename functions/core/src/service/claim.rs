@@ -398,6 +398,7 @@ async fn finish_hook_claim(
             // Dropping the exec at the deadline cancels its stream, which stops the command.
             match tokio::time::timeout(left, run).await {
                 Err(_) => Some(past_deadline()),
+                Ok(Err(e)) if e.is_transport() => return Err(hook_host_unreachable(state, req, &vm, &e).await),
                 // Sanitised and capped: the reason is stored in VM_HOOK_FAILED and sent back.
                 Ok(outcome) => crate::flintlock::hook_failure(cmd, &outcome),
             }
@@ -461,6 +462,33 @@ async fn give_back(state: &AppState, vm: &VmRow) -> Result<bool, ApiError> {
         Ok(store::vm_transition(&conn, &vm.id, Phase::PreLeaseHookRunning, Phase::Available, None, None).await?)
     })
     .await
+}
+
+/// A pre-lease hook command that failed in transit (issue 23 finding 3: the host could not be
+/// reached, the connection broke): not the VM's failure, so no policy. The VM goes back to
+/// AVAILABLE and the claim answers 503 with Retry-After; its retry (the same request_id)
+/// claims afresh. Should the give-back fail, the abandon sweep deletes the VM later.
+async fn hook_host_unreachable(
+    state: &AppState,
+    req: &ClaimRequest,
+    vm: &VmRow,
+    e: &crate::flintlock::FlintlockError,
+) -> ApiError {
+    tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, error = %e, "pre-lease hook could not reach its host; giving the VM back");
+    let given_back = give_back(state, vm).await;
+    state.metrics.claim_failure(&req.pool, "unavailable");
+    let what = match given_back {
+        Ok(true) => "the VM was given back to the pool",
+        Ok(false) => "the VM had been taken meanwhile",
+        Err(_) => "the VM is left for the reconciler",
+    };
+    ApiError::unavailable(
+        format!(
+            "the pre-lease hook on vm {} could not reach flintlock host {}; {what}; retry the claim after the Retry-After delay (the same request_id claims afresh)",
+            vm.id, vm.flintlock_host
+        ),
+        e,
+    )
 }
 
 /// Attempts of [`retrying`], and the pause before the second (doubled before the third).
