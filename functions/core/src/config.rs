@@ -158,6 +158,11 @@ pub struct ReconcileConfig {
     pub max_creates_per_pool: usize,
     /// Interval between orphan scans of a host (`POOLMGR_ORPHAN_SCAN_SECONDS`, 10).
     pub orphan_scan_interval: Duration,
+    /// A host that every call has found unreachable for this long is judged dead
+    /// (`POOLMGR_HOST_DEAD_SECONDS`, 30, at least 1): the pass retires its rows (DELETING,
+    /// or dropped when they have no uid) so they stop counting as their pools' VMs, and
+    /// replacements go to the other hosts (issue 23 finding 2).
+    pub host_dead_after: Duration,
     /// flintlock MicroVM calls (create, get, list, delete) one pass has in flight per host at
     /// most, across its pool workers (`POOLMGR_RECONCILE_HOST_CONCURRENCY`, 4). A host that
     /// stops answering holds at most this many calls until the flintlock timeout; the first
@@ -449,6 +454,7 @@ impl Config {
                 max_create_attempts: parse_num(&lookup, "POOLMGR_PROVISION_MAX_ATTEMPTS", 5i32)?,
                 max_creates_per_pool: parse_num(&lookup, "POOLMGR_RECONCILE_MAX_CREATES", 50usize)?,
                 orphan_scan_interval: Duration::from_secs(parse_num(&lookup, "POOLMGR_ORPHAN_SCAN_SECONDS", 10u64)?),
+                host_dead_after: Duration::from_secs(parse_num(&lookup, "POOLMGR_HOST_DEAD_SECONDS", 30u64)?.max(1)),
                 host_concurrency: parse_num(&lookup, "POOLMGR_RECONCILE_HOST_CONCURRENCY", 4usize)?.max(1),
                 interval: match parse_num(&lookup, "POOLMGR_RECONCILE_INTERVAL_MS", 0u64)? {
                     0 => Duration::from_secs(parse_num(&lookup, "POOLMGR_RECONCILE_INTERVAL_SECONDS", 2u64)?.max(1)),

@@ -204,6 +204,10 @@ pub fn hook_failure(command: &str, outcome: &Result<ExecOutcome, FlintlockError>
 /// How much of each of stdout and stderr [`Flintlock::exec`] keeps.
 pub const EXEC_OUTPUT_CAP: usize = 64 * 1024;
 
+/// How long a connection to a flintlock host may take to open, at most (the call's own
+/// timeout when shorter).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// What the client deadline of an exec adds to the command's timeout.
 pub const EXEC_DEADLINE_SLACK: Duration = Duration::from_secs(5);
 
@@ -318,7 +322,9 @@ impl Flintlock {
         let scheme = if host.tls_insecure { "http" } else { "https" };
         let mut ep = tonic::transport::Endpoint::from_shared(format!("{scheme}://{}", host.address))
             .map_err(|e| cfg_err(format!("address {:?}: {e}", host.address)))?
-            .connect_timeout(self.timeout);
+            // A connect that has not completed in a couple of seconds is an answer too: the
+            // host is unreachable (issue 23 finding 2), whatever the call's own timeout.
+            .connect_timeout(self.timeout.min(CONNECT_TIMEOUT));
         if !host.tls_insecure {
             let mut tls = ClientTlsConfig::new().with_enabled_roots();
             if let Some(ca) = &host.ca_pem {

@@ -294,6 +294,7 @@ fn blank_host(name: &str) -> HostRow {
         exec_unavailable_reason: None,
         checked_at: None,
         unreachable_until: None,
+        unreachable_since: None,
         created_at: now,
         updated_at: now,
     }

@@ -122,3 +122,181 @@ async fn claims_racing_the_loss_check_never_get_a_forgotten_vm_and_the_check_nev
         assert!(app.sim.vm(&uid).is_some(), "{id} is AVAILABLE without a microVM");
     }
 }
+
+/// Inserts a VM row of pool default/`pool` on `host` in `phase` with `uid` (`None`: an intent
+/// whose create was never answered).
+async fn row_with(app: &TestApp, pool: &str, id: &str, host: &str, phase: Phase, uid: Option<&str>) {
+    let pref = poolmgr_tests::pool(pool);
+    poolmgr_core::store::vm_insert(
+        &**app.conn().await,
+        &poolmgr_core::store::VmInsert {
+            id,
+            uid,
+            pool: &pref,
+            flintlock_host: host,
+            phase,
+            network_interfaces: &serde_json::json!({}),
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// Live (not DELETING) microVMs of a simulator, by uid.
+fn live(sim: &flintlock_sim::Sim) -> HashSet<String> {
+    use flintlock_proto::types::micro_vm_status::MicroVmState;
+    sim.vms()
+        .into_iter()
+        .filter(|m| m.status.as_ref().is_some_and(|s| s.state != MicroVmState::Deleting as i32))
+        .filter_map(|m| m.spec.and_then(|s| s.uid))
+        .collect()
+}
+
+/// Finding 2: a host that accepts TCP connections but never answers kept its pools short:
+/// its PROVISIONING (uid), AVAILABLE and uid-less rows kept counting as the pool's, so
+/// nothing was placed on the healthy host, and its AVAILABLE VM was still handed out. Now a
+/// host every call has found unreachable for `POOLMGR_HOST_DEAD_SECONDS` (2 here) is judged
+/// dead: its rows are retired (VM_LOST) and the pool is topped up on the healthy host. When
+/// the host comes back (a flintlock on the same address, with the microVMs it had), they are
+/// deleted there: the retired rows' by their deletes, the uid-less row's by the orphan scan.
+/// Nothing leaked, nothing counted twice.
+#[tokio::test]
+async fn a_dead_hosts_rows_stop_counting_the_pool_refills_elsewhere_and_its_vms_go_when_it_returns() {
+    let app = TestApp::spawn_with(|env| env.push(("POOLMGR_HOST_DEAD_SECONDS".into(), "2".into()))).await;
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    app.created_host(serde_json::json!({"name": "silent", "address": addr.to_string(), "tls": {"insecure": true}}))
+        .await;
+    let mut spec = pool_spec("ci", 4);
+    spec["flintlock_hosts"] = serde_json::json!(["silent", SIM_HOST]);
+    app.created_pool(spec).await;
+    // What the dead host holds: the microVMs of an AVAILABLE row, a PROVISIONING row and an
+    // intent whose create reached flintlock but whose reply was lost.
+    let returning = flintlock_sim::Sim::new(flintlock_sim::SimConfig::default());
+    let ns = app.flintlock_namespace("default").await;
+    let mut on_silent = vec![];
+    for phase in [Phase::Available, Phase::Provisioning] {
+        let id = poolmgr_core::reconcile::new_vm_id("ci");
+        let uid = returning.insert_vm(&ns, &id, flintlock_proto::types::micro_vm_status::MicroVmState::Created);
+        row_with(&app, "ci", &id, "silent", phase, Some(&uid)).await;
+        on_silent.push(id);
+    }
+    let intent = poolmgr_core::reconcile::new_vm_id("ci");
+    returning.insert_vm(&ns, &intent, flintlock_proto::types::micro_vm_status::MicroVmState::Created);
+    row_with(&app, "ci", &intent, "silent", Phase::Provisioning, None).await;
+    on_silent.push(intent.clone());
+    assert_eq!(live(&returning).len(), 3);
+
+    // Passes until the pool is whole on the healthy host; each pass calls the silent host
+    // (3 s timeout), so this also covers "judged dead" happening mid-run. 60 passes bound a
+    // hang, not a timing.
+    app.settle(60, "4 AVAILABLE on sim and nothing on silent counting", || async {
+        let on_sim =
+            app.scalar_i64("SELECT count(*) FROM vms WHERE flintlock_host = 'sim' AND phase = 'AVAILABLE'").await;
+        let counting = app
+            .scalar_i64("SELECT count(*) FROM vms WHERE flintlock_host = 'silent' AND phase NOT IN ('DELETING')")
+            .await;
+        on_sim == 4 && counting == 0
+    })
+    .await;
+    let lost: HashSet<String> = app
+        .conn()
+        .await
+        .query("SELECT vm_id FROM events WHERE type = 'VM_LOST'", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for id in &on_silent {
+        assert!(lost.contains(id), "{id} retired with VM_LOST: {lost:?}");
+    }
+    assert_eq!(app.phase_of(&intent).await, None, "the uid-less row was dropped");
+    for _ in 0..4 {
+        let c = app.claimed(CLIENT_A, "ci", None).await;
+        assert_eq!(c.vm.flintlock_host.name, SIM_HOST, "a VM on the dead host was handed out");
+    }
+
+    // The host returns at the same address, with its three microVMs.
+    drop(silent);
+    let server = returning.serve(addr).await.expect("serve on the dead host's address");
+    app.settle(80, "the dead host's microVMs deleted and its rows gone", || async {
+        live(&returning).is_empty()
+            && app.scalar_i64("SELECT count(*) FROM vms WHERE flintlock_host = 'silent'").await == 0
+    })
+    .await;
+    let host = app.get_host("silent").await;
+    assert_eq!(host.name, "silent");
+    // The pool (REPLACE_ON_DELETE): its 4 leased VMs, all on sim, each with its microVM.
+    app.pass().await;
+    assert_eq!(app.count_phase("ci", "LEASED").await, 4);
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 0, "nothing counted twice");
+    let rows: HashSet<String> = app
+        .conn()
+        .await
+        .query("SELECT uid FROM vms WHERE uid IS NOT NULL AND phase IN ('AVAILABLE', 'LEASED')", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(rows, live(&app.sim), "every row has its microVM and every microVM its row");
+    server.shutdown().await;
+}
+
+/// Finding 2, raced: claims of a dead host's AVAILABLE VMs run while passes retire them (the
+/// host is judged dead from the first pass: its `unreachable_since` is set an hour back, so
+/// the race is forced, not hoped for). Each VM ends either leased (its claim won: the retire
+/// never takes a leased row) or DELETING with VM_LOST, never both, and never handed out twice.
+#[tokio::test]
+async fn claims_racing_a_dead_hosts_retirement_get_each_vm_at_most_once_and_never_a_retired_one() {
+    let app = Arc::new(TestApp::spawn().await);
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    app.created_host(serde_json::json!({"name": "silent", "address": silent.local_addr().unwrap().to_string()})).await;
+    let mut spec = pool_spec("ci", 0);
+    spec["flintlock_hosts"] = serde_json::json!(["silent"]);
+    app.created_pool(spec).await;
+    let mut ids = vec![];
+    for _ in 0..12 {
+        let id = poolmgr_core::reconcile::new_vm_id("ci");
+        row_with(&app, "ci", &id, "silent", Phase::Available, Some(&ulid::Ulid::generate().to_string())).await;
+        ids.push(id);
+    }
+    app.conn()
+        .await
+        .execute("UPDATE hosts SET unreachable_since = now() - interval '1 hour' WHERE name = 'silent'", &[])
+        .await
+        .unwrap();
+    let claims = (0..12).map(|_| {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let r = app.claim(CLIENT_A, "ci", None).await;
+            r.body["vm"]["id"].as_str().map(str::to_owned)
+        })
+    });
+    let passes = (0..2).map(|_| {
+        let app = app.clone();
+        tokio::spawn(async move { app.pass().await })
+    });
+    let (claims, _) = futures::join!(futures::future::join_all(claims), futures::future::join_all(passes));
+    let claimed: Vec<String> = claims.into_iter().filter_map(|r| r.unwrap()).collect();
+    assert_eq!(claimed.iter().collect::<HashSet<_>>().len(), claimed.len(), "a VM handed out twice");
+    let lost: HashSet<String> = app
+        .conn()
+        .await
+        .query("SELECT vm_id FROM events WHERE type = 'VM_LOST'", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for id in &ids {
+        let phase = app.phase_of(id).await;
+        match (claimed.contains(id), lost.contains(id)) {
+            (true, false) => assert_eq!(phase.as_deref(), Some("LEASED"), "{id}"),
+            (false, true) => assert_eq!(phase.as_deref(), Some("DELETING"), "{id}"),
+            other => panic!("{id}: claimed/retired = {other:?}, phase {phase:?}"),
+        }
+    }
+    drop(silent);
+}

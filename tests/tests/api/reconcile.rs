@@ -571,6 +571,10 @@ async fn row_on(app: &TestApp, pool: &str, host: &str, phase: Phase) -> String {
 /// `POOLMGR_RECONCILE_HOST_CONCURRENCY`=1, so the second pool's call waits for the first
 /// and then finds the host sick), and each pool's replenishment runs beside its VM steps:
 /// both pools get their missing VM on the healthy host in this very pass.
+///
+/// Within this one pass the rows on the silent host still count (it is not judged dead
+/// yet: `POOLMGR_HOST_DEAD_SECONDS`, 30); `faults::a_dead_hosts_rows_stop_counting…` covers
+/// what happens once it is (issue 23 finding 2).
 #[tokio::test]
 async fn a_host_that_never_answers_costs_one_timeout_and_does_not_stall_replenishment() {
     let app = TestApp::spawn_with(|env| {

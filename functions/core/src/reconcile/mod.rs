@@ -194,15 +194,19 @@ impl PassReport {
 pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     let t0 = Instant::now();
     let rc = &state.config.reconcile;
-    let (started_db, horizon, marked_unreachable) = {
+    let (started_db, horizon, hosts) = {
         let conn = state.db.get().await?;
         let (now, horizon) = store::selection_horizon(&conn).await?;
-        let marked = store::host_rows(&conn)
-            .await?
-            .into_iter()
-            .filter_map(|h| h.unreachable_until.is_some_and(|t| t > now).then_some(h.name));
-        (now, horizon, marked.collect())
+        (now, horizon, store::host_rows(&conn).await?)
     };
+    // Hosts a call found unreachable and none has reached since: the first call of this pass
+    // that reaches one clears that (`Pass::on_host`).
+    let marked_unreachable = hosts
+        .iter()
+        .filter(|h| h.unreachable_since.is_some() || h.unreachable_until.is_some_and(|t| t > started_db))
+        .map(|h| h.name.clone())
+        .collect();
+    let dead_hosts = pass::judge_dead_hosts(state, &hosts, started_db).await;
     let cfg = &state.config;
     let pass = Arc::new(Pass {
         state,
@@ -213,6 +217,7 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
         sick_hosts: Mutex::default(),
         host_slots: Mutex::default(),
         marked_unreachable: Mutex::new(marked_unreachable),
+        dead_hosts,
         lease_secs: rc.deadline.as_secs_f64() + cfg.hooks.command_timeout.as_secs_f64() + 30.0,
         pending: Mutex::default(),
         leased: Mutex::default(),

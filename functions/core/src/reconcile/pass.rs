@@ -38,6 +38,10 @@ pub(super) struct Pass<'a> {
     /// Hosts whose row says "unreachable" (`unreachable_until`, no placements): cleared by
     /// the first call of this pass that reaches the host.
     pub(super) marked_unreachable: Mutex<HashSet<String>>,
+    /// Hosts judged dead when the pass started ([`judge_dead_hosts`]): no placements on them.
+    /// Their calls are still made (the orphan scan, the deletes of their retired rows): the
+    /// first that reaches one clears the judgement for the next pass.
+    pub(super) dead_hosts: HashSet<String>,
     /// How long a pool lease of this pass lasts: past the deadline plus a hook command
     /// started just before it, so a pool is never worked past its lease.
     pub(super) lease_secs: f64,
@@ -71,6 +75,45 @@ impl HostFailure for TeardownError {
     }
 }
 
+/// The hosts every call has found unreachable for longer than `POOLMGR_HOST_DEAD_SECONDS`
+/// (issue 23 finding 2), with their rows retired ([`store::vm_retire_on_dead_host`]): a pool
+/// whose host died is topped up on its other hosts by this very pass, and what the dead host
+/// still holds is deleted once it answers again (never leaked, never counted twice). Failing
+/// to retire is logged and retried by the next pass; the host is still skipped for placements.
+pub(super) async fn judge_dead_hosts(
+    state: &AppState,
+    hosts: &[store::HostRow],
+    now: DateTime<Utc>,
+) -> HashSet<String> {
+    let dead_after = state.config.reconcile.host_dead_after;
+    let mut dead = HashSet::new();
+    for h in hosts {
+        let Some(since) = h.unreachable_since else { continue };
+        if (now - since).to_std().unwrap_or_default() < dead_after {
+            continue;
+        }
+        dead.insert(h.name.clone());
+        let payload = serde_json::json!({
+            "host": h.name,
+            "reason": format!("host {} unreachable since {since} (POOLMGR_HOST_DEAD_SECONDS={})", h.name, dead_after.as_secs()),
+        });
+        let retired = match state.db.get().await {
+            Ok(c) => store::vm_retire_on_dead_host(&c, &h.name, &payload).await,
+            Err(e) => Err(e),
+        };
+        match retired {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::warn!(host = %h.name, %since, retired = n, "flintlock host judged dead: its VMs retired, replacements go to the other hosts")
+            }
+            Err(e) => {
+                tracing::warn!(host = %h.name, error = %e, "could not retire a dead host's VMs; the next pass retries")
+            }
+        }
+    }
+    dead
+}
+
 impl Pass<'_> {
     pub(super) fn past_deadline(&self) -> bool {
         Instant::now() >= self.deadline
@@ -85,8 +128,10 @@ impl Pass<'_> {
         self.sick_hosts.lock().expect("sick hosts").contains(host)
     }
 
+    /// The hosts a placement must skip: sick in this pass, or judged dead at its start.
     pub(super) fn sick_list(&self) -> Vec<String> {
-        self.sick_hosts.lock().expect("sick hosts").iter().cloned().collect()
+        let sick = self.sick_hosts.lock().expect("sick hosts");
+        sick.iter().chain(self.dead_hosts.iter().filter(|h| !sick.contains(*h))).cloned().collect()
     }
 
     /// Runs `call`, a flintlock call to `host`, in one of the host's slots; `None`, without

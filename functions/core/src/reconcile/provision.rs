@@ -291,6 +291,12 @@ pub(super) async fn poll_provisioning(
         Ok(m) => m,
         Err(e) => {
             flintlock_failed(report, vm, "GetMicroVM", &e);
+            // A host that answers with errors does not stop the provision timeout (one that
+            // cannot be reached is judged dead instead, and its rows retired).
+            if !e.is_transport() && past_provision_timeout(pass, vm) {
+                let why = format!("the microVM stayed unreadable past the provision timeout: {e}");
+                return fail_vm(pass, db, pool, vm, &why, report).await;
+            }
             return pass.backoff(db, &vm.id).await;
         }
     };
@@ -326,11 +332,14 @@ pub(super) async fn poll_provisioning(
         fail_vm(pass, db, pool, vm, "flintlock reports the microVM FAILED", report).await
     } else if st == MicroVmState::Deleting as i32 {
         fail_vm(pass, db, pool, vm, "the microVM is being deleted in flintlock", report).await
-    } else if (state.clock.now() - vm.created_at).to_std().unwrap_or_default()
-        > state.config.reconcile.provision_timeout
-    {
+    } else if past_provision_timeout(pass, vm) {
         fail_vm(pass, db, pool, vm, "the microVM stayed PENDING past the provision timeout", report).await
     } else {
         Ok(()) // Still booting: the next pass looks again.
     }
+}
+
+fn past_provision_timeout(pass: &Pass<'_>, vm: &VmRow) -> bool {
+    (pass.state.clock.now() - vm.created_at).to_std().unwrap_or_default()
+        > pass.state.config.reconcile.provision_timeout
 }

@@ -33,6 +33,10 @@ pub struct HostRow {
     /// A reconcile pass could not reach it: no new VMs on it until then (V9).
     #[serde(default)]
     pub unreachable_until: Option<DateTime<Utc>>,
+    /// Since when calls have found it unreachable, without one reaching it (V16): judged dead
+    /// past `POOLMGR_HOST_DEAD_SECONDS`.
+    #[serde(default)]
+    pub unreachable_since: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -243,17 +247,23 @@ pub async fn host_take_scan(
 /// `for_seconds` ([`super::vm_place_and_insert`]).
 pub async fn host_mark_unreachable(c: &impl Executor, name: &str, for_seconds: f64) -> Result<()> {
     c.timed_execute(
-        "UPDATE hosts SET unreachable_until = now() + make_interval(secs => $2) WHERE name = $1",
+        "UPDATE hosts SET unreachable_until = now() + make_interval(secs => $2),
+             unreachable_since = coalesce(unreachable_since, now())
+         WHERE name = $1",
         &[(&name, Type::TEXT), (&for_seconds, Type::FLOAT8)],
     )
     .await?;
     Ok(())
 }
 
-/// A call reached host `name` again: placements on it are fine again.
+/// A call reached host `name` again: placements on it are fine again, and its orphan scan is
+/// due at once (rows whose microVMs it lost meanwhile, microVMs whose rows were retired while
+/// it was dead).
 pub async fn host_clear_unreachable(c: &impl Executor, name: &str) -> Result<()> {
     c.timed_execute(
-        "UPDATE hosts SET unreachable_until = NULL WHERE name = $1 AND unreachable_until IS NOT NULL",
+        "UPDATE hosts SET unreachable_until = NULL, unreachable_since = NULL,
+             scan_until = CASE WHEN unreachable_since IS NOT NULL THEN '-infinity' ELSE scan_until END
+         WHERE name = $1 AND (unreachable_until IS NOT NULL OR unreachable_since IS NOT NULL)",
         &[(&name, Type::TEXT)],
     )
     .await?;

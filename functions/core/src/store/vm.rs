@@ -375,6 +375,42 @@ pub async fn vm_identities(c: &impl Executor, ids: &[String]) -> Result<Vec<(Str
     rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))).collect()
 }
 
+/// Retires the rows on a host judged dead (issue 23 finding 2), in one statement, each with
+/// VM_LOST (`payload` plus its phase): rows without a uid (creates never answered) are
+/// dropped, and the orphan scan deletes their microVM should the host come back with one;
+/// PROVISIONING, CREATE_HOOK_RUNNING and AVAILABLE rows become DELETING, so they stop
+/// counting as the pool's (its replacements go to the other hosts) and are never handed out,
+/// and their microVMs are deleted once the host answers again. LEASED and
+/// PRE_LEASE_HOOK_RUNNING VMs are their claims', QUARANTINED ones the operator's: left alone.
+/// Returns how many rows it retired.
+pub async fn vm_retire_on_dead_host(c: &impl Executor, host: &str, payload: &serde_json::Value) -> Result<i64> {
+    let payload = super::event::stored_payload(payload);
+    let row = c
+        .timed_query_one(
+            "WITH dropped AS (
+                 DELETE FROM vms WHERE flintlock_host = $1 AND phase = 'PROVISIONING' AND uid IS NULL
+                 RETURNING pool_namespace, pool_name, id, phase
+             ), retired AS (
+                 UPDATE vms v SET phase = 'DELETING', attempts = 0, next_attempt_at = NULL, updated_at = now(),
+                     hook_step = 0, hook_started_at = NULL
+                 FROM (SELECT id, phase AS was FROM vms
+                       WHERE flintlock_host = $1 AND uid IS NOT NULL
+                         AND phase IN ('PROVISIONING', 'CREATE_HOOK_RUNNING', 'AVAILABLE')
+                       FOR UPDATE) old
+                 WHERE v.id = old.id
+                 RETURNING v.pool_namespace, v.pool_name, v.id, old.was AS phase
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, payload)
+                 SELECT 'VM_LOST', x.pool_namespace, x.pool_name, x.id, $2 || jsonb_build_object('phase', x.phase)
+                 FROM (SELECT * FROM dropped UNION ALL SELECT * FROM retired) x
+             )
+             SELECT (SELECT count(*) FROM dropped) + (SELECT count(*) FROM retired)",
+            &[(&host, Type::TEXT), (&payload, Type::JSONB)],
+        )
+        .await?;
+    Ok(row.try_get(0)?)
+}
+
 /// The phases whose rows must name a live microVM and that no other step polls: what the
 /// orphan scan checks against flintlock's list ([`vm_missing_on_host`]). PROVISIONING rows
 /// are polled by their own step; LEASED and PRE_LEASE_HOOK_RUNNING VMs are their claim's.

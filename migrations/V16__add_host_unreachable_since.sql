@@ -1,0 +1,11 @@
+-- A dead host keeps no pool short (issue 23 finding 2).
+--
+-- `unreachable_until` (V9) keeps new VMs off a host for a while after a call found it
+-- unreachable, but nothing remembered for how long it had been unreachable, so its
+-- PROVISIONING, CREATE_HOOK_RUNNING and AVAILABLE rows kept counting as the pool's for ever
+-- and no replacement went to the healthy hosts. `unreachable_since` is set by the first call
+-- that finds the host unreachable and cleared by the first that reaches it again; a host
+-- unreachable for longer than POOLMGR_HOST_DEAD_SECONDS is judged dead and the pass retires
+-- its rows (reconcile/pass.rs: DELETING, deleted in flintlock once the host answers again;
+-- rows without a uid dropped, whose microVM the orphan scan then deletes).
+ALTER TABLE hosts ADD COLUMN unreachable_since timestamptz;
