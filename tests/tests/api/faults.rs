@@ -300,3 +300,61 @@ async fn claims_racing_a_dead_hosts_retirement_get_each_vm_at_most_once_and_neve
     }
     drop(silent);
 }
+
+/// Finding 4: orphan scans, deleted pools' stragglers and event retention ran only when the
+/// pools left time before the pass deadline, so a pass whose pools used it all (here a create
+/// hook whose command runs past the 3 s deadline) cleaned nothing, every pass. Now the cleanup
+/// has a budget of its own in every pass: one such pass deletes the orphan, finishes the
+/// deleted pool's straggler and prunes the old events.
+#[tokio::test]
+async fn a_pass_whose_pools_use_the_whole_deadline_still_cleans_up() {
+    let app = TestApp::spawn_with(|env| env.push(("POOLMGR_RECONCILE_DEADLINE_SECONDS".into(), "3".into()))).await;
+    app.sim.set_exec_rule(
+        "slow-setup",
+        flintlock_sim::ExecRule { duration: std::time::Duration::from_secs(4), ..Default::default() },
+    );
+    // The straggler: a deleted pool's VM whose delete failed.
+    app.create_pool("gone", 1).await;
+    app.settle(40, "gone's VM AVAILABLE", || async { app.count_phase("gone", "AVAILABLE").await == 1 }).await;
+    app.sim.fail_deletes(u32::MAX);
+    app.delete(ADMIN, "/v1/pools/default/gone").await.assert_ok(204);
+    app.sim.reset_faults();
+    app.conn().await.execute("UPDATE vms SET next_attempt_at = NULL WHERE pool_name = 'gone'", &[]).await.unwrap();
+    // Last, so the pass below is the first to run its hook.
+    let mut busy = pool_spec("busy", 1);
+    busy["create_commands"] = serde_json::json!(["slow-setup"]);
+    app.created_pool(busy).await;
+    app.settle(40, "the busy pool's VM in its create hook", || async {
+        app.count_phase("busy", "CREATE_HOOK_RUNNING").await == 1
+    })
+    .await;
+    // The orphan, and events past the retention.
+    let ns = app.flintlock_namespace("default").await;
+    let orphan = app.sim.insert_vm(
+        &ns,
+        "busy-01jzzzzzzzzzzzzzzzzzzzzzzz",
+        flintlock_proto::types::micro_vm_status::MicroVmState::Created,
+    );
+    app.conn()
+        .await
+        .execute(
+            "INSERT INTO events (type, pool_namespace, pool_name, created_at)
+             SELECT 'POOL_REPLENISHING', 'default', 'x', now() - interval '8 days' FROM generate_series(1, 10)",
+            &[],
+        )
+        .await
+        .unwrap();
+    app.conn().await.execute("UPDATE hosts SET scan_until = '-infinity'", &[]).await.unwrap();
+
+    let started = std::time::Instant::now();
+    let report = app.pass().await;
+    assert!(started.elapsed() >= std::time::Duration::from_secs(3), "the hook held the pass past its deadline");
+    // Every pool was visited and the cleanup finished within its own budget.
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(report.orphans_deleted, 1, "the orphan scan ran: {report:?}");
+    assert!(app.sim.vm(&orphan).is_none_or(|m| {
+        m.status.is_some_and(|s| s.state == flintlock_proto::types::micro_vm_status::MicroVmState::Deleting as i32)
+    }));
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM vms WHERE pool_name = 'gone'").await, 0, "straggler finished");
+    assert_eq!(report.events_pruned, 10, "{report:?}");
+}

@@ -212,7 +212,9 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
         state,
         owner: format!("pass-{}", ulid::Ulid::generate()),
         started_db,
-        deadline: t0 + rc.deadline,
+        deadline: t0 + rc.deadline.mul_f64(1.0 - pass::CLEANUP_SHARE),
+        cleanup_deadline: std::sync::OnceLock::new(),
+        full_deadline: t0 + rc.deadline,
         deployment: state.deployment().await?,
         sick_hosts: Mutex::default(),
         host_slots: Mutex::default(),
@@ -251,10 +253,13 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     if let Some(checked) = checked {
         advance_selection(&pass, horizon, checked.as_ref(), &mut report).await;
     }
+    // The cleanup's own budget (issue 23 finding 4): the rest of the deadline, at least
+    // `CLEANUP_MIN`, however long the pools took.
+    pass.start_cleanup();
     report.merge(sweeps::finish_deleted_pools(&pass).await);
     report.merge(orphans::scan_orphans(&pass).await);
     report.merge(retention::prune_events(&pass).await);
-    report.deadline_reached |= pass.past_deadline();
+    report.deadline_reached |= pass.past_cleanup_deadline();
     let elapsed = t0.elapsed();
     report.duration_ms = elapsed.as_millis();
     for (host, mut h) in std::mem::take(&mut *pass.host_stats.lock().expect("host stats")) {

@@ -36,7 +36,7 @@ pub(super) async fn scan_orphans(pass: &Pass<'_>) -> PassReport {
     let state = pass.state;
     let mut db = StepConn::new(&state.db);
     let interval = state.config.reconcile.orphan_scan_interval.as_secs_f64();
-    while !pass.past_deadline() {
+    while !pass.past_cleanup_deadline() {
         let host = match db.client().await {
             Ok(c) => store::host_take_scan(c, interval, pass.started_db).await.map_err(ReconcileError::from),
             Err(e) => Err(e),

@@ -27,7 +27,13 @@ pub(super) struct Pass<'a> {
     pub(super) state: &'a AppState,
     pub(super) owner: String,
     pub(super) started_db: DateTime<Utc>,
+    /// When the pools' work stops: the first `1 - CLEANUP_SHARE` of the deadline.
     pub(super) deadline: Instant,
+    /// The whole `POOLMGR_RECONCILE_DEADLINE_SECONDS`.
+    pub(super) full_deadline: Instant,
+    /// When the cross-pool cleanup (deleted pools' stragglers, orphan scans, event retention)
+    /// stops, set once it starts ([`Pass::start_cleanup`]).
+    pub(super) cleanup_deadline: std::sync::OnceLock<Instant>,
     /// This deployment's flintlock namespaces: where VMs are created, and which ones the
     /// orphan scan may delete.
     pub(super) deployment: Deployment,
@@ -114,9 +120,29 @@ pub(super) async fn judge_dead_hosts(
     dead
 }
 
+/// The share of the pass deadline kept for the cleanup: the pools' work stops at the rest.
+pub(super) const CLEANUP_SHARE: f64 = 0.2;
+/// The cleanup's budget at least, even when the pools' work ran past the whole deadline (a
+/// create hook's command may).
+pub(super) const CLEANUP_MIN: Duration = Duration::from_secs(2);
+
 impl Pass<'_> {
     pub(super) fn past_deadline(&self) -> bool {
         Instant::now() >= self.deadline
+    }
+
+    /// Starts the cleanup's budget (issue 23 finding 4): orphan scans, deleted pools'
+    /// stragglers and event retention ran only when the pools left time before the deadline,
+    /// so under load they never ran at all. They now get the rest of the deadline, and at
+    /// least [`CLEANUP_MIN`], in every pass.
+    pub(super) fn start_cleanup(&self) {
+        let until = self.full_deadline.max(Instant::now() + CLEANUP_MIN);
+        let _ = self.cleanup_deadline.set(until);
+    }
+
+    /// Whether the cleanup's budget is spent (`true` before it started).
+    pub(super) fn past_cleanup_deadline(&self) -> bool {
+        self.cleanup_deadline.get().is_none_or(|t| Instant::now() >= *t)
     }
 
     /// Marks `host` sick for this pass; `true` if it was not yet.

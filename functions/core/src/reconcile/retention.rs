@@ -18,7 +18,7 @@ pub(super) async fn prune_events(pass: &Pass<'_>) -> PassReport {
         return report;
     };
     loop {
-        if pass.past_deadline() {
+        if pass.past_cleanup_deadline() {
             report.deadline_reached = true;
             break;
         }

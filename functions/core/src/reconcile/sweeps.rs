@@ -103,42 +103,64 @@ pub(super) async fn shed_surplus(
     Ok(())
 }
 
+/// How many stragglers of deleted pools one statement takes: each is deferred 30 s when
+/// taken, so a batch is never larger than the cleanup gets through (it took 500 and, past the
+/// deadline, deleted none of them, every pass: issue 23 finding 4).
+const STRAGGLER_BATCH: i64 = 32;
+
 /// DELETING VMs of pools that no longer exist: nobody holds their pool lease, so they are
-/// taken one by one with SKIP LOCKED.
+/// taken in small batches with SKIP LOCKED, and each batch deleted side by side (each host's
+/// calls bounded by its slots, `Pass::on_host`), until none is left or the cleanup's budget
+/// is spent.
 pub(super) async fn finish_deleted_pools(pass: &Pass<'_>) -> PassReport {
     let mut report = PassReport::default();
     let mut db = StepConn::new(&pass.state.db);
-    // One batch per pass: a failed delete backs off and waits for a later pass.
-    let batch = match db.client().await {
-        Ok(c) => store::vm_take_orphaned_deletions(c, 500).await.map_err(ReconcileError::from),
-        Err(e) => Err(e),
-    };
-    let batch = match batch {
-        Ok(b) => b,
-        Err(e) => {
-            report.errors.push(format!("taking deletions: {e}"));
+    let mut hosts = None;
+    while !pass.past_cleanup_deadline() {
+        let batch = match db.client().await {
+            Ok(c) => store::vm_take_orphaned_deletions(c, STRAGGLER_BATCH).await.map_err(ReconcileError::from),
+            Err(e) => Err(e),
+        };
+        let batch = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                report.errors.push(format!("taking deletions: {e}"));
+                return report;
+            }
+        };
+        if batch.is_empty() {
             return report;
         }
-    };
-    if batch.is_empty() {
-        return report;
-    }
-    // Taken, they wait 30 s for a retry (`vm_take_orphaned_deletions`) if this fails.
-    let hosts = match hosts_by_name(&mut db).await {
-        Ok(h) => h,
-        Err(e) => {
-            report.errors.push(format!("loading hosts: {e}"));
+        // Taken, they wait 30 s for a retry (`vm_take_orphaned_deletions`) if this fails.
+        if hosts.is_none() {
+            match hosts_by_name(&mut db).await {
+                Ok(h) => hosts = Some(h),
+                Err(e) => {
+                    report.errors.push(format!("loading hosts: {e}"));
+                    return report;
+                }
+            }
+        }
+        let hosts = hosts.as_ref().expect("loaded above");
+        db.release();
+        let mut deletes = Vec::with_capacity(batch.len());
+        for vm in &batch {
+            deletes.push(async {
+                let mut db = StepConn::new(&pass.state.db);
+                let mut r = PassReport::default();
+                if let Err(e) = delete_vm(pass, &mut db, vm, hosts.get(&vm.flintlock_host), &mut r).await {
+                    r.errors.push(format!("{}: {e}", vm.id));
+                }
+                r
+            });
+        }
+        for r in futures::future::join_all(deletes).await {
+            report.merge(r);
+        }
+        if batch.len() < STRAGGLER_BATCH as usize {
             return report;
         }
-    };
-    for vm in &batch {
-        if pass.past_deadline() {
-            report.deadline_reached = true;
-            break;
-        }
-        if let Err(e) = delete_vm(pass, &mut db, vm, hosts.get(&vm.flintlock_host), &mut report).await {
-            report.errors.push(format!("{}: {e}", vm.id));
-        }
     }
+    report.deadline_reached = true;
     report
 }
