@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Chaos scenarios, each followed by the invariant checker:  scripts/chaos.sh [--short]
+# The fault campaign (network faults, a history checker):  scripts/chaos.sh --campaign N SECONDS [--seed S]
+# (see scripts/lib/campaign.sh and docs/chaos.md).
 #
 #   1 pg-restart     PostgreSQL stopped (fast) for a few seconds under claim load through
 #                    poolmgr-local: 503s with Retry-After while it is down, recovery without a
@@ -24,12 +26,21 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=lib/stack.sh
 . "$ROOT/scripts/lib/stack.sh"
 
+if [[ ${1:-} == --campaign ]]; then
+    # The fault campaign (issue 23): scripts/chaos.sh --campaign N SECONDS [--seed S]
+    [[ $# -eq 3 || ($# -eq 5 && $4 == --seed) ]] || die "usage: scripts/chaos.sh --campaign N SECONDS [--seed S]"
+    # shellcheck source=lib/campaign.sh
+    . "$ROOT/scripts/lib/campaign.sh"
+    campaign_main "$2" "$3" "${5:-}"
+    exit $?
+fi
+
 SHORT=0
 for arg in "$@"; do
     case "$arg" in
         --short) SHORT=1 ;;
         -h | --help)
-            sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)

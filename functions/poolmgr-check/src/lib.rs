@@ -25,6 +25,8 @@
 //!   binary calls.
 //! - The SQL lives in this crate (read-only queries), next to the check it implements.
 
+pub mod campaign;
+pub mod history;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::time::{Duration, Instant};

@@ -298,10 +298,12 @@ async fn wait_ready_is_one_probe_until_the_agent_is_up() {
     assert!(!fl.wait_ready(&host, &uid, Duration::from_millis(300)).await.unwrap());
     assert!(t.elapsed() < Duration::from_secs(30), "cut at 300 ms, not after the 60 s probe: {:?}", t.elapsed());
 
-    // An unreachable host is retried later too.
+    // An unreachable host is a transport error, not the agent's answer (issue 23 finding 3):
+    // the caller retries later without counting it against the agent.
     app.sim.clear_exec_rules();
     app.sim.set_unavailable(true);
-    assert!(!fl.wait_ready(&host, &uid, Duration::from_secs(1)).await.unwrap());
+    let err = fl.wait_ready(&host, &uid, Duration::from_secs(1)).await.unwrap_err();
+    assert!(err.is_transport(), "{err:?}");
 }
 
 #[tokio::test]

@@ -40,6 +40,97 @@ enum Cmd {
     Claims(ClaimsArgs),
     /// Rounds of overlapping in-process reconcile passes until the pools are full.
     Passes(PassesArgs),
+    /// A fault campaign's client load: records what every client was told (a history, as
+    /// JSON lines) and checks it (`poolmgr_check::history`).
+    Load(LoadArgs),
+    /// Checks a recorded history again.
+    CheckHistory(CheckArgs),
+}
+
+#[derive(clap::Args)]
+struct LoadArgs {
+    /// poolmgr-local base URLs, comma-separated; each retry goes to the next.
+    #[arg(long, value_delimiter = ',', required = true)]
+    endpoints: Vec<String>,
+    #[arg(long, env = "POOLMGR_TOKEN")]
+    token: String,
+    /// Pools as NAMESPACE/NAME, comma-separated; client i claims from pool i mod n.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pools: Vec<String>,
+    #[arg(long, default_value_t = 6)]
+    clients: usize,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
+    duration: Duration,
+    /// Created by the campaign once its faults are healed.
+    #[arg(long)]
+    heal_file: Option<std::path::PathBuf>,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "90s")]
+    give_up: Duration,
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "8s")]
+    request_timeout: Duration,
+    #[arg(long, default_value_t = 2)]
+    heartbeats: usize,
+    /// Where the history goes (JSON lines).
+    #[arg(long)]
+    history: std::path::PathBuf,
+    /// The pools' heartbeat expiry (seconds), for the lost-lease check.
+    #[arg(long, default_value_t = 30.0)]
+    lease_expiry: f64,
+}
+
+#[derive(clap::Args)]
+struct CheckArgs {
+    history: std::path::PathBuf,
+    #[arg(long, default_value_t = 30.0)]
+    lease_expiry: f64,
+}
+
+/// Checks `history`, printing each anomaly on stderr and one summary line on stdout:
+/// `ops={…} anomalies=K`. `true`: none.
+fn report_history(history: &[poolmgr_check::history::Op], lease_expiry: f64) -> bool {
+    use poolmgr_check::history::{Rules, Tally, check};
+    let anomalies = check(history, Rules { lease_expiry_seconds: lease_expiry, slack_seconds: 3.0 });
+    for a in &anomalies {
+        eprintln!("poolmgr-chaos: ANOMALY {}: {}", a.kind, a.detail);
+    }
+    let tally = Tally::of(history);
+    println!("ops={} anomalies={}", serde_json::to_string(&tally.by_kind).unwrap_or_default(), anomalies.len());
+    anomalies.is_empty()
+}
+
+async fn load(a: LoadArgs) -> anyhow::Result<bool> {
+    let pools = a
+        .pools
+        .iter()
+        .map(|p| p.split_once('/').map(|(n, m)| (n.to_owned(), m.to_owned())).context("--pools are NAMESPACE/NAME"))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let opts = poolmgr_check::campaign::LoadOptions {
+        endpoints: a.endpoints.iter().map(|e| e.trim_end_matches('/').to_owned()).collect(),
+        token: a.token,
+        pools,
+        clients: a.clients,
+        duration: a.duration,
+        heal_file: a.heal_file,
+        give_up: a.give_up,
+        request_timeout: a.request_timeout,
+        heartbeats: a.heartbeats,
+    };
+    eprintln!(
+        "poolmgr-chaos: load: {} clients over {} endpoints for {:?}",
+        opts.clients,
+        opts.endpoints.len(),
+        opts.duration
+    );
+    let history = poolmgr_check::campaign::run_load(opts).await?;
+    let text: String = history.iter().map(|o| serde_json::to_string(o).unwrap_or_default() + "\n").collect();
+    std::fs::write(&a.history, text).with_context(|| format!("writing {}", a.history.display()))?;
+    Ok(report_history(&history, a.lease_expiry))
+}
+
+fn check_history(a: CheckArgs) -> anyhow::Result<bool> {
+    let text = std::fs::read_to_string(&a.history).with_context(|| format!("reading {}", a.history.display()))?;
+    let history = poolmgr_check::history::parse(&text).map_err(|e| anyhow!(e))?;
+    Ok(report_history(&history, a.lease_expiry))
 }
 
 #[derive(clap::Args)]
@@ -613,6 +704,8 @@ async fn main() -> ExitCode {
     let result = match Cli::parse().cmd {
         Cmd::Claims(a) => claims(a).await,
         Cmd::Passes(a) => passes(a).await,
+        Cmd::Load(a) => load(a).await,
+        Cmd::CheckHistory(a) => check_history(a),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
