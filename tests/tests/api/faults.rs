@@ -358,3 +358,46 @@ async fn a_pass_whose_pools_use_the_whole_deadline_still_cleans_up() {
     assert_eq!(app.scalar_i64("SELECT count(*) FROM vms WHERE pool_name = 'gone'").await, 0, "straggler finished");
     assert_eq!(report.events_pruned, 10, "{report:?}");
 }
+
+/// Finding 5: a heartbeat on a lease whose release began (the client's release answered 503:
+/// the VM is DELETING, flintlock's delete pending) answered 200 and pushed its expiry out, as
+/// if the lease were still held. Now it answers 404, and heartbeats racing the release never
+/// answer 200 after the release began.
+#[tokio::test]
+async fn a_heartbeat_after_the_release_began_is_not_found() {
+    let app = Arc::new(TestApp::spawn().await);
+    app.create_pool("ci", 1).await;
+    app.seed_available("ci", 1).await;
+    let claim = app.claimed(CLIENT_A, "ci", None).await;
+    let lease = claim.lease.lease_id.clone();
+    app.sim.fail_deletes(1);
+    app.release(CLIENT_A, &lease).await.assert_error(503, "UNAVAILABLE");
+    app.heartbeat(CLIENT_A, &lease).await.assert_error(404, "NOT_FOUND");
+    let expires: chrono::DateTime<chrono::Utc> = app
+        .conn()
+        .await
+        .query_one("SELECT expires_at FROM leases WHERE lease_id = $1", &[&lease])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(expires <= claim.lease.expires_at, "the heartbeat did not extend a lease being released");
+    app.release(CLIENT_A, &lease).await.assert_ok(204);
+
+    // Raced: heartbeats while a release runs; none answers 200 once the release answered.
+    app.seed_available("ci", 1).await;
+    let claim = app.claimed(CLIENT_A, "ci", None).await;
+    let lease = claim.lease.lease_id.clone();
+    let beats = (0..8).map(|_| {
+        let (app, lease) = (app.clone(), lease.clone());
+        tokio::spawn(async move { app.heartbeat(CLIENT_A, &lease).await.status.as_u16() })
+    });
+    let release = {
+        let (app, lease) = (app.clone(), lease.clone());
+        tokio::spawn(async move { app.release(CLIENT_A, &lease).await.status.as_u16() })
+    };
+    for b in futures::future::join_all(beats).await {
+        assert!(matches!(b.unwrap(), 200 | 404));
+    }
+    assert_eq!(release.await.unwrap(), 204);
+    app.heartbeat(CLIENT_A, &lease).await.assert_error(404, "NOT_FOUND");
+}

@@ -259,7 +259,9 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     report.merge(sweeps::finish_deleted_pools(&pass).await);
     report.merge(orphans::scan_orphans(&pass).await);
     report.merge(retention::prune_events(&pass).await);
-    report.deadline_reached |= pass.past_cleanup_deadline();
+    // Selected pools left unleased (the pools' share of the deadline ran out first), or a
+    // cleanup cut short by its own budget.
+    report.deadline_reached |= !pass.pending.lock().expect("pending pools").is_empty() || pass.past_cleanup_deadline();
     let elapsed = t0.elapsed();
     report.duration_ms = elapsed.as_millis();
     for (host, mut h) in std::mem::take(&mut *pass.host_stats.lock().expect("host stats")) {

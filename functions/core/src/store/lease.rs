@@ -70,6 +70,9 @@ pub async fn lease_heartbeat(
                    -- $3: the owner a client token is limited to (NULL: an admin, any lease).
                    AND ($3::text IS NULL OR l.principal = $3)
                    AND p.namespace = l.pool_namespace AND p.name = l.pool_name
+                   -- A lease whose release began (its VM DELETING, the delete pending) is over:
+                   -- a heartbeat must not answer 200 for it (issue 23 finding 5).
+                   AND EXISTS (SELECT 1 FROM vms v WHERE v.id = l.vm_id AND v.phase = 'LEASED')
                  RETURNING l.*
              )
              SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm, to_jsonb(h) AS host
