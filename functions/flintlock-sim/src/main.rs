@@ -36,6 +36,9 @@ Options:
                              the narrower pattern first; an empty PATTERN matches every command.
                              Split at the last `=`. E.g. --exec-rule setup=3 makes every hook
                              command containing `setup` fail with exit code 3
+  --exec-slow PATTERN=MS     An exec command containing PATTERN runs MS milliseconds, then exits
+                             0 (repeatable, tried after the --exec-rule ones): hooks that take
+                             time, so faults meet them mid-command
   --state-file PATH          Keep the VMs in PATH across restarts, like flintlockd keeps them in
                              containerd: loaded at start (PENDING VMs resume booting), rewritten
                              atomically on every change before the RPC answers. Default: memory only
@@ -55,6 +58,8 @@ struct Args {
     state_file: Option<PathBuf>,
     /// `--exec-rule` values in the order given: (pattern, exit code).
     exec_rules: Vec<(String, i32)>,
+    /// `--exec-slow` values: (pattern, run time).
+    exec_slow: Vec<(String, Duration)>,
 }
 
 enum Parsed {
@@ -71,6 +76,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut guest_agent_delay = Duration::ZERO;
     let mut state_file = None;
     let mut exec_rules = vec![];
+    let mut exec_slow = vec![];
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -101,6 +107,12 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
             "--guest-agent-delay-ms" => guest_agent_delay = parse_ms(&flag, &value()?)?,
             "--version" => version = value()?,
             "--exec-rule" => exec_rules.push(flintlock_sim::parse_exec_rule(&value()?)?),
+            "--exec-slow" => {
+                let v = value()?;
+                let (pattern, ms) =
+                    v.rsplit_once('=').ok_or_else(|| format!("--exec-slow: {v:?} is not PATTERN=MS"))?;
+                exec_slow.push((pattern.to_owned(), parse_ms(&flag, ms)?));
+            }
             "--state-file" => {
                 let v = value()?;
                 if v.is_empty() {
@@ -124,6 +136,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
         guest_agent_delay,
         state_file,
         exec_rules,
+        exec_slow,
     })))
 }
 
@@ -175,6 +188,9 @@ async fn main() -> ExitCode {
     sim.set_guest_agent_delay(args.guest_agent_delay);
     for (pattern, exit_code) in &args.exec_rules {
         sim.set_exec_exit_code(pattern, *exit_code);
+    }
+    for (pattern, duration) in &args.exec_slow {
+        sim.set_exec_rule(pattern, flintlock_sim::ExecRule { duration: *duration, ..Default::default() });
     }
     let server = match sim.serve(args.listen).await {
         Ok(server) => server,
@@ -253,6 +269,9 @@ mod tests {
         assert!(parse(&["--exec-rule", "setup"]).is_err());
         assert!(parse(&["--exec-rule", "setup=300"]).is_err());
         assert!(parse(&["--exec-rule", "setup=fail"]).is_err());
+        let Ok(Parsed::Run(a)) = parse(&["--exec-slow", "reset=800"]) else { panic!("parses") };
+        assert_eq!(a.exec_slow, [("reset".to_owned(), Duration::from_millis(800))]);
+        assert!(parse(&["--exec-slow", "reset"]).is_err());
     }
 
     #[test]

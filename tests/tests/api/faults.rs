@@ -401,3 +401,28 @@ async fn a_heartbeat_after_the_release_began_is_not_found() {
     assert_eq!(release.await.unwrap(), 204);
     app.heartbeat(CLIENT_A, &lease).await.assert_error(404, "NOT_FOUND");
 }
+
+/// Finding 5: a host PUT could change the address of a host that still had VMs: its
+/// microVMs stayed at the old address (leaked: their deletes went to the new one and found
+/// nothing), or another flintlockd's orphan scan took them for its own. Now a new address is
+/// refused (400 FAILED_PRECONDITION, nothing changed) while a VM row names the host; the same
+/// address with other settings is still accepted, and so is a new address once it has none.
+#[tokio::test]
+async fn a_hosts_address_cannot_change_while_it_has_vms() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    app.settle(40, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
+    let address = app.sim_server.addr.to_string();
+    let moved = serde_json::json!({"name": SIM_HOST, "address": "10.9.9.9:9090", "tls": {"insecure": true}});
+    let r = app.put(ADMIN, &format!("/v1/hosts/{SIM_HOST}"), moved.clone()).await;
+    r.assert_error(400, "FAILED_PRECONDITION");
+    assert!(r.body["error"]["message"].as_str().unwrap().contains("cordon"), "{}", r.body);
+    assert_eq!(app.get_host(SIM_HOST).await.address, address, "unchanged");
+    let same =
+        serde_json::json!({"name": SIM_HOST, "address": address.clone(), "tls": {"insecure": true}, "exec": "enabled"});
+    app.updated_host(SIM_HOST, same).await;
+    // Without VMs (the pool deleted and its VM gone), the address may change.
+    app.delete(ADMIN, "/v1/pools/default/ci").await.assert_ok(204);
+    app.settle(40, "no VM rows", || async { app.scalar_i64("SELECT count(*) FROM vms").await == 0 }).await;
+    assert_eq!(app.updated_host(SIM_HOST, moved).await.address, "10.9.9.9:9090");
+}

@@ -199,7 +199,16 @@ pub async fn update(state: &AppState, name: &str, spec: HostSpec) -> Result<Host
         Ok(r) => r,
         Err(e) => return Err(address_taken(state, e, &spec.address).await),
     };
-    let (row, n) = updated.ok_or_else(|| not_found(name))?;
+    let Some((row, n)) = updated else {
+        return Err(match store::host_get(&state.conn().await?, name).await? {
+            None => not_found(name),
+            Some((old, vms)) => ApiError::FailedPrecondition(format!(
+                "host {name} has {vms} VMs at {}: its address cannot change while it has VMs (their microVMs are there, and would leak); \
+                 cordon it (POST /v1/hosts/{name}/cordon) and let its VMs go, or register the new flintlockd as a host of its own",
+                old.address
+            )),
+        });
+    };
     tracing::info!(host = %name, address = %row.address, exec = %row.exec, "host updated");
     Ok(Host::new(&row, n))
 }

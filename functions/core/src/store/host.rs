@@ -127,11 +127,16 @@ pub async fn host_insert(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<
 /// Replaces address, TLS, token and exec declaration; keeps the cordon state and what the
 /// last ServerInfo probe said. `None` if unknown. An address another host has fails with
 /// [`super::StoreError::UniqueViolation`] on [`HOSTS_ADDRESS_KEY`].
+/// Replaces a host's settings; `None` when there is no such host *or* it has VM rows and the
+/// address would change (the caller tells which with [`host_get`]).
 pub async fn host_update(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
     let sql = format!(
         "UPDATE hosts AS h SET address = $2, tls_insecure = $3, ca_pem = $4, cert_pem = $5,
              key_pem = $6, basic_auth_token = $7, exec = $8, updated_at = now()
          WHERE name = $1
+           -- A new address only while no VM row names the host: its microVMs are at the old
+           -- one (issue 23 finding 5). Refused rows: `host_update`'s caller tells why.
+           AND (lower(h.address) = lower($2) OR NOT EXISTS (SELECT 1 FROM vms v WHERE v.flintlock_host = h.name))
          RETURNING to_jsonb(h) AS host, {HOST_VM_COUNT}"
     );
     let row = c
