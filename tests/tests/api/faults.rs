@@ -426,3 +426,58 @@ async fn a_hosts_address_cannot_change_while_it_has_vms() {
     app.settle(40, "no VM rows", || async { app.scalar_i64("SELECT count(*) FROM vms").await == 0 }).await;
     assert_eq!(app.updated_host(SIM_HOST, moved).await.address, "10.9.9.9:9090");
 }
+
+/// Finding 5: while no host was eligible (every host cordoned), every pass wrote a
+/// POOL_REPLENISHING event for VMs it then could not place (and, being an event, it also made
+/// the next selection step the pool again). Now it is written only for VMs actually placed;
+/// POOL_SIZE_BELOW_TARGET says why once.
+#[tokio::test]
+async fn no_replenishing_event_is_written_while_no_host_is_eligible() {
+    let app = TestApp::spawn().await;
+    app.post(ADMIN, &format!("/v1/hosts/{SIM_HOST}/cordon"), serde_json::json!({"reason": "maintenance"}))
+        .await
+        .assert_ok(200);
+    app.create_pool("ci", 2).await;
+    for _ in 0..4 {
+        app.pass().await;
+    }
+    assert_eq!(app.count_events("POOL_REPLENISHING").await, 0);
+    assert_eq!(app.count_events("POOL_SIZE_BELOW_TARGET").await, 1);
+    app.post(ADMIN, &format!("/v1/hosts/{SIM_HOST}/uncordon"), serde_json::json!({})).await.assert_ok(200);
+    app.settle(40, "2 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
+    let creating: i64 = app
+        .conn()
+        .await
+        .query_one("SELECT sum((payload->>'creating')::int)::int8 FROM events WHERE type = 'POOL_REPLENISHING'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(creating, 2, "one event per placement round, counting what was placed");
+}
+
+/// Finding 1, found again by the fault campaign (a host rebooted without its microVMs): a
+/// PROVISIONING VM whose microVM vanished got the pool's hook-failure policy, so under
+/// QUARANTINE a VM that did not exist was quarantined (VM_HOOK_FAILED, and one step closer
+/// to the quarantine bound that stops replenishment). Now it is simply lost: its row goes with
+/// VM_LOST and a replacement is created.
+#[tokio::test]
+async fn a_provisioning_vm_whose_microvm_vanished_is_lost_not_quarantined() {
+    let app = TestApp::spawn().await;
+    app.sim.set_boot_delay(std::time::Duration::from_secs(3600));
+    let mut spec = pool_spec("ci", 1);
+    spec["hook_failure_policy"] = serde_json::json!("QUARANTINE");
+    app.created_pool(spec).await;
+    app.settle(20, "1 created", || async {
+        app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'PROVISIONING' AND uid IS NOT NULL").await == 1
+    })
+    .await;
+    let (id, uid) = uids_in(&app, "ci", "PROVISIONING").await.remove(0);
+    assert!(app.sim.remove_vm(&uid));
+    app.sim.set_boot_delay(std::time::Duration::from_millis(50));
+    app.pass().await;
+    assert_eq!(app.phase_of(&id).await, None);
+    assert_eq!(app.count_events("VM_LOST").await, 1);
+    assert_eq!(app.count_events("VM_HOOK_FAILED").await, 0);
+    app.settle(40, "a replacement AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
+    assert_eq!(app.count_phase("ci", "QUARANTINED").await, 0);
+}

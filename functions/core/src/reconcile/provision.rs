@@ -96,17 +96,6 @@ pub(super) async fn replenish(
         want = if counts.rows == 0 { want.min(1) } else { 0 };
     }
     let want = want.min(pass.state.config.reconcile.max_creates_per_pool as i64);
-    if want > 0 {
-        store::event_insert(
-            db.client().await?,
-            EventType::PoolReplenishing,
-            &pref,
-            None,
-            None,
-            &json!({"creating": want, "available": counts.available, "size": pool.target_size()}),
-        )
-        .await?;
-    }
     let mut placed = Vec::new();
     let mut held_back = None;
     for _ in 0..want {
@@ -123,6 +112,19 @@ pub(super) async fn replenish(
                 break;
             }
         }
+    }
+    // Only what was placed: a pass that could place nothing (no eligible host) writes no
+    // POOL_REPLENISHING, every pass, only POOL_SIZE_BELOW_TARGET once (issue 23 finding 5).
+    if !placed.is_empty() {
+        store::event_insert(
+            db.client().await?,
+            EventType::PoolReplenishing,
+            &pref,
+            None,
+            None,
+            &json!({"creating": placed.len(), "available": counts.available, "size": pool.target_size()}),
+        )
+        .await?;
     }
     // Each create checks out its own connection once flintlock answered.
     db.release();
@@ -301,7 +303,10 @@ pub(super) async fn poll_provisioning(
         }
     };
     let Some(m) = m else {
-        return fail_vm(pass, db, pool, vm, "the microVM disappeared from flintlock", report).await;
+        // Not the VM failing to boot: its microVM is gone (a host rebooted, a delete behind
+        // poolmgr's back). No policy, nothing to quarantine: the row goes, VM_LOST (found by
+        // the fault campaign: it quarantined VMs that did not exist).
+        return forget_lost(db, vm, uid, Phase::Provisioning, "flintlock does not know its uid", report).await;
     };
     let st = m.status.as_ref().map(|s| s.state).unwrap_or(MicroVmState::Pending as i32);
     if st == MicroVmState::Created as i32 {
@@ -342,4 +347,23 @@ pub(super) async fn poll_provisioning(
 fn past_provision_timeout(pass: &Pass<'_>, vm: &VmRow) -> bool {
     (pass.state.clock.now() - vm.created_at).to_std().unwrap_or_default()
         > pass.state.config.reconcile.provision_timeout
+}
+
+/// Removes a VM row whose microVM flintlock no longer has, with VM_LOST (no hook-failure
+/// policy: there is nothing left to inspect or delete); the pool's next step replaces it.
+pub(super) async fn forget_lost(
+    db: &mut StepConn<'_>,
+    vm: &VmRow,
+    uid: &str,
+    phase: Phase,
+    why: &str,
+    report: &mut PassReport,
+) -> Result<(), ReconcileError> {
+    let payload =
+        json!({"uid": uid, "host": vm.flintlock_host, "phase": phase, "reason": format!("its microVM is gone: {why}")});
+    if store::vm_forget_lost(db.client().await?, &vm.id, uid, phase, &payload).await? {
+        report.lost += 1;
+        tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, %uid, %phase, "a VM's microVM is gone from flintlock ({why}): row removed, the pool replaces it");
+    }
+    Ok(())
 }
