@@ -481,3 +481,18 @@ async fn a_provisioning_vm_whose_microvm_vanished_is_lost_not_quarantined() {
     app.settle(40, "a replacement AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
     assert_eq!(app.count_phase("ci", "QUARANTINED").await, 0);
 }
+
+/// Finding 5: a pool delete fanned out one flintlock delete per VM at once from the request
+/// (10,000 for a 10,000-VM pool). Now it deletes at most 64 before answering, 16 at a time, and
+/// leaves the rest DELETING for the reconciler, which finishes them.
+#[tokio::test]
+async fn a_large_pool_delete_deletes_a_bounded_batch_and_leaves_the_rest_to_the_reconciler() {
+    let app = TestApp::spawn().await;
+    app.create_pool("big", 0).await;
+    app.seed_available("big", 90).await;
+    app.delete(ADMIN, "/v1/pools/default/big").await.assert_ok(204);
+    let left = app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'DELETING'").await;
+    assert_eq!(left, 90 - 64, "64 deleted inline, the rest left DELETING");
+    app.settle(40, "every VM deleted", || async { app.scalar_i64("SELECT count(*) FROM vms").await == 0 }).await;
+    app.settle(40, "gone from flintlock", || async { TestApp::sim_live(&app.sim).is_empty() }).await;
+}

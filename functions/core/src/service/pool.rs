@@ -2,6 +2,8 @@
 
 use std::collections::HashMap;
 
+use futures::StreamExt;
+
 use crate::api::{self, Pool};
 use crate::app::AppState;
 use crate::domain::{HostExec, PoolRef, PoolSpec};
@@ -168,6 +170,16 @@ async fn delete_rows(state: &AppState, pool: &PoolRef, force: bool) -> store::Re
     Ok(outcome)
 }
 
+async fn delete_one(state: &AppState, vm: &store::VmRow, host: Option<&store::HostRow>) {
+    if let Err(e) = crate::teardown::finish_vm_delete(&state.flintlock, &state.db, vm, host).await {
+        tracing::warn!(vm = %vm.id, error = %e, "VM of deleted pool left DELETING for the reconciler");
+    }
+}
+
+/// VMs a pool delete deletes in flintlock before it answers, at most; and how many at a time.
+const POOL_DELETE_INLINE: usize = 64;
+const POOL_DELETE_IN_FLIGHT: usize = 16;
+
 /// Deletes a pool: its row goes, every VM becomes DELETING and every lease is removed in one
 /// transaction; then each VM is deleted in flintlock, best effort. A VM whose delete fails
 /// stays DELETING and the reconciler finishes it.
@@ -198,16 +210,19 @@ pub async fn delete(state: &AppState, pool: &PoolRef, force: bool) -> Result<(),
             let conn = state.conn().await?;
             store::host_list(&conn).await?.into_iter().map(|(h, _)| (h.name.clone(), h)).collect()
         };
-        let deletes = vms.iter().map(|vm| {
-            let state = &state;
-            let host = hosts.get(&vm.flintlock_host);
-            async move {
-                if let Err(e) = crate::teardown::finish_vm_delete(&state.flintlock, &state.db, vm, host).await {
-                    tracing::warn!(vm = %vm.id, error = %e, "VM of deleted pool left DELETING for the reconciler");
-                }
-            }
-        });
-        futures::future::join_all(deletes).await;
+        // Bounded (issue 23 finding 5): a 10,000-VM pool fanned out 10,000 deletes at once
+        // from one request. The first POOL_DELETE_INLINE go now, POOL_DELETE_IN_FLIGHT at a
+        // time; the rest stay DELETING for the reconciler (its stragglers' cleanup), woken here.
+        // A loop, not a closure kept in the stream: that makes the future not `Send`.
+        let mut deletes = Vec::with_capacity(vms.len().min(POOL_DELETE_INLINE));
+        for vm in vms.iter().take(POOL_DELETE_INLINE) {
+            deletes.push(delete_one(&state, vm, hosts.get(&vm.flintlock_host)));
+        }
+        futures::stream::iter(deletes).buffer_unordered(POOL_DELETE_IN_FLIGHT).collect::<Vec<()>>().await;
+        if vms.len() > POOL_DELETE_INLINE {
+            tracing::info!(%pool, left = vms.len() - POOL_DELETE_INLINE, "the rest of the deleted pool's VMs are left to the reconciler");
+            state.waker.wake("pool deleted").await;
+        }
         Ok(())
     })
     .await
