@@ -496,3 +496,47 @@ async fn a_large_pool_delete_deletes_a_bounded_batch_and_leaves_the_rest_to_the_
     app.settle(40, "every VM deleted", || async { app.scalar_i64("SELECT count(*) FROM vms").await == 0 }).await;
     app.settle(40, "gone from flintlock", || async { TestApp::sim_live(&app.sim).is_empty() }).await;
 }
+
+/// Finding 5, the two-phase claim's ABA: claim A's give-back (PRE_LEASE_HOOK_RUNNING →
+/// AVAILABLE) commits but its reply is lost; claim B takes the VM; A's retried give-back and
+/// A's second transaction checked only the phase, so they moved B's VM back to AVAILABLE or
+/// wrote A's lease on it. Now both are guarded by the claim's own `hook_started_at`: A's stale
+/// writes change nothing, B's lease is written. (The lost reply is forced by calling the
+/// store's statements in that order, on real PostgreSQL.)
+#[tokio::test]
+async fn a_stale_give_back_or_lease_write_never_touches_another_claims_vm() {
+    use poolmgr_core::store;
+    let app = TestApp::spawn().await;
+    let mut spec = pool_spec("ci", 0);
+    spec["pre_lease_commands"] = serde_json::json!(["reset"]);
+    app.created_pool(spec).await;
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    let pool = poolmgr_tests::pool("ci");
+    let conn = app.conn().await;
+    let a = store::vm_claim_for_hook(&**conn, &pool, "client-a", Some("rid-a")).await.unwrap().vm.unwrap();
+    assert_eq!(a.id, vm.id);
+    assert!(store::vm_transition_hook_claim(&**conn, &a.id, a.hook_started_at, Phase::Available, None).await.unwrap());
+    let b = store::vm_claim_for_hook(&**conn, &pool, "client-b", Some("rid-b")).await.unwrap().vm.unwrap();
+    assert_eq!(b.id, vm.id, "B took the VM A gave back");
+    assert_ne!(a.hook_started_at, b.hook_started_at);
+
+    // A's give-back, retried after its lost reply: nothing moves.
+    assert!(!store::vm_transition_hook_claim(&**conn, &a.id, a.hook_started_at, Phase::Available, None).await.unwrap());
+    assert_eq!(app.phase_of(&vm.id).await.as_deref(), Some("PRE_LEASE_HOOK_RUNNING"));
+    // A's second transaction: the VM is not A's any more.
+    let stale =
+        store::lease_insert_after_hook(&**conn, &vm.id, "lease-a", Some("rid-a"), "client-a", a.hook_started_at)
+            .await
+            .unwrap();
+    assert!(matches!(stale, store::HookLease::VmTaken), "A's stale lease write must find the VM taken");
+    let fresh =
+        store::lease_insert_after_hook(&**conn, &vm.id, "lease-b", Some("rid-b"), "client-b", b.hook_started_at)
+            .await
+            .unwrap();
+    assert!(matches!(fresh, store::HookLease::Claimed(_)), "B's lease is written");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 1);
+    assert_eq!(
+        app.conn().await.query_one("SELECT principal FROM leases", &[]).await.unwrap().get::<_, String>(0),
+        "client-b"
+    );
+}

@@ -411,7 +411,7 @@ async fn finish_hook_claim(
     let rid = req.request_id.as_ref().map(RequestId::as_str);
     let written = async {
         let conn = state.conn().await?;
-        store::lease_insert_after_hook(&conn, &vm.id, lease_id.as_str(), rid, &principal.name)
+        store::lease_insert_after_hook(&conn, &vm.id, lease_id.as_str(), rid, &principal.name, vm.hook_started_at)
             .await
             .map_err(ApiError::from)
     }
@@ -459,7 +459,7 @@ async fn finish_hook_claim(
 async fn give_back(state: &AppState, vm: &VmRow) -> Result<bool, ApiError> {
     retrying("give the VM back", &vm.id, || async {
         let conn = state.conn().await?;
-        Ok(store::vm_transition(&conn, &vm.id, Phase::PreLeaseHookRunning, Phase::Available, None, None).await?)
+        Ok(store::vm_transition_hook_claim(&conn, &vm.id, vm.hook_started_at, Phase::Available, None).await?)
     })
     .await
 }
@@ -555,12 +555,11 @@ async fn pre_lease_hook_failed(
             HookFailurePolicy::Quarantine => Phase::Quarantined,
         };
         let event = payload(policy);
-        let moved = store::vm_transition(
+        let moved = store::vm_transition_hook_claim(
             &conn,
             &vm.id,
-            Phase::PreLeaseHookRunning,
+            vm.hook_started_at,
             to,
-            None,
             Some((crate::domain::EventType::VmHookFailed, &event)),
         )
         .await?;

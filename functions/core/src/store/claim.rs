@@ -283,12 +283,15 @@ pub async fn lease_insert_after_hook(
     lease_id: &str,
     request_id: Option<&str>,
     principal: &str,
+    claim_started: Option<DateTime<Utc>>,
 ) -> Result<HookLease> {
     let row = c
         .timed_query_one(
             "WITH vm AS (
+                 -- $5: this claim's hook_started_at: the VM is still *this* claim's (issue 23
+                 -- finding 5: not another claim's after a give-back and a new claim).
                  SELECT v.id, v.pool_namespace, v.pool_name FROM vms v
-                 WHERE v.id = $1 AND v.phase = 'PRE_LEASE_HOOK_RUNNING'
+                 WHERE v.id = $1 AND v.phase = 'PRE_LEASE_HOOK_RUNNING' AND v.hook_started_at = $5
                  FOR NO KEY UPDATE
              ), pool AS (
                  SELECT p.heartbeat_expiry_seconds FROM pools p, vm
@@ -315,7 +318,13 @@ pub async fn lease_insert_after_hook(
              LEFT JOIN ins ON true
              LEFT JOIN upd ON true
              LEFT JOIN hosts h ON h.name = upd.flintlock_host",
-            &[(&vm_id, Type::TEXT), (&lease_id, Type::TEXT), (&request_id, Type::TEXT), (&principal, Type::TEXT)],
+            &[
+                (&vm_id, Type::TEXT),
+                (&lease_id, Type::TEXT),
+                (&request_id, Type::TEXT),
+                (&principal, Type::TEXT),
+                (&claim_started, Type::TIMESTAMPTZ),
+            ],
         )
         .await?;
     if !row.try_get::<_, bool>("vm_ok")? {

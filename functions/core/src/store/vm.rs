@@ -321,6 +321,46 @@ pub async fn vm_transition(
     Ok(row.try_get::<_, i64>(0)? == 1)
 }
 
+/// [`vm_transition`] out of PRE_LEASE_HOOK_RUNNING for the claim that put the VM there
+/// only: `claim_started` is that claim's `hook_started_at` (its first transaction's `now()`,
+/// one per claim of the VM). A claim whose give-back or policy write is retried after a lost
+/// reply would otherwise move *another* claim's VM once the first write had gone through and
+/// the VM been claimed again (an ABA: issue 23 finding 5).
+pub async fn vm_transition_hook_claim(
+    c: &impl Executor,
+    vm_id: &str,
+    claim_started: Option<DateTime<Utc>>,
+    to: Phase,
+    event: Option<(EventType, &serde_json::Value)>,
+) -> Result<bool> {
+    let (kind, payload) = match event {
+        Some((k, p)) => (Some(k.as_str()), Some(super::event::stored_payload(p))),
+        None => (None, None),
+    };
+    let row = c
+        .timed_query_one(
+            "WITH v AS (
+                 UPDATE vms SET phase = $2, attempts = 0, next_attempt_at = NULL, updated_at = now(),
+                     hook_step = 0, hook_started_at = NULL, lease_id = NULL
+                 WHERE id = $1 AND phase = 'PRE_LEASE_HOOK_RUNNING' AND hook_started_at = $3
+                 RETURNING *
+             ), ev AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, vm_id, payload)
+                 SELECT $4, v.pool_namespace, v.pool_name, v.id, coalesce($5, '{}'::jsonb) FROM v WHERE $4 IS NOT NULL
+             )
+             SELECT count(*) FROM v",
+            &[
+                (&vm_id, Type::TEXT),
+                (&to.as_str(), Type::TEXT),
+                (&claim_started, Type::TIMESTAMPTZ),
+                (&kind, Type::TEXT),
+                (&payload, Type::JSONB),
+            ],
+        )
+        .await?;
+    Ok(row.try_get::<_, i64>(0)? == 1)
+}
+
 /// Backs a VM off after a failed step: attempts + 1, next try after an exponential delay
 /// (`base * 2^attempts`, at most `cap`).
 pub async fn vm_backoff(c: &impl Executor, vm_id: &str, base_seconds: f64, cap_seconds: f64) -> Result<()> {
