@@ -280,10 +280,24 @@ impl Conn {
 
     /// A transaction on this connection, with the same limits. Dropped without
     /// [`Tx::commit`], it rolls back.
+    ///
+    /// BEGIN is bounded by the statement timeout like every statement (issue 23 finding 5: a
+    /// black-holed connection hung a pass, and `poolmgr-local`'s ticker, at its BEGIN); past
+    /// it the connection is discarded and the caller gets `Unavailable`.
     pub async fn transaction(&mut self) -> Result<Tx<'_>, StoreError> {
         let limits = self.limits;
         let client = self.client.as_mut().expect("a connection is held until dropped");
-        Ok(Tx { tx: client.transaction().await?, limits, discarded: &self.discarded })
+        let tx = match limits.statement_timeout {
+            None => client.transaction().await?,
+            Some(limit) => match tokio::time::timeout(limit, client.transaction()).await {
+                Ok(tx) => tx?,
+                Err(_) => {
+                    self.discarded.store(true, Ordering::Release);
+                    return Err(timed_out("BEGIN", limit));
+                }
+            },
+        };
+        Ok(Tx { tx, limits, discarded: &self.discarded })
     }
 
     /// The socket is known closed (the database restarted, the connection was dropped).
@@ -336,9 +350,29 @@ pub struct Tx<'a> {
 }
 
 impl Tx<'_> {
+    /// COMMIT, bounded by the statement timeout too: past it the outcome is unknown (the
+    /// connection is discarded and the caller gets `Unavailable`, which a client retries with
+    /// the same request_id: a replay if it did commit).
     pub async fn commit(self) -> Result<(), StoreError> {
-        Ok(self.tx.commit().await?)
+        let Some(limit) = self.limits.statement_timeout else {
+            return Ok(self.tx.commit().await?);
+        };
+        let discarded = self.discarded;
+        match tokio::time::timeout(limit, self.tx.commit()).await {
+            Ok(r) => Ok(r?),
+            Err(_) => {
+                discarded.store(true, Ordering::Release);
+                Err(timed_out("COMMIT", limit))
+            }
+        }
     }
+}
+
+fn timed_out(what: &str, limit: Duration) -> StoreError {
+    StoreError::Unavailable(format!(
+        "{what} timed out after {} ms (POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS)",
+        limit.as_millis()
+    ))
 }
 
 impl<'a> Executor for Tx<'a> {

@@ -141,3 +141,96 @@ async fn a_connection_whose_statement_timed_out_is_discarded_not_reused() {
     assert_ne!(backend(&conn).await, first, "the timed-out connection was handed out again");
     assert_eq!(store::pool_list(&conn, None).await.unwrap().len(), 0, "the fresh connection works");
 }
+
+/// Copies `from` to `to`, holding the bytes while `hold` is set.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    hold: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        while hold.load(std::sync::atomic::Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A TCP proxy to PostgreSQL that can black-hole its connections: while `hold` is set, bytes
+/// are neither forwarded nor answered (what a partition does to an open connection).
+async fn black_hole_proxy(target: String) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hold = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let h = hold.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&target).await else { continue };
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            tokio::spawn(pipe(cr, sw, h.clone()));
+            tokio::spawn(pipe(sr, cw, h.clone()));
+        }
+    });
+    (port, hold)
+}
+
+/// `url` (`postgres://user@host:port/db…`) split around its `host:port`.
+fn split_authority(url: &str) -> (String, String, String) {
+    let at = url.find('@').expect("a user in the URL") + 1;
+    let end = at + url[at..].find('/').expect("a database in the URL");
+    (url[..at].to_owned(), url[at..end].to_owned(), url[end..].to_owned())
+}
+
+/// Issue 23 finding 5: BEGIN and COMMIT had no client-side timeout, so a connection the
+/// network black-holed hung whatever was beginning or committing a transaction (a reconcile
+/// pass's selection, `poolmgr-local`'s ticker) until TCP gave up, minutes later. Now both
+/// are bounded by the statement timeout: the caller gets `Unavailable` and the connection is
+/// discarded. (The 30 s bound is against a hang, not a timing check.)
+#[tokio::test]
+async fn begin_and_commit_on_a_black_holed_connection_time_out() {
+    let app = TestApp::spawn().await;
+    let (head, authority, tail) = split_authority(&app.db.url);
+    let (port, hold) = black_hole_proxy(authority.clone()).await;
+    let host = authority.rsplit_once(':').map(|(h, _)| h).unwrap_or(&authority);
+    let proxied = format!("{head}{host}:{port}{tail}");
+    let opts = db::PoolOptions {
+        size: 2,
+        connect_timeout: Duration::from_secs(10),
+        check_idle: Duration::from_secs(60),
+        statement_timeout: Some(Duration::from_millis(500)),
+        cancel_on_timeout: false,
+        tls: db::DbTls::default(),
+    };
+    let pool = db::connect_pool(&proxied, &opts).unwrap();
+
+    // BEGIN on a connection the network then black-holes.
+    let mut conn = pool.get().await.unwrap();
+    hold.store(true, std::sync::atomic::Ordering::Release);
+    let refused = match tokio::time::timeout(Duration::from_secs(30), conn.transaction()).await.expect("BEGIN hung") {
+        Err(store::StoreError::Unavailable(m)) => m,
+        Err(e) => panic!("BEGIN: {e}"),
+        Ok(_) => panic!("BEGIN went through a black hole"),
+    };
+    assert!(refused.contains("BEGIN"), "{refused}");
+    assert!(conn.is_discarded(), "never handed out again");
+    drop(conn);
+
+    // COMMIT: the transaction's statements answered, then the network goes.
+    hold.store(false, std::sync::atomic::Ordering::Release);
+    let mut conn = pool.get().await.unwrap();
+    let tx = conn.transaction().await.unwrap();
+    store::pool_list(&tx, None).await.unwrap();
+    hold.store(true, std::sync::atomic::Ordering::Release);
+    let committed = tokio::time::timeout(Duration::from_secs(30), tx.commit()).await.expect("COMMIT hung");
+    assert!(matches!(committed, Err(store::StoreError::Unavailable(ref m)) if m.contains("COMMIT")), "{committed:?}");
+    assert!(conn.is_discarded());
+}
