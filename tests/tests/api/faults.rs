@@ -540,3 +540,41 @@ async fn a_stale_give_back_or_lease_write_never_touches_another_claims_vm() {
         "client-b"
     );
 }
+
+/// Finding 5: a pool deleted while a release of one of its VMs was pending (the release
+/// answered 503: VM DELETING, lease kept) marked that VM again, took its lease and wrote
+/// VM_DELETED_ON_POOL_DELETE for it: the release's terminal event was lost and the VM was
+/// recorded as deleted by the pool delete. Now a VM already DELETING is left to its deleter:
+/// each VM gets exactly one terminal event, the released one VM_DELETED_ON_RELEASE.
+#[tokio::test]
+async fn a_pool_delete_over_a_pending_release_keeps_the_release_as_its_terminal_event() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 0).await;
+    app.seed_available("ci", 2).await;
+    let released = app.claimed(CLIENT_A, "ci", None).await;
+    let kept = app.claimed(CLIENT_A, "ci", None).await;
+    app.sim.fail_deletes(1);
+    app.release(CLIENT_A, &released.lease.lease_id).await.assert_error(503, "UNAVAILABLE");
+    app.delete(ADMIN, "/v1/pools/default/ci?force=true").await.assert_ok(204);
+    app.settle(40, "every VM gone", || async { app.scalar_i64("SELECT count(*) FROM vms").await == 0 }).await;
+    let terminal = |vm: String| {
+        let app = &app;
+        async move {
+            app.conn()
+                .await
+                .query(
+                    "SELECT type FROM events WHERE vm_id = $1 AND type IN
+                       ('VM_DELETED_ON_RELEASE', 'VM_DELETED_ON_POOL_DELETE', 'VM_DELETED_DUE_TO_EXPIRY') ORDER BY id",
+                    &[&vm],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(terminal(released.vm.id.clone()).await, ["VM_DELETED_ON_RELEASE"]);
+    assert_eq!(terminal(kept.vm.id.clone()).await, ["VM_DELETED_ON_POOL_DELETE"]);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+}

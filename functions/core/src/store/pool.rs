@@ -270,18 +270,30 @@ pub async fn pool_delete_and_mark_vms(c: &impl Executor, pool: &PoolRef, force: 
     }
     let row = c
         .timed_query_one(
-            "WITH marked AS (
-                 UPDATE vms SET phase = 'DELETING', lease_id = NULL, updated_at = now()
-                 WHERE pool_namespace = $1 AND pool_name = $2
-                 RETURNING *
+            "WITH old AS (
+                 SELECT id, phase FROM vms WHERE pool_namespace = $1 AND pool_name = $2
+             ), marked AS (
+                 -- A VM already DELETING (a release or a discard pending) has its deleter, which
+                 -- writes its terminal event (VM_DELETED_ON_RELEASE with its lease): neither
+                 -- marked again, nor its lease taken, nor a second terminal event written
+                 -- (issue 23 finding 5). The inline delete below still helps finish it.
+                 UPDATE vms v SET phase = 'DELETING', lease_id = NULL, updated_at = now()
+                 FROM old WHERE v.id = old.id AND old.phase <> 'DELETING'
+                 RETURNING v.*
              ), removed AS (
-                 DELETE FROM leases WHERE pool_namespace = $1 AND pool_name = $2 RETURNING *
+                 DELETE FROM leases l WHERE l.pool_namespace = $1 AND l.pool_name = $2
+                   AND (l.vm_id IN (SELECT id FROM marked) OR l.vm_id NOT IN (SELECT id FROM old))
+                 RETURNING *
              ), ev AS (
                  INSERT INTO events (type, pool_namespace, pool_name, vm_id, lease_id)
                  SELECT 'VM_DELETED_ON_POOL_DELETE', m.pool_namespace, m.pool_name, m.id, r.lease_id
                  FROM marked m LEFT JOIN removed r ON r.vm_id = m.id
              )
-             SELECT (SELECT coalesce(jsonb_agg(to_jsonb(m) ORDER BY m.id), '[]') FROM marked m) AS vms,
+             SELECT (SELECT coalesce(jsonb_agg(to_jsonb(x) ORDER BY x.id), '[]') FROM (
+                         SELECT * FROM marked
+                         UNION ALL
+                         SELECT v.* FROM vms v JOIN old ON old.id = v.id AND old.phase = 'DELETING'
+                     ) x) AS vms,
                     (SELECT coalesce(jsonb_agg(to_jsonb(r)), '[]') FROM removed r) AS leases",
             p,
         )
