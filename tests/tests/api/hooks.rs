@@ -808,3 +808,28 @@ async fn claims_whose_pre_lease_hook_loses_its_connection_answer_503_and_give_th
     }
     assert!(vms.iter().all(|v| got.contains(&v.id)));
 }
+
+/// Issue 23 finding 1, found by the fault campaign: a claim whose pre-lease hook found the
+/// VM gone from flintlock (its host rebooted without it) applied the hook-failure policy and
+/// quarantined a VM that did not exist. Now the row goes (VM_LOST), the claim answers 503 with
+/// Retry-After, and its retry with the same request_id claims another VM.
+#[tokio::test]
+async fn a_claim_whose_vm_vanished_answers_503_and_its_retry_claims_another_vm() {
+    let app = TestApp::spawn().await;
+    let vms = hook_pool(&app, "QUARANTINE", 1).await;
+    let gone = &vms[0];
+    assert!(app.sim.remove_vm(gone.uid.as_deref().unwrap()));
+    let r = app.claim(CLIENT_A, "ci", Some("vanished")).await;
+    r.assert_error(503, "UNAVAILABLE");
+    assert!(r.headers.contains_key("retry-after"));
+    assert!(r.body["error"]["message"].as_str().unwrap().contains("gone"), "{}", r.body);
+    assert_eq!(app.phase_of(&gone.id).await, None, "the lost VM's row is gone");
+    assert_eq!(app.count_events("VM_LOST").await, 1);
+    assert_eq!(app.count_events("VM_HOOK_FAILED").await, 0);
+    assert_eq!(app.count_phase("ci", "QUARANTINED").await, 0);
+    // The pool replaces it; the retry with the same request_id claims the new VM.
+    app.settle(60, "a replacement AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
+    let c = app.claimed(CLIENT_A, "ci", Some("vanished")).await;
+    assert_ne!(c.vm.id, gone.id);
+    assert!(!c.replayed);
+}

@@ -399,6 +399,7 @@ async fn finish_hook_claim(
             match tokio::time::timeout(left, run).await {
                 Err(_) => Some(past_deadline()),
                 Ok(Err(e)) if e.is_transport() => return Err(hook_host_unreachable(state, req, &vm, &e).await),
+                Ok(Err(e)) if e.is_not_found() => return Err(hook_vm_gone(state, req, &vm, &e).await),
                 // Sanitised and capped: the reason is stored in VM_HOOK_FAILED and sent back.
                 Ok(outcome) => crate::flintlock::hook_failure(cmd, &outcome),
             }
@@ -485,6 +486,38 @@ async fn hook_host_unreachable(
     ApiError::unavailable(
         format!(
             "the pre-lease hook on vm {} could not reach flintlock host {}; {what}; retry the claim after the Retry-After delay (the same request_id claims afresh)",
+            vm.id, vm.flintlock_host
+        ),
+        e,
+    )
+}
+
+/// A pre-lease hook that found its VM gone from flintlock (a host rebooted without it, a
+/// delete behind poolmgr's back): not a hook failure, and nothing to quarantine. The row goes
+/// with VM_LOST (the reconciler replaces it) and the claim answers 503 with Retry-After; its
+/// retry (the same request_id) claims another VM. Found by the fault campaign.
+async fn hook_vm_gone(
+    state: &AppState,
+    req: &ClaimRequest,
+    vm: &VmRow,
+    e: &crate::flintlock::FlintlockError,
+) -> ApiError {
+    tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, error = %e, "pre-lease hook found the VM gone from flintlock");
+    let uid = vm.uid.clone().unwrap_or_default();
+    let payload = serde_json::json!({
+        "uid": uid, "host": vm.flintlock_host, "phase": Phase::PreLeaseHookRunning,
+        "reason": format!("its microVM is gone: the pre-lease hook found no such VM ({e})"),
+    });
+    let _ = retrying("remove the lost VM", &vm.id, || async {
+        let conn = state.conn().await?;
+        Ok(store::vm_forget_lost(&conn, &vm.id, &uid, Phase::PreLeaseHookRunning, &payload).await?)
+    })
+    .await;
+    state.metrics.claim_failure(&req.pool, "unavailable");
+    state.waker.wake("lost VM").await;
+    ApiError::unavailable(
+        format!(
+            "vm {} is gone from flintlock host {} (its pre-lease hook found no such VM); retry the claim after the Retry-After delay (the same request_id claims another VM)",
             vm.id, vm.flintlock_host
         ),
         e,
