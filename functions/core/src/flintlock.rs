@@ -74,6 +74,12 @@ impl FlintlockError {
             tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
                 FlintlockError::Unavailable { host: host.to_owned(), message: s.message().to_owned() }
             }
+            // The connection broke mid-call: tonic reports the HTTP/2 error as UNKNOWN. It is
+            // the transport, not flintlock's answer (found by the fault campaign: a create
+            // hook whose host was killed mid-command was quarantined).
+            tonic::Code::Unknown if broken_connection(s.message()) => {
+                FlintlockError::Unavailable { host: host.to_owned(), message: s.message().to_owned() }
+            }
             code => FlintlockError::Rpc { host: host.to_owned(), code, message: s.message().to_owned() },
         }
     }
@@ -104,6 +110,16 @@ impl FlintlockError {
             _ => false,
         }
     }
+}
+
+/// Whether an UNKNOWN status's text is hyper's or h2's for a connection that broke, rather
+/// than an error flintlock sent.
+fn broken_connection(message: &str) -> bool {
+    // Not "connection reset" alone: flintlock says that of its own guest-agent session
+    // ("reading guest-agent exec session: connection reset"), which is its answer.
+    const TRANSPORT: [&str; 3] = ["h2 protocol error", "error reading a body from connection", "transport error"];
+    let m = message.to_ascii_lowercase();
+    TRANSPORT.iter().any(|t| m.contains(t))
 }
 
 /// What a host's `ServerInfo` says, as far as poolmgr cares.
@@ -665,6 +681,14 @@ mod tests {
         );
         // The version is checked first.
         assert!(exec_supported(&info("v0.14.0", false)).unwrap_err().contains("older than"));
+    }
+
+    #[test]
+    fn a_broken_connection_reported_as_unknown_is_a_transport_error() {
+        let broken = tonic::Status::unknown("h2 protocol error: error reading a body from connection");
+        assert!(FlintlockError::from_status("h", broken).is_transport());
+        let answered = tonic::Status::unknown("getting microvm: microvm spec //X not found");
+        assert!(!FlintlockError::from_status("h", answered).is_transport());
     }
 
     #[test]
