@@ -578,3 +578,32 @@ async fn a_pool_delete_over_a_pending_release_keeps_the_release_as_its_terminal_
     assert_eq!(terminal(kept.vm.id.clone()).await, ["VM_DELETED_ON_POOL_DELETE"]);
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
 }
+
+/// Finding 5: a lease whose release was pending (the release answered 503: VM DELETING, lease
+/// kept) and then passed its expiry was recorded as expired (VM_DELETED_DUE_TO_EXPIRY) and the
+/// release's own terminal event never came. Now the expiry sweep leaves it to the release:
+/// the VM ends with VM_DELETED_ON_RELEASE only.
+#[tokio::test]
+async fn a_release_pending_at_expiry_is_recorded_as_a_release() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 0).await;
+    app.seed_available("ci", 1).await;
+    let c = app.claimed(CLIENT_A, "ci", None).await;
+    app.sim.fail_deletes(u32::MAX);
+    app.release(CLIENT_A, &c.lease.lease_id).await.assert_error(503, "UNAVAILABLE");
+    app.advance_clock(std::time::Duration::from_secs(3600));
+    app.pass().await;
+    app.sim.reset_faults();
+    app.settle(40, "the VM deleted", || async { app.phase_of(&c.vm.id).await.is_none() }).await;
+    let types: Vec<String> = app
+        .conn()
+        .await
+        .query("SELECT type FROM events WHERE vm_id = $1 AND type LIKE 'VM_DELETED%' ORDER BY id", &[&c.vm.id])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(types, ["VM_DELETED_ON_RELEASE"]);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+}

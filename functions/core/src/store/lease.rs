@@ -190,6 +190,9 @@ pub async fn lease_expire_for_pools(
              WHERE (l.pool_namespace, l.pool_name) IN (SELECT * FROM unnest($1::text[], $2::text[]))
                -- $3: the clock's now (NULL: the database's).
                AND l.expires_at <= coalesce($3, now())
+               -- A lease whose release began (its VM DELETING, the delete pending) is left to
+               -- that release: its deleter writes VM_DELETED_ON_RELEASE (issue 23 finding 5).
+               AND v.phase <> 'DELETING'
              ORDER BY v.id
              FOR UPDATE OF v",
             &[(&namespaces, Type::TEXT_ARRAY), (&names, Type::TEXT_ARRAY), (&now, Type::TIMESTAMPTZ)],
