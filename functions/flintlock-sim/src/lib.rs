@@ -148,6 +148,8 @@ struct Inner {
     calls: HashMap<&'static str, usize>,
     /// How long CreateMicroVM takes to answer (default none), as a busy flintlockd does.
     create_delay: Duration,
+    /// How long ListMicroVMs waits between taking its snapshot and answering.
+    list_delay: Duration,
     /// CreateMicroVM calls being answered right now, and the most there ever were at once.
     creates_in_flight: usize,
     max_creates_in_flight: usize,
@@ -230,6 +232,7 @@ impl Sim {
                 faults: Faults::default(),
                 calls: HashMap::new(),
                 create_delay: Duration::ZERO,
+                list_delay: Duration::ZERO,
                 creates_in_flight: 0,
                 max_creates_in_flight: 0,
                 next_ifindex: 2,
@@ -398,6 +401,13 @@ impl Sim {
     /// How long each CreateMicroVM takes from now on (its VM is stored at the end of it).
     pub fn set_create_delay(&self, d: Duration) {
         self.lock().create_delay = d;
+    }
+
+    /// How long each ListMicroVMs waits, from now on, between taking its snapshot and
+    /// answering it: a list that is stale by the time it arrives, to force the moment a VM
+    /// changes between a caller's list and what it reads next.
+    pub fn set_list_delay(&self, d: Duration) {
+        self.lock().list_delay = d;
     }
 
     /// The most CreateMicroVM calls this sim was answering at the same time.

@@ -207,6 +207,10 @@ impl MicroVm for SimService {
         let req = request.into_inner();
         let name = req.name.as_deref().filter(|n| !n.is_empty());
         let microvm = self.list(&req.namespace, name);
+        let delay = self.sim.lock().list_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         Ok(Response::new(ListMicroVMsResponse { microvm }))
     }
 

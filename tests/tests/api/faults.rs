@@ -607,3 +607,32 @@ async fn a_release_pending_at_expiry_is_recorded_as_a_release() {
     assert_eq!(types, ["VM_DELETED_ON_RELEASE"]);
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
 }
+
+/// Finding 5: a VM released normally between the orphan scan's list and its read of the rows
+/// (microVM deleted, then its row) looked like an orphan: the scan deleted it again and wrote
+/// VM_ORPHAN_DELETED for a VM nobody had lost. The moment is forced: the host answers the
+/// scan's list a second after taking it, and the release runs in that second. Now the scan
+/// asks for each candidate again before calling it an orphan.
+#[tokio::test]
+async fn a_vm_released_while_the_orphan_scan_lists_is_not_an_orphan() {
+    let app = Arc::new(TestApp::spawn().await);
+    app.create_pool("ci", 0).await;
+    app.seed_available("ci", 1).await;
+    let c = app.claimed(CLIENT_A, "ci", None).await;
+    app.sim.set_list_delay(std::time::Duration::from_secs(1));
+    let lists = app.sim.calls("ListMicroVMs");
+    let pass = {
+        let app = app.clone();
+        tokio::spawn(async move { app.pass().await })
+    };
+    while app.sim.calls("ListMicroVMs") == lists {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // The scan holds a list in which the VM is live; release it now.
+    app.release(CLIENT_A, &c.lease.lease_id).await.assert_ok(204);
+    let report = pass.await.unwrap();
+    app.sim.set_list_delay(std::time::Duration::ZERO);
+    assert_eq!(report.orphans_deleted, 0, "{report:?}");
+    assert_eq!(app.count_events("VM_ORPHAN_DELETED").await, 0);
+    assert_eq!(app.count_events("VM_DELETED_ON_RELEASE").await, 1);
+}

@@ -103,6 +103,20 @@ async fn scan_host(
         if !orphan || uid.is_empty() {
             continue;
         }
+        // The list may be stale by now: a VM released normally meanwhile (its microVM
+        // deleted, then its row) looks like an orphan. Ask again (issue 23 finding 5).
+        match db.released(pass.on_host(&host.name, state.flintlock.get(&host.endpoint(), &uid))).await {
+            Some(Ok(Some(m))) if m.status.as_ref().is_none_or(|s| s.state != MicroVmState::Deleting as i32) => {}
+            Some(Ok(_)) => continue, // Gone or being deleted: somebody else's delete.
+            Some(Err(e)) => {
+                report.errors.push(format!("checking orphan {uid} on {}: {e}", host.name));
+                continue;
+            }
+            None => {
+                report.skipped += 1;
+                continue;
+            }
+        }
         match db.released(pass.on_host(&host.name, state.flintlock.delete(&host.endpoint(), &uid))).await {
             Some(Ok(())) => {}
             Some(Err(e)) => {
