@@ -636,3 +636,33 @@ async fn a_vm_released_while_the_orphan_scan_lists_is_not_an_orphan() {
     assert_eq!(app.count_events("VM_ORPHAN_DELETED").await, 0);
     assert_eq!(app.count_events("VM_DELETED_ON_RELEASE").await, 1);
 }
+
+/// Finding 5: one statement expired every due lease of a batch of 32 pools, however many
+/// (locking all their VMs at once). Now one statement takes at most `EXPIRE_BATCH` (500); the
+/// rest stay due and the next pass takes them. (Rows inserted by SQL: 520 leased VMs whose
+/// microVMs the host never had, which their deletes count as gone.)
+#[tokio::test]
+async fn one_expiry_statement_expires_a_bounded_number_of_leases() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 0).await;
+    app.conn()
+        .await
+        .batch_execute(
+            "INSERT INTO vms (id, uid, pool_namespace, pool_name, flintlock_host, phase, lease_id, network_interfaces)
+             SELECT 'ci-' || g, 'uid-' || g, 'default', 'ci', 'sim', 'LEASED', 'lease-' || g, '{}'
+             FROM generate_series(1, 520) g;
+             INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at, last_heartbeat_at, expires_at, principal)
+             SELECT 'lease-' || g, 'ci-' || g, 'default', 'ci', now(), now(), now() + interval '1 minute', 'client-a'
+             FROM generate_series(1, 520) g;",
+        )
+        .await
+        .unwrap();
+    app.advance_clock(std::time::Duration::from_secs(3600));
+    let first = app.pass().await;
+    assert_eq!(first.expired as i64, poolmgr_core::store::EXPIRE_BATCH, "{first:?}");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 520 - poolmgr_core::store::EXPIRE_BATCH);
+    let second = app.pass().await;
+    assert_eq!(second.expired, 20, "{second:?}");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+    assert_eq!(app.count_events("VM_DELETED_DUE_TO_EXPIRY").await, 520);
+}

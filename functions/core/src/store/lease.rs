@@ -167,7 +167,10 @@ const LEASE_EXPIRE_REST: &str = ", v AS (
              )
              SELECT to_jsonb(exp) AS lease FROM exp";
 
-/// Expires the leases of `pools` with `expires_at <= now()`, every pool's in the same two
+/// Leases one expiry statement takes at most (their VMs locked, then deleted).
+pub const EXPIRE_BATCH: i64 = 500;
+
+/// Expires the leases of `pools` with `expires_at <= now()` (at most [`EXPIRE_BATCH`]), every pool's in the same two
 /// statements (a pass expires the leases of a batch of pools at once): lease removed, VM →
 /// DELETING and VM_DELETED_DUE_TO_EXPIRY. A concurrent heartbeat either commits first (and
 /// the lease is no longer expired when this re-checks it) or finds the lease gone.
@@ -194,8 +197,16 @@ pub async fn lease_expire_for_pools(
                -- that release: its deleter writes VM_DELETED_ON_RELEASE (issue 23 finding 5).
                AND v.phase <> 'DELETING'
              ORDER BY v.id
+             -- Bounded (issue 23 finding 5): the rest are due again, so the next pass (or the
+             -- next batch) takes them; one statement never expires an unbounded fleet.
+             LIMIT $4
              FOR UPDATE OF v",
-            &[(&namespaces, Type::TEXT_ARRAY), (&names, Type::TEXT_ARRAY), (&now, Type::TIMESTAMPTZ)],
+            &[
+                (&namespaces, Type::TEXT_ARRAY),
+                (&names, Type::TEXT_ARRAY),
+                (&now, Type::TIMESTAMPTZ),
+                (&EXPIRE_BATCH, Type::INT8),
+            ],
         )
         .await?
         .iter()
