@@ -666,3 +666,31 @@ async fn one_expiry_statement_expires_a_bounded_number_of_leases() {
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
     assert_eq!(app.count_events("VM_DELETED_DUE_TO_EXPIRY").await, 520);
 }
+
+/// Finding 5: a step waiting for one of its host's slots (`POOLMGR_RECONCILE_HOST_CONCURRENCY`)
+/// waited however long the calls ahead of it took, past the pass deadline and past the pool
+/// lease (deadline + hook timeout + 30 s): two passes could then work one pool. Now a call
+/// still waiting for a slot at the deadline is skipped and left to the next pass. Forced: one
+/// slot, creates that take 2.5 s, a 2 s deadline, four VMs to create on the host.
+#[tokio::test]
+async fn a_step_waiting_for_a_host_slot_gives_up_at_the_pass_deadline() {
+    let app = TestApp::spawn_with(|env| {
+        env.push(("POOLMGR_RECONCILE_DEADLINE_SECONDS".into(), "2".into()));
+        env.push(("POOLMGR_RECONCILE_HOST_CONCURRENCY".into(), "1".into()));
+    })
+    .await;
+    // Inside the 3 s flintlock timeout: a slow host, not a dead one.
+    app.sim.set_create_delay(std::time::Duration::from_millis(2500));
+    app.create_pool("ci", 4).await;
+    let report = app.pass().await;
+    let creates = app.sim.calls("CreateMicroVM");
+    assert!(creates < 4, "{creates} creates were called; those behind the first wait past the deadline");
+    assert!(report.skipped >= 4 - creates, "{report:?}");
+    assert_eq!(
+        app.scalar_i64("SELECT count(*) FROM vms WHERE uid IS NULL").await,
+        4 - report.created as i64,
+        "the creates not made (or not answered) are intents for the next pass"
+    );
+    app.sim.set_create_delay(std::time::Duration::ZERO);
+    app.settle(40, "4 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 4 }).await;
+}

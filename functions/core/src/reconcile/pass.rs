@@ -179,7 +179,13 @@ impl Pass<'_> {
             let mut all = self.host_slots.lock().expect("host slots");
             all.entry(host.to_owned()).or_insert_with(|| Arc::new(Semaphore::new(limit))).clone()
         };
-        let _slot = slots.acquire_owned().await.ok()?;
+        // Never past the pass's deadline: a step still waiting for a slot then is skipped
+        // (the next pass takes it), so no call starts after the deadline and the pool lease
+        // (deadline + hook timeout + 30 s) cannot run out under a step (issue 23 finding 5).
+        // The cleanup (no pool lease) has its own budget, which may end later.
+        let until = self.cleanup_deadline.get().copied().unwrap_or(self.full_deadline);
+        let deadline = tokio::time::Instant::from_std(until);
+        let _slot = tokio::time::timeout_at(deadline, slots.acquire_owned()).await.ok()?.ok()?;
         if self.is_sick(host) {
             return None;
         }
