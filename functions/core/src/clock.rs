@@ -18,17 +18,20 @@ use chrono::{DateTime, Utc};
 pub struct Clock {
     /// `None`: the system clock, never adjusted. `Some`: milliseconds added to it (tests).
     offset_ms: Option<Arc<AtomicI64>>,
+    /// Tests: how far this process's own clock is off the database's (`Clock::skew`). Moves
+    /// [`Clock::now`] only, never a statement's `now`: a process whose clock drifted.
+    skew_ms: Option<Arc<AtomicI64>>,
 }
 
 impl Clock {
     /// The production clock: the database's `now()` in SQL, the system clock in Rust.
     pub fn system() -> Clock {
-        Clock { offset_ms: None }
+        Clock { offset_ms: None, skew_ms: None }
     }
 
     /// A clock tests can move forward with [`Clock::advance`]; it starts at the system time.
     pub fn adjustable() -> Clock {
-        Clock { offset_ms: Some(Arc::new(AtomicI64::new(0))) }
+        Clock { offset_ms: Some(Arc::new(AtomicI64::new(0))), skew_ms: Some(Arc::new(AtomicI64::new(0))) }
     }
 
     /// Moves an adjustable clock forward by `by`. Panics on the system clock: production
@@ -58,9 +61,25 @@ impl Clock {
         }
     }
 
-    /// Now, for comparisons made in Rust.
+    /// This process's now: the system clock (plus a test's adjustment and skew). Not for
+    /// comparisons with database timestamps: those use the database's clock (a reconcile
+    /// pass's `Pass::now`, or `now_param` in the statement), so a process whose clock drifted
+    /// decides nothing differently (issue 23 finding 5).
     pub fn now(&self) -> DateTime<Utc> {
-        Utc::now() + chrono::Duration::milliseconds(self.offset())
+        let skew = self.skew_ms.as_ref().map_or(0, |s| s.load(Ordering::SeqCst));
+        Utc::now() + chrono::Duration::milliseconds(self.offset() + skew)
+    }
+
+    /// The adjustment tests made ([`Clock::advance`]), zero in production: what a time read
+    /// from the database is moved by to be compared like `now_param`.
+    pub fn adjustment(&self) -> chrono::Duration {
+        chrono::Duration::milliseconds(self.offset())
+    }
+
+    /// Tests: this process's clock is `by` milliseconds off the database's (a drifted host).
+    /// Panics on the system clock.
+    pub fn skew(&self, by_ms: i64) {
+        self.skew_ms.as_ref().expect("only an adjustable clock (tests) can be skewed").store(by_ms, Ordering::SeqCst);
     }
 }
 

@@ -694,3 +694,30 @@ async fn a_step_waiting_for_a_host_slot_gives_up_at_the_pass_deadline() {
     app.sim.set_create_delay(std::time::Duration::ZERO);
     app.settle(40, "4 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 4 }).await;
 }
+
+/// Finding 5: due and timeout checks compared database timestamps (`created_at`,
+/// `next_attempt_at`) with the function's own clock, so a reconciler whose host clock ran an
+/// hour ahead failed every booting VM at once for "the provision timeout". Now a pass compares
+/// them with the database's time (its time at the pass's start, plus the time since). Forced:
+/// the app's clock is skewed an hour ahead of PostgreSQL's.
+#[tokio::test]
+async fn a_reconciler_whose_clock_drifted_times_nothing_out_early() {
+    let app = TestApp::spawn().await;
+    app.sim.set_boot_delay(std::time::Duration::from_secs(3600));
+    app.create_pool("ci", 2).await;
+    app.settle(20, "2 created", || async {
+        app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'PROVISIONING' AND uid IS NOT NULL").await == 2
+    })
+    .await;
+    app.state.clock.skew(3_600_000);
+    for _ in 0..3 {
+        app.pass().await;
+    }
+    app.state.clock.skew(0);
+    assert_eq!(
+        app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'PROVISIONING'").await,
+        2,
+        "still booting: the provision timeout (300 s) is measured on the database's clock"
+    );
+    assert_eq!(app.count_events("VM_HOOK_FAILED").await, 0);
+}

@@ -64,7 +64,7 @@ async fn create_hook_step(
         match db.released(state.flintlock.wait_ready(&host.endpoint(), uid, probe)).await {
             Ok(true) => {}
             Ok(false) => {
-                if (state.clock.now() - started).to_std().unwrap_or_default() > hooks.guest_agent_timeout {
+                if (pass.now() - started).to_std().unwrap_or_default() > hooks.guest_agent_timeout {
                     let why = format!("the guest agent did not answer within {:?}", hooks.guest_agent_timeout);
                     return fail_vm(pass, db, pool, vm, &why, report).await;
                 }
@@ -125,7 +125,7 @@ async fn transport_retry(
 ) -> Result<(), ReconcileError> {
     let hooks = &pass.state.config.hooks;
     // `updated_at`: when this step began (the phase change, or the last command's success).
-    let waited = (pass.state.clock.now() - vm.updated_at).to_std().unwrap_or_default();
+    let waited = (pass.now() - vm.updated_at).to_std().unwrap_or_default();
     let budget = hooks.guest_agent_timeout.max(hooks.command_timeout);
     if waited > budget {
         let why = format!("{what} could not reach its host for {} s: {e}", waited.as_secs());

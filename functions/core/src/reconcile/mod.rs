@@ -212,6 +212,7 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
         state,
         owner: format!("pass-{}", ulid::Ulid::generate()),
         started_db,
+        started: t0,
         deadline: t0 + rc.deadline.mul_f64(1.0 - pass::CLEANUP_SHARE),
         cleanup_deadline: std::sync::OnceLock::new(),
         full_deadline: t0 + rc.deadline,
@@ -483,7 +484,7 @@ async fn step_vms(
     vms: &[(VmRow, bool)],
     hosts: &HashMap<String, HostRow>,
 ) -> (PassReport, Result<(), ReconcileError>) {
-    let now = pass.state.clock.now();
+    let now = pass.now();
     let mut by_host: BTreeMap<&str, Vec<&VmRow>> = BTreeMap::new();
     let mut hook_vms = vec![];
     for (vm, _) in vms {

@@ -27,6 +27,9 @@ pub(super) struct Pass<'a> {
     pub(super) state: &'a AppState,
     pub(super) owner: String,
     pub(super) started_db: DateTime<Utc>,
+    /// When the pass started, on this process's monotonic clock (with `started_db`: the
+    /// database's time now, [`Pass::now`]).
+    pub(super) started: Instant,
     /// When the pools' work stops: the first `1 - CLEANUP_SHARE` of the deadline.
     pub(super) deadline: Instant,
     /// The whole `POOLMGR_RECONCILE_DEADLINE_SECONDS`.
@@ -127,6 +130,14 @@ pub(super) const CLEANUP_SHARE: f64 = 0.2;
 pub(super) const CLEANUP_MIN: Duration = Duration::from_secs(2);
 
 impl Pass<'_> {
+    /// The database's time now (its time at the pass's start plus the time since, plus a
+    /// test's clock adjustment): what due and timeout checks compare database timestamps
+    /// with, never this process's wall clock, which may have drifted (issue 23 finding 5).
+    pub(super) fn now(&self) -> DateTime<Utc> {
+        let elapsed = chrono::Duration::from_std(self.started.elapsed()).unwrap_or_default();
+        self.started_db + elapsed + self.state.clock.adjustment()
+    }
+
     pub(super) fn past_deadline(&self) -> bool {
         Instant::now() >= self.deadline
     }

@@ -345,8 +345,7 @@ pub(super) async fn poll_provisioning(
 }
 
 fn past_provision_timeout(pass: &Pass<'_>, vm: &VmRow) -> bool {
-    (pass.state.clock.now() - vm.created_at).to_std().unwrap_or_default()
-        > pass.state.config.reconcile.provision_timeout
+    (pass.now() - vm.created_at).to_std().unwrap_or_default() > pass.state.config.reconcile.provision_timeout
 }
 
 /// Removes a VM row whose microVM flintlock no longer has, with VM_LOST (no hook-failure
