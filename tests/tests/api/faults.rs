@@ -21,6 +21,12 @@ async fn uids_in(app: &TestApp, pool: &str, phase: &str) -> Vec<(String, String)
     rows.iter().map(|r| (r.get(0), r.get(1))).collect()
 }
 
+/// The VMs a VM_LOST event names.
+async fn lost_vms(app: &TestApp) -> HashSet<String> {
+    let rows = app.conn().await.query("SELECT vm_id FROM events WHERE type = 'VM_LOST'", &[]).await.unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
 /// Finding 1: a microVM deleted outside poolmgr (or lost with its host's reboot) left its
 /// AVAILABLE row behind, and claims handed it out with 200 for ever. Now the orphan scan
 /// checks the rows against flintlock's list: the row goes with VM_LOST, its replacement is
@@ -41,16 +47,8 @@ async fn a_vm_whose_microvm_vanished_is_never_handed_out_and_is_replaced() {
     assert_eq!(report.lost, 2, "{report:?}");
     assert_eq!(app.phase_of(&lost_id).await, None, "the lost VM's row is gone");
     assert_eq!(app.phase_of(&quarantined.id).await, None, "the lost quarantined VM's row is gone");
-    let lost: Vec<String> = app
-        .conn()
-        .await
-        .query("SELECT vm_id FROM events WHERE type = 'VM_LOST' ORDER BY id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(HashSet::<String>::from_iter(lost), HashSet::from([lost_id.clone(), quarantined.id.clone()]));
+    let lost = lost_vms(&app).await;
+    assert_eq!(lost, HashSet::from([lost_id.clone(), quarantined.id.clone()]));
 
     app.settle(40, "3 AVAILABLE again", || async { app.count_phase("ci", "AVAILABLE").await == 3 }).await;
     for _ in 0..3 {
@@ -98,15 +96,7 @@ async fn claims_racing_the_loss_check_never_get_a_forgotten_vm_and_the_check_nev
     let (claims, passes) = futures::join!(futures::future::join_all(claims), futures::future::join_all(passes));
     let claimed: Vec<String> = claims.into_iter().filter_map(|r| r.unwrap().1).collect();
     let forgotten: usize = passes.into_iter().map(|r| r.unwrap()).sum();
-    let gone_events: HashSet<String> = app
-        .conn()
-        .await
-        .query("SELECT vm_id FROM events WHERE type = 'VM_LOST'", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let gone_events = lost_vms(&app).await;
     assert_eq!(gone_events.len(), forgotten, "one VM_LOST per removed row");
     for id in &claimed {
         assert!(!gone_events.contains(id), "{id} was both claimed and removed as lost");
@@ -199,15 +189,7 @@ async fn a_dead_hosts_rows_stop_counting_the_pool_refills_elsewhere_and_its_vms_
         on_sim == 4 && counting == 0
     })
     .await;
-    let lost: HashSet<String> = app
-        .conn()
-        .await
-        .query("SELECT vm_id FROM events WHERE type = 'VM_LOST'", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let lost = lost_vms(&app).await;
     for id in &on_silent {
         assert!(lost.contains(id), "{id} retired with VM_LOST: {lost:?}");
     }
@@ -281,15 +263,7 @@ async fn claims_racing_a_dead_hosts_retirement_get_each_vm_at_most_once_and_neve
     let (claims, _) = futures::join!(futures::future::join_all(claims), futures::future::join_all(passes));
     let claimed: Vec<String> = claims.into_iter().filter_map(|r| r.unwrap()).collect();
     assert_eq!(claimed.iter().collect::<HashSet<_>>().len(), claimed.len(), "a VM handed out twice");
-    let lost: HashSet<String> = app
-        .conn()
-        .await
-        .query("SELECT vm_id FROM events WHERE type = 'VM_LOST'", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let lost = lost_vms(&app).await;
     for id in &ids {
         let phase = app.phase_of(id).await;
         match (claimed.contains(id), lost.contains(id)) {
