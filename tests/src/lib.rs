@@ -549,6 +549,16 @@ impl TestApp {
             .get(0)
     }
 
+    /// The uids of a simulator's live (not DELETING) microVMs, in any namespace.
+    pub fn sim_live_uids(sim: &Sim) -> std::collections::HashSet<String> {
+        use flintlock_proto::types::micro_vm_status::MicroVmState;
+        sim.vms()
+            .into_iter()
+            .filter(|m| m.status.as_ref().is_some_and(|s| s.state != MicroVmState::Deleting as i32))
+            .filter_map(|m| m.spec.and_then(|s| s.uid))
+            .collect()
+    }
+
     /// Live (not DELETING) simulator VMs in a deployment's namespace for `default` pools
     /// (`poolmgr-<deployment id>-default`, whichever deployment: a test's simulator serves one).
     pub fn sim_live(sim: &Sim) -> Vec<flintlock_proto::types::MicroVm> {
@@ -577,6 +587,18 @@ impl TestApp {
     /// through a pooler: the tests' SQL uses named prepared statements).
     pub async fn conn(&self) -> deadpool_postgres::Object {
         self.direct.as_ref().unwrap_or(&self.state.db).raw().get().await.expect("test connection")
+    }
+
+    /// Inserts only a VM row of pool default/`pool_name` on `host` in `phase` with `uid`
+    /// (`None`: an intent whose create was never answered); no microVM is created.
+    pub async fn insert_vm_row(&self, pool_name: &str, id: &str, host: &str, phase: Phase, uid: Option<&str>) {
+        let pref = pool(pool_name);
+        store::vm_insert(
+            &**self.conn().await,
+            &VmInsert { id, uid, pool: &pref, flintlock_host: host, phase, network_interfaces: &json!({}) },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("insert vm row {id}: {e}"));
     }
 
     /// Creates a VM in the simulator and its row in `phase`, as provisioning would.

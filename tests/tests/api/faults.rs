@@ -113,35 +113,6 @@ async fn claims_racing_the_loss_check_never_get_a_forgotten_vm_and_the_check_nev
     }
 }
 
-/// Inserts a VM row of pool default/`pool` on `host` in `phase` with `uid` (`None`: an intent
-/// whose create was never answered).
-async fn row_with(app: &TestApp, pool: &str, id: &str, host: &str, phase: Phase, uid: Option<&str>) {
-    let pref = poolmgr_tests::pool(pool);
-    poolmgr_core::store::vm_insert(
-        &**app.conn().await,
-        &poolmgr_core::store::VmInsert {
-            id,
-            uid,
-            pool: &pref,
-            flintlock_host: host,
-            phase,
-            network_interfaces: &serde_json::json!({}),
-        },
-    )
-    .await
-    .unwrap();
-}
-
-/// Live (not DELETING) microVMs of a simulator, by uid.
-fn live(sim: &flintlock_sim::Sim) -> HashSet<String> {
-    use flintlock_proto::types::micro_vm_status::MicroVmState;
-    sim.vms()
-        .into_iter()
-        .filter(|m| m.status.as_ref().is_some_and(|s| s.state != MicroVmState::Deleting as i32))
-        .filter_map(|m| m.spec.and_then(|s| s.uid))
-        .collect()
-}
-
 /// Finding 2: a host that accepts TCP connections but never answers kept its pools short:
 /// its PROVISIONING (uid), AVAILABLE and uid-less rows kept counting as the pool's, so
 /// nothing was placed on the healthy host, and its AVAILABLE VM was still handed out. Now a
@@ -168,14 +139,14 @@ async fn a_dead_hosts_rows_stop_counting_the_pool_refills_elsewhere_and_its_vms_
     for phase in [Phase::Available, Phase::Provisioning] {
         let id = poolmgr_core::reconcile::new_vm_id("ci");
         let uid = returning.insert_vm(&ns, &id, flintlock_proto::types::micro_vm_status::MicroVmState::Created);
-        row_with(&app, "ci", &id, "silent", phase, Some(&uid)).await;
+        app.insert_vm_row("ci", &id, "silent", phase, Some(&uid)).await;
         on_silent.push(id);
     }
     let intent = poolmgr_core::reconcile::new_vm_id("ci");
     returning.insert_vm(&ns, &intent, flintlock_proto::types::micro_vm_status::MicroVmState::Created);
-    row_with(&app, "ci", &intent, "silent", Phase::Provisioning, None).await;
+    app.insert_vm_row("ci", &intent, "silent", Phase::Provisioning, None).await;
     on_silent.push(intent.clone());
-    assert_eq!(live(&returning).len(), 3);
+    assert_eq!(TestApp::sim_live_uids(&returning).len(), 3);
 
     // Passes until the pool is whole on the healthy host; each pass calls the silent host
     // (3 s timeout), so this also covers "judged dead" happening mid-run. 60 passes bound a
@@ -203,7 +174,7 @@ async fn a_dead_hosts_rows_stop_counting_the_pool_refills_elsewhere_and_its_vms_
     drop(silent);
     let server = returning.serve(addr).await.expect("serve on the dead host's address");
     app.settle(80, "the dead host's microVMs deleted and its rows gone", || async {
-        live(&returning).is_empty()
+        TestApp::sim_live_uids(&returning).is_empty()
             && app.scalar_i64("SELECT count(*) FROM vms WHERE flintlock_host = 'silent'").await == 0
     })
     .await;
@@ -222,7 +193,7 @@ async fn a_dead_hosts_rows_stop_counting_the_pool_refills_elsewhere_and_its_vms_
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(rows, live(&app.sim), "every row has its microVM and every microVM its row");
+    assert_eq!(rows, TestApp::sim_live_uids(&app.sim), "every row has its microVM and every microVM its row");
     server.shutdown().await;
 }
 
@@ -241,7 +212,7 @@ async fn claims_racing_a_dead_hosts_retirement_get_each_vm_at_most_once_and_neve
     let mut ids = vec![];
     for _ in 0..12 {
         let id = poolmgr_core::reconcile::new_vm_id("ci");
-        row_with(&app, "ci", &id, "silent", Phase::Available, Some(&ulid::Ulid::generate().to_string())).await;
+        app.insert_vm_row("ci", &id, "silent", Phase::Available, Some(&ulid::Ulid::generate().to_string())).await;
         ids.push(id);
     }
     app.conn()

@@ -544,21 +544,7 @@ async fn a_pass_on_one_connection_steps_many_pools_without_any_waiting_for_it() 
 /// never saw (the host cannot be asked anyway).
 async fn row_on(app: &TestApp, pool: &str, host: &str, phase: Phase) -> String {
     let id = poolmgr_core::reconcile::new_vm_id(pool);
-    let uid = ulid::Ulid::generate().to_string();
-    let pref = poolmgr_tests::pool(pool);
-    poolmgr_core::store::vm_insert(
-        &**app.conn().await,
-        &poolmgr_core::store::VmInsert {
-            id: &id,
-            uid: Some(&uid),
-            pool: &pref,
-            flintlock_host: host,
-            phase,
-            network_interfaces: &json!({}),
-        },
-    )
-    .await
-    .unwrap();
+    app.insert_vm_row(pool, &id, host, phase, Some(&ulid::Ulid::generate().to_string())).await;
     id
 }
 
@@ -620,15 +606,6 @@ async fn a_host_that_never_answers_costs_one_timeout_and_does_not_stall_replenis
 // Deployments sharing hosts (issue 14 item 9)
 // ---------------------------------------------------------------------------------------
 
-/// Live (not DELETING) microVMs in a simulator, in any namespace.
-fn live_anywhere(sim: &flintlock_sim::Sim) -> Vec<String> {
-    sim.vms()
-        .into_iter()
-        .filter(|m| m.status.as_ref().is_some_and(|s| s.state != MicroVmState::Deleting as i32))
-        .filter_map(|m| m.spec.and_then(|s| s.uid))
-        .collect()
-}
-
 /// Issue 14 item 9: two poolmgr deployments (two databases) share one flintlockd, each with
 /// a pool of the same name (default/ci), one VM of each leased. Every pass of either scans
 /// the shared host for orphans. Each deployment's VMs live in a flintlock namespace carrying
@@ -677,13 +654,13 @@ async fn two_deployments_sharing_a_host_never_delete_each_others_vms() {
         assert_eq!(app.count_events("VM_ORPHAN_DELETED").await, 0);
         let uids: Vec<String> =
             app.conn().await.query("SELECT uid FROM vms", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
-        let live = live_anywhere(&a.sim);
+        let live = TestApp::sim_live_uids(&a.sim);
         for uid in &uids {
             assert!(live.contains(uid), "VM {uid} of a deployment was deleted in flintlock");
         }
     }
-    assert!(live_anywhere(&a.sim).contains(&unattributable), "a VM no deployment can claim was deleted");
-    assert_eq!(live_anywhere(&a.sim).len(), 5);
+    assert!(TestApp::sim_live_uids(&a.sim).contains(&unattributable), "a VM no deployment can claim was deleted");
+    assert_eq!(TestApp::sim_live_uids(&a.sim).len(), 5);
 }
 
 /// Issue 14 item 7: a pass places a pool's new VMs beside its VM steps, so before those

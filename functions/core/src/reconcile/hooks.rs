@@ -75,7 +75,16 @@ async fn create_hook_step(
             }
             Err(e) if e.is_not_found() => {
                 let why = "the guest agent wait found no such VM";
-                return super::provision::forget_lost(db, vm, uid, Phase::CreateHookRunning, why, report).await;
+                return super::provision::forget_lost(
+                    db,
+                    &vm.id,
+                    &vm.flintlock_host,
+                    uid,
+                    Phase::CreateHookRunning,
+                    why,
+                    report,
+                )
+                .await;
             }
             Err(e) => return fail_vm(pass, db, pool, vm, &format!("guest agent: {e}"), report).await,
         }
@@ -93,7 +102,16 @@ async fn create_hook_step(
         && e.is_not_found()
     {
         let why = format!("create command {step} found no such VM");
-        return super::provision::forget_lost(db, vm, uid, Phase::CreateHookRunning, &why, report).await;
+        return super::provision::forget_lost(
+            db,
+            &vm.id,
+            &vm.flintlock_host,
+            uid,
+            Phase::CreateHookRunning,
+            &why,
+            report,
+        )
+        .await;
     }
     // Sanitised and capped: the output is stored in the VM_HOOK_FAILED event.
     if let Some(why) = flintlock::hook_failure(cmd, &outcome) {

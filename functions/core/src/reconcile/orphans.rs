@@ -76,7 +76,7 @@ async fn scan_host(
         .filter(|m| m.status.as_ref().is_none_or(|s| s.state != MicroVmState::Deleting as i32))
         .filter_map(|m| m.spec.as_ref().and_then(|s| s.uid.clone()))
         .collect();
-    forget_lost(pass, db, host, &present, report).await?;
+    forget_lost_rows(pass, db, host, &present, report).await?;
     let managed: Vec<_> = all
         .into_iter()
         .filter_map(|m| {
@@ -152,7 +152,7 @@ async fn scan_host(
 /// the list was taken is found) and, when flintlock does not know the uid or is deleting it,
 /// removed with VM_LOST; the pool's replenishment replaces them in its next step (the event
 /// makes the selection look at the pool).
-async fn forget_lost(
+async fn forget_lost_rows(
     pass: &Pass<'_>,
     db: &mut StepConn<'_>,
     host: &HostRow,
@@ -177,12 +177,7 @@ async fn forget_lost(
                 continue;
             }
         };
-        let payload =
-            json!({"uid": uid, "host": host.name, "phase": phase, "reason": format!("its microVM is gone: {gone}")});
-        if store::vm_forget_lost(db.client().await?, &id, &uid, phase, &payload).await? {
-            report.lost += 1;
-            tracing::warn!(host = %host.name, vm = %id, %uid, %phase, "a VM's microVM is gone from flintlock ({gone}): row removed, the pool replaces it");
-        }
+        super::provision::forget_lost(db, &id, &host.name, &uid, phase, gone, report).await?;
     }
     Ok(())
 }

@@ -74,7 +74,7 @@ pub(super) trait HostFailure {
 
 impl HostFailure for FlintlockError {
     fn host_unreachable(&self) -> bool {
-        matches!(self, FlintlockError::Unavailable { .. })
+        self.is_transport()
     }
 }
 

@@ -306,7 +306,8 @@ pub(super) async fn poll_provisioning(
         // Not the VM failing to boot: its microVM is gone (a host rebooted, a delete behind
         // poolmgr's back). No policy, nothing to quarantine: the row goes, VM_LOST (found by
         // the fault campaign: it quarantined VMs that did not exist).
-        return forget_lost(db, vm, uid, Phase::Provisioning, "flintlock does not know its uid", report).await;
+        let why = "flintlock does not know its uid";
+        return forget_lost(db, &vm.id, &vm.flintlock_host, uid, Phase::Provisioning, why, report).await;
     };
     let st = m.status.as_ref().map(|s| s.state).unwrap_or(MicroVmState::Pending as i32);
     if st == MicroVmState::Created as i32 {
@@ -352,17 +353,16 @@ fn past_provision_timeout(pass: &Pass<'_>, vm: &VmRow) -> bool {
 /// policy: there is nothing left to inspect or delete); the pool's next step replaces it.
 pub(super) async fn forget_lost(
     db: &mut StepConn<'_>,
-    vm: &VmRow,
+    vm_id: &str,
+    host: &str,
     uid: &str,
     phase: Phase,
     why: &str,
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {
-    let payload =
-        json!({"uid": uid, "host": vm.flintlock_host, "phase": phase, "reason": format!("its microVM is gone: {why}")});
-    if store::vm_forget_lost(db.client().await?, &vm.id, uid, phase, &payload).await? {
+    if store::vm_forget_lost(db.client().await?, vm_id, uid, phase, host, why).await? {
         report.lost += 1;
-        tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, %uid, %phase, "a VM's microVM is gone from flintlock ({why}): row removed, the pool replaces it");
+        tracing::warn!(vm = %vm_id, %host, %uid, %phase, "a VM's microVM is gone from flintlock ({why}): row removed, the pool replaces it");
     }
     Ok(())
 }

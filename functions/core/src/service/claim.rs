@@ -504,13 +504,11 @@ async fn hook_vm_gone(
 ) -> ApiError {
     tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, error = %e, "pre-lease hook found the VM gone from flintlock");
     let uid = vm.uid.clone().unwrap_or_default();
-    let payload = serde_json::json!({
-        "uid": uid, "host": vm.flintlock_host, "phase": Phase::PreLeaseHookRunning,
-        "reason": format!("its microVM is gone: the pre-lease hook found no such VM ({e})"),
-    });
+    let why = format!("the pre-lease hook found no such VM ({e})");
     let _ = retrying("remove the lost VM", &vm.id, || async {
         let conn = state.conn().await?;
-        Ok(store::vm_forget_lost(&conn, &vm.id, &uid, Phase::PreLeaseHookRunning, &payload).await?)
+        let phase = Phase::PreLeaseHookRunning;
+        Ok(store::vm_forget_lost(&conn, &vm.id, &uid, phase, &vm.flintlock_host, &why).await?)
     })
     .await;
     state.metrics.claim_failure(&req.pool, "unavailable");

@@ -483,16 +483,20 @@ pub async fn vm_missing_on_host(
 }
 
 /// Removes the row of a VM whose microVM flintlock no longer has (deleted behind poolmgr's
-/// back, lost with a host's reboot), with VM_LOST in the same statement, while it is still
-/// in `phase` with `uid`: a claim that took the VM meanwhile keeps it. `false`: it had moved.
+/// back, lost with a host's reboot), with VM_LOST in the same statement (payload: `uid`,
+/// `host`, `phase`, `reason` = "its microVM is gone: {why}"), while it is still in `phase`
+/// with `uid`: a claim that took the VM meanwhile keeps it. `false`: it had moved.
 pub async fn vm_forget_lost(
     c: &impl Executor,
     vm_id: &str,
     uid: &str,
     phase: Phase,
-    payload: &serde_json::Value,
+    host: &str,
+    why: &str,
 ) -> Result<bool> {
-    let payload = super::event::stored_payload(payload);
+    let payload = super::event::stored_payload(
+        &serde_json::json!({"uid": uid, "host": host, "phase": phase, "reason": format!("its microVM is gone: {why}")}),
+    );
     let row = c
         .timed_query_one(
             "WITH v AS (
