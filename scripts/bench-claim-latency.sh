@@ -5,7 +5,8 @@
 #   scripts/bench-claim-latency.sh [N]      (default 1000)
 #
 # Prints median/p95/p99/max for claims without and with a request_id. The VMs are seeded as
-# AVAILABLE rows directly (a claim never calls flintlock, so no simulator is needed); the pool's
+# AVAILABLE rows directly (with POOLMGR_CLAIM_VERIFY=off a claim never calls flintlock, so no
+# simulator is needed; the checked claim: scripts/bench-claim-check.sh); the pool's
 # size matches the seeded rows so the reconciler neither adds nor sheds VMs meanwhile.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,7 +24,7 @@ DB_URL=$(pg_create_db poolmgr_bench)
 PORT=$(free_port)
 TOKEN=bench-$(random_token)
 : >"$ROOT/.dev/bench-poolmgr-local.log"
-DATABASE_URL=$DB_URL POOLMGR_ADMIN_TOKENS=bench:$TOKEN RUST_LOG=warn \
+DATABASE_URL=$DB_URL POOLMGR_ADMIN_TOKENS=bench:$TOKEN RUST_LOG=warn POOLMGR_CLAIM_VERIFY=off \
     stack_app_start "127.0.0.1:$PORT" "$ROOT/.dev/bench-poolmgr-local.log"
 
 log "creating pool default/bench and seeding $((2 * N)) AVAILABLE VMs"

@@ -603,7 +603,12 @@ impl TestApp {
 
     /// Creates a VM in the simulator and its row in `phase`, as provisioning would.
     pub async fn seed_vm(&self, pool_name: &str, phase: Phase) -> store::VmRow {
-        let pool = pool(pool_name);
+        self.seed_vm_in("default", pool_name, phase).await
+    }
+
+    /// [`TestApp::seed_vm`] in a pool of any namespace.
+    pub async fn seed_vm_in(&self, namespace: &str, pool_name: &str, phase: Phase) -> store::VmRow {
+        let pool = PoolRef { namespace: namespace.into(), name: pool_name.into() };
         let id = format!("{pool_name}-{}", ulid::Ulid::generate().to_string().to_lowercase());
         let host = {
             let conn = self.conn().await;
@@ -613,7 +618,7 @@ impl TestApp {
         let created = self
             .state
             .flintlock
-            .create(&host.endpoint(), tpl.to_spec(&id, &self.flintlock_namespace("default").await))
+            .create(&host.endpoint(), tpl.to_spec(&id, &self.flintlock_namespace(namespace).await))
             .await
             .expect("sim create");
         let uid = created.spec.and_then(|s| s.uid).expect("uid");

@@ -119,6 +119,14 @@ pub struct HookConfig {
     /// [`HookConfig::longest_claim_hold`], or the sweep would delete VMs under live claims:
     /// such a value is refused at start. Unset, it is that bound plus a minute.
     pub claim_abandon_after: Duration,
+    /// A claim asks the VM's host for the microVM before it answers (`POOLMGR_CLAIM_VERIFY`,
+    /// on; issue 23 finding 1): a microVM lost with a host reboot or deleted behind poolmgr's
+    /// back is never handed out. Such claims take the two-phase path of a pre-lease hook.
+    /// Off: the one-statement claim, which never calls flintlock.
+    pub claim_verify: bool,
+    /// The longest that check may take (`POOLMGR_CLAIM_VERIFY_TIMEOUT_MS`, 2000); past it the
+    /// host counts as unreachable: the VM goes back and the claim answers 503.
+    pub claim_verify_timeout: Duration,
 }
 
 /// Slack added to [`HookConfig::longest_claim_hold`] for the default abandon period.
@@ -288,6 +296,10 @@ fn hook_config(
         guest_agent_timeout: Duration::from_secs(parse_num(lookup, "POOLMGR_GUEST_AGENT_TIMEOUT_SECONDS", 60u64)?),
         claim_hook_deadline: Duration::from_secs(parse_num(lookup, "POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS", 15u64)?),
         claim_abandon_after: Duration::ZERO,
+        claim_verify: parse_switch(lookup, "POOLMGR_CLAIM_VERIFY", true)?,
+        claim_verify_timeout: Duration::from_millis(
+            parse_num(lookup, "POOLMGR_CLAIM_VERIFY_TIMEOUT_MS", 2000u64)?.max(1),
+        ),
     };
     if hooks.claim_hook_deadline.is_zero() {
         return Err(ConfigError("POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS must be at least 1".into()));

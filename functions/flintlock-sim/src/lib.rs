@@ -150,6 +150,8 @@ struct Inner {
     create_delay: Duration,
     /// How long ListMicroVMs waits between taking its snapshot and answering.
     list_delay: Duration,
+    /// How long GetMicroVM waits before it answers.
+    get_delay: Duration,
     /// CreateMicroVM calls being answered right now, and the most there ever were at once.
     creates_in_flight: usize,
     max_creates_in_flight: usize,
@@ -233,6 +235,7 @@ impl Sim {
                 calls: HashMap::new(),
                 create_delay: Duration::ZERO,
                 list_delay: Duration::ZERO,
+                get_delay: Duration::ZERO,
                 creates_in_flight: 0,
                 max_creates_in_flight: 0,
                 next_ifindex: 2,
@@ -408,6 +411,12 @@ impl Sim {
     /// changes between a caller's list and what it reads next.
     pub fn set_list_delay(&self, d: Duration) {
         self.lock().list_delay = d;
+    }
+
+    /// How long each GetMicroVM waits before it answers, from now on (a host that hangs
+    /// past its caller's limit).
+    pub fn set_get_delay(&self, d: Duration) {
+        self.lock().get_delay = d;
     }
 
     /// The most CreateMicroVM calls this sim was answering at the same time.

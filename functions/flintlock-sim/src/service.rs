@@ -191,6 +191,10 @@ impl MicroVm for SimService {
         if uid.is_empty() {
             return Err(Status::invalid_argument("invalid request"));
         }
+        let delay = self.sim.lock().get_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         match self.sim.vm(&uid) {
             Some(vm) => Ok(Response::new(GetMicroVmResponse { microvm: Some(vm) })),
             None => Err(Status::unknown(format!(

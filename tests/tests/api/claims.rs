@@ -38,11 +38,34 @@ async fn claim_returns_lease_vm_and_host_from_stored_data() {
         app.metric("poolmgr_vm_claims_total{pool_name=\"ci\",pool_namespace=\"default\",replayed=\"false\"}"),
         1.0
     );
-    // No flintlock call on the claim path.
+    // One flintlock call on the claim path: the check that the VM exists (issue 23 finding
+    // 1); everything the answer carries was stored at provisioning.
     let calls_after = app.sim.calls(flintlock_sim::METHOD_GET) + app.sim.calls(flintlock_sim::METHOD_LIST);
-    assert_eq!(calls_before, calls_after);
+    assert_eq!(calls_before + 1, calls_after);
+    assert_eq!(app.sim.calls(flintlock_sim::METHOD_LIST), 0);
     // Expiry = claim time + the pool's heartbeat_expiry_seconds (120).
     assert_eq!((b.lease.expires_at - b.lease.claimed_at).num_seconds(), 120);
+    // A replay asks nobody: the VM was checked when its lease was written.
+    let again: ClaimResponse = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok_response(200).json();
+    assert!(again.replayed);
+    assert_eq!(app.sim.calls(flintlock_sim::METHOD_GET), calls_after);
+}
+
+/// `POOLMGR_CLAIM_VERIFY=off`: the design's one-statement claim, which calls no flintlock at
+/// all, answers exactly as the checked one does.
+#[tokio::test]
+async fn an_unverified_claim_calls_no_flintlock_and_answers_the_same() {
+    let app = TestApp::spawn_with(|env| env.push(("POOLMGR_CLAIM_VERIFY".into(), "off".into()))).await;
+    app.create_pool("ci", 1).await;
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    let calls_before = app.sim.calls(flintlock_sim::METHOD_GET) + app.sim.calls(flintlock_sim::METHOD_LIST);
+    let b: ClaimResponse = app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_ok_response(200).json();
+    assert_eq!(b.vm.id, vm.id);
+    assert_eq!(b.lease.request_id.as_deref(), Some("r-1"));
+    assert_eq!(app.phase_of(&vm.id).await.as_deref(), Some("LEASED"));
+    assert_eq!(app.count_events("VM_CLAIMED").await, 1);
+    let calls_after = app.sim.calls(flintlock_sim::METHOD_GET) + app.sim.calls(flintlock_sim::METHOD_LIST);
+    assert_eq!(calls_before, calls_after, "no flintlock call on the unverified claim path");
 }
 
 #[tokio::test]

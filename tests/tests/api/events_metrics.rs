@@ -6,29 +6,14 @@ use std::time::Duration;
 
 use poolmgr_core::api::{ClaimResponse, EventList};
 use poolmgr_core::domain::{EventType, Phase, PoolRef};
-use poolmgr_core::store::{self, VmInsert};
+use poolmgr_core::store;
 use poolmgr_tests::*;
 use serde_json::json;
 
-/// A VM row in any pool (any namespace), without a flintlock VM: enough to be claimed.
+/// A VM in any pool (any namespace), its microVM in the simulator: enough to be claimed
+/// (a claim checks its VM with flintlock, `POOLMGR_CLAIM_VERIFY`).
 async fn seed_row(app: &TestApp, namespace: &str, pool: &str, phase: Phase) -> String {
-    let id = format!("{pool}-{}", ulid::Ulid::generate().to_string().to_lowercase());
-    let pool = PoolRef { namespace: namespace.into(), name: pool.into() };
-    let conn = app.conn().await;
-    store::vm_insert(
-        &**conn,
-        &VmInsert {
-            id: &id,
-            uid: Some("01JTESTUID0000000000000000"),
-            pool: &pool,
-            flintlock_host: SIM_HOST,
-            phase,
-            network_interfaces: &json!({}),
-        },
-    )
-    .await
-    .expect("insert vm row");
-    id
+    app.seed_vm_in(namespace, pool, phase).await.id
 }
 
 async fn create_pool_in(app: &TestApp, namespace: &str, name: &str) {

@@ -27,6 +27,132 @@ async fn lost_vms(app: &TestApp) -> HashSet<String> {
     rows.iter().map(|r| r.get(0)).collect()
 }
 
+/// Pool default/ci filled to 8 AVAILABLE VMs, then every other one's microVM removed from the
+/// simulator behind poolmgr's back: the ids of the VMs whose microVM is gone.
+async fn eight_available_half_lost(app: &TestApp) -> HashSet<String> {
+    app.create_pool("ci", 8).await;
+    app.settle(60, "8 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 8 }).await;
+    let available = uids_in(app, "ci", "AVAILABLE").await;
+    let lost: HashSet<String> = available.iter().step_by(2).map(|(id, _)| id.clone()).collect();
+    for (id, uid) in &available {
+        if lost.contains(id) {
+            assert!(app.sim.remove_vm(uid));
+        }
+    }
+    lost
+}
+
+/// Claims that never ask flintlock (`POOLMGR_CLAIM_VERIFY=off`): the design's one-statement
+/// claim, for the tests of what the reconciler alone guarantees.
+fn unverified(env: &mut Vec<(String, String)>) {
+    env.push(("POOLMGR_CLAIM_VERIFY".into(), "off".into()));
+}
+
+/// Finding 1, before any scan: a host that lost microVMs (rebooted for a moment, a delete
+/// behind poolmgr's back) and that no pass has looked at yet. The one-statement claim handed
+/// those VMs out with 200 (the fault campaign's `dead-vm`, seed 101). A claim now asks the
+/// host for its VM before it writes the lease: every VM handed out exists, a lost one goes
+/// with VM_LOST and its claim answers 503, and the retries with the same request_ids get the
+/// VMs that are left — raced by many claims at once.
+#[tokio::test]
+async fn claims_never_hand_out_a_vm_whose_microvm_vanished_before_any_scan() {
+    let app = Arc::new(TestApp::spawn().await);
+    let lost = eight_available_half_lost(&app).await;
+    // Eight claimers, each retrying its request_id after a 503 as a client does: the four
+    // live VMs go to four of them, the others end at 429 once only lost VMs were left.
+    let claimers = (0..8).map(|i| {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let rid = format!("after-reboot-{i}");
+            let mut unavailable = 0;
+            loop {
+                let r = app.claim(CLIENT_A, "ci", Some(&rid)).await;
+                match r.status.as_u16() {
+                    503 => {
+                        assert_eq!(r.body["error"]["status"], "UNAVAILABLE", "{}", r.body);
+                        assert!(r.headers.contains_key("retry-after"));
+                        unavailable += 1;
+                    }
+                    200 => return (Some(r.body["vm"]["id"].as_str().unwrap().to_owned()), unavailable),
+                    429 => return (None, unavailable),
+                    other => panic!("claim answered {other}: {}", r.body),
+                }
+            }
+        })
+    });
+    let results: Vec<(Option<String>, usize)> =
+        futures::future::join_all(claimers).await.into_iter().map(|r| r.unwrap()).collect();
+    let claimed: Vec<String> = results.iter().filter_map(|(id, _)| id.clone()).collect();
+    let live: HashSet<String> = TestApp::sim_live_uids(&app.sim);
+    for id in &claimed {
+        assert!(!lost.contains(id), "{id} was handed out although its microVM is gone");
+        let uid: String = app.conn().await.query_one("SELECT uid FROM vms WHERE id = $1", &[id]).await.unwrap().get(0);
+        assert!(live.contains(&uid), "{id} ({uid}) was handed out but its host does not have it");
+    }
+    assert_eq!(claimed.len(), 4, "every live VM was claimed once: {results:?}");
+    assert_eq!(claimed.iter().collect::<HashSet<_>>().len(), 4, "no VM handed out twice");
+    // Each lost VM was met by exactly one claim (503, VM_LOST) and is gone.
+    assert_eq!(lost_vms(&app).await, lost);
+    assert_eq!(results.iter().map(|(_, n)| n).sum::<usize>(), 4, "{results:?}");
+    for id in &lost {
+        assert_eq!(app.phase_of(id).await, None, "{id}'s row is gone");
+    }
+    // And the pass replaces them (REPLACE_ON_DELETE: the 4 leased VMs count towards the 8).
+    app.settle(60, "4 AVAILABLE again", || async { app.count_phase("ci", "AVAILABLE").await == 4 }).await;
+}
+
+/// Finding 1, the check's limit: a host that hangs on GetMicroVM (it accepts the call and
+/// never answers) holds a claim for `POOLMGR_CLAIM_VERIFY_TIMEOUT_MS`, no longer. The claim
+/// answers 503 with Retry-After, the VM goes back to AVAILABLE, and the retry with the same
+/// request_id claims it once the host answers again.
+#[tokio::test]
+async fn a_claim_whose_host_hangs_on_the_check_answers_503_and_gives_the_vm_back() {
+    let app = TestApp::spawn_with(|env| env.push(("POOLMGR_CLAIM_VERIFY_TIMEOUT_MS".into(), "300".into()))).await;
+    app.create_pool("ci", 1).await;
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    app.sim.set_get_delay(std::time::Duration::from_secs(30));
+    let started = std::time::Instant::now();
+    let r = app.claim(CLIENT_A, "ci", Some("hung")).await;
+    assert_eq!(r.status.as_u16(), 503, "{}", r.body);
+    // Well under flintlock's own 10 s call timeout, which is what bounded it before.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "the claim waited for the host: {:?}",
+        started.elapsed()
+    );
+    assert!(r.headers.contains_key("retry-after"));
+    let msg = r.body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("could not reach") && msg.contains("given back"), "{msg}");
+    assert_eq!(app.phase_of(&vm.id).await.as_deref(), Some("AVAILABLE"));
+    assert_eq!(app.count_events("VM_LOST").await, 0, "an unreachable host is not a lost VM");
+    app.sim.set_get_delay(std::time::Duration::ZERO);
+    let c = app.claimed(CLIENT_A, "ci", Some("hung")).await;
+    assert_eq!(c.vm.id, vm.id);
+    assert!(!c.replayed);
+}
+
+/// Finding 1, a host that a call found unreachable and none has reached since (the reconciler
+/// marks it; it may be rebooting without its microVMs): claims pick VMs on the other hosts
+/// instead of one whose VM cannot be checked, and use it again once a call reached it.
+#[tokio::test]
+async fn claims_skip_vms_on_a_host_marked_unreachable() {
+    let app = TestApp::spawn_with(unverified).await;
+    app.create_pool("ci", 1).await;
+    let vm = app.seed_vm("ci", Phase::Available).await;
+    app.conn()
+        .await
+        .execute("UPDATE hosts SET unreachable_since = now(), unreachable_until = now() + interval '1 minute'", &[])
+        .await
+        .unwrap();
+    let r = app.claim(CLIENT_A, "ci", None).await;
+    assert_eq!(r.status.as_u16(), 429, "{}", r.body);
+    assert_eq!(app.phase_of(&vm.id).await.as_deref(), Some("AVAILABLE"));
+    // A pass reaches the host: the mark is cleared and the VM is claimed.
+    app.pass().await;
+    let c = app.claimed(CLIENT_A, "ci", None).await;
+    assert_eq!(c.vm.id, vm.id);
+}
+
 /// Finding 1: a microVM deleted outside poolmgr (or lost with its host's reboot) left its
 /// AVAILABLE row behind, and claims handed it out with 200 for ever. Now the orphan scan
 /// checks the rows against flintlock's list: the row goes with VM_LOST, its replacement is
@@ -71,16 +197,9 @@ async fn a_vm_whose_microvm_vanished_is_never_handed_out_and_is_replaced() {
 /// after its row was removed.
 #[tokio::test]
 async fn claims_racing_the_loss_check_never_get_a_forgotten_vm_and_the_check_never_takes_a_leased_one() {
-    let app = Arc::new(TestApp::spawn().await);
-    app.create_pool("ci", 8).await;
-    app.settle(60, "8 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 8 }).await;
-    let available = uids_in(&app, "ci", "AVAILABLE").await;
-    let lost: HashSet<String> = available.iter().step_by(2).map(|(id, _)| id.clone()).collect();
-    for (id, uid) in &available {
-        if lost.contains(id) {
-            assert!(app.sim.remove_vm(uid));
-        }
-    }
+    // The one-statement claim, which never asks flintlock: the race is the scan's alone.
+    let app = Arc::new(TestApp::spawn_with(unverified).await);
+    let lost = eight_available_half_lost(&app).await;
     // Fewer claims than VMs: some lost VMs are left for the check whatever the interleaving.
     let claims = (0..4).map(|_| {
         let app = app.clone();

@@ -804,7 +804,8 @@ async fn a_vm_delete_that_flintlock_refuses_is_503_and_stays_deleting_until_a_re
 
 /// Issue 14 item 5: discards racing claims on the same VMs. Released at once, every VM ends
 /// either leased (its claim won: the discard is FAILED_PRECONDITION) or deleted (the discard
-/// won: that claim found no VM) — never both, never a lease on a deleted VM.
+/// won: that claim found no VM, or — the discard landing while the claim checked its VM with
+/// flintlock — answered 409 ABORTED) — never both, never a lease on a deleted VM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn vm_deletes_racing_claims_never_delete_a_leased_vm() {
     const N: usize = 8;
@@ -828,6 +829,7 @@ async fn vm_deletes_racing_claims_never_delete_a_leased_vm() {
         }));
     }
     let (mut deleted, mut refused, mut claimed, mut exhausted) = (0, 0, vec![], 0);
+    let mut aborted = 0;
     for t in tasks {
         match t.await.unwrap() {
             (true, r) if r.status.as_u16() == 204 => deleted += 1,
@@ -836,6 +838,10 @@ async fn vm_deletes_racing_claims_never_delete_a_leased_vm() {
                 refused += 1;
             }
             (false, r) if r.status.as_u16() == 200 => claimed.push(r.json::<api::ClaimResponse>().vm.id),
+            (false, r) if r.status.as_u16() == 409 => {
+                r.assert_error(409, "ABORTED");
+                aborted += 1;
+            }
             (false, r) => {
                 r.assert_error(429, "RESOURCE_EXHAUSTED");
                 exhausted += 1;
@@ -843,7 +849,7 @@ async fn vm_deletes_racing_claims_never_delete_a_leased_vm() {
         }
     }
     assert_eq!(deleted + refused, N);
-    assert_eq!(claimed.len() + exhausted, N);
+    assert_eq!(claimed.len() + exhausted + aborted, N);
     assert_eq!(claimed.len(), refused, "a discard is refused exactly for the VMs claims won");
     for vm in &vms {
         let phase = app.phase_of(&vm.id).await;

@@ -1,9 +1,11 @@
 //! ClaimVM (`POST /v1/claims`): hand out one AVAILABLE VM, or replay the lease a
 //! `request_id` already created.
 //!
-//! Never calls flintlock except to run a pool's pre-lease hook: everything the response needs
-//! was stored at provisioning. The common claim (no hook, no duplicate) is the one claim
-//! statement, one round trip; the rarer paths — a duplicate still committing, a lease that
+//! One flintlock call by default: a GetMicroVM of the VM taken, before its lease is written
+//! (`POOLMGR_CLAIM_VERIFY`, issue 23 finding 1), on the two-phase path a pre-lease hook's
+//! claim takes; a pool's hook commands prove the VM exists by running. Everything the
+//! response carries was stored at provisioning. With the check off, the common claim (no
+//! hook, no duplicate) is the one claim statement, one round trip; the rarer paths — a duplicate still committing, a lease that
 //! expired before the sweep, a hook claim — take a few more statements, each of which
 //! changes nothing or one thing the next one relies on.
 //!
@@ -162,6 +164,11 @@ pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -
 
 async fn claim_vm(state: &AppState, principal: &Principal, req: ClaimRequest) -> Result<ClaimResponse, ApiError> {
     let mut rounds = Rounds::default();
+    if state.config.hooks.claim_verify {
+        // The VM is checked with its host before the lease is written (issue 23 finding 1):
+        // the two-phase path, whose first transaction also answers replays.
+        return claim_with_hook(state, principal, req, rounds).await;
+    }
     loop {
         let outcome = {
             let conn = state.conn().await?;
@@ -372,6 +379,11 @@ async fn finish_hook_claim(
     let started = Instant::now();
     let hook_deadline = state.config.hooks.claim_hook_deadline;
     let deadline = started + hook_deadline;
+    if commands.is_empty() {
+        // A verified claim without hook commands (`POOLMGR_CLAIM_VERIFY`); with commands,
+        // their exec finds a missing VM just as well.
+        verify_vm(state, req, &vm, host.as_ref()).await?;
+    }
     for cmd in commands {
         // Each command gets its own limit, but never more than what is left of the claim's
         // deadline: the whole hook must end well inside the function's timeout.
@@ -398,8 +410,10 @@ async fn finish_hook_claim(
             // Dropping the exec at the deadline cancels its stream, which stops the command.
             match tokio::time::timeout(left, run).await {
                 Err(_) => Some(past_deadline()),
-                Ok(Err(e)) if e.is_transport() => return Err(hook_host_unreachable(state, req, &vm, &e).await),
-                Ok(Err(e)) if e.is_not_found() => return Err(hook_vm_gone(state, req, &vm, &e).await),
+                Ok(Err(e)) if e.is_transport() => {
+                    return Err(hook_host_unreachable(state, req, &vm, Step::Hook, &e).await);
+                }
+                Ok(Err(e)) if e.is_not_found() => return Err(hook_vm_gone(state, req, &vm, Step::Hook, &e).await),
                 // Sanitised and capped: the reason is stored in VM_HOOK_FAILED and sent back.
                 Ok(outcome) => crate::flintlock::hook_failure(cmd, &outcome),
             }
@@ -443,15 +457,69 @@ async fn finish_hook_claim(
         }
         HookLease::Claimed(view) => {
             state.metrics.claim(&req.pool, false);
-            state.metrics.hook_succeeded(
-                &req.pool.namespace,
-                &req.pool.name,
-                "pre_lease",
-                started.elapsed().as_secs_f64(),
-            );
+            if !commands.is_empty() {
+                state.metrics.hook_succeeded(
+                    &req.pool.namespace,
+                    &req.pool.name,
+                    "pre_lease",
+                    started.elapsed().as_secs_f64(),
+                );
+            }
             let vm = view.vm.as_ref().ok_or_else(|| ApiError::internal("claimed lease without its VM"))?;
             Ok(ClaimResponse::new(&view, vm, false))
         }
+    }
+}
+
+/// Which flintlock call of a two-phase claim met a missing VM or an unreachable host.
+#[derive(Clone, Copy)]
+enum Step {
+    Hook,
+    Verify,
+}
+
+impl Step {
+    fn name(self) -> &'static str {
+        match self {
+            Step::Hook => "the pre-lease hook",
+            Step::Verify => "the claim's check (GetMicroVM)",
+        }
+    }
+}
+
+/// The verified claim's check (issue 23 finding 1): a GetMicroVM of the VM taken, bounded by
+/// `POOLMGR_CLAIM_VERIFY_TIMEOUT_MS`. A VM its host does not know is lost (VM_LOST, 503); a
+/// host that cannot be reached, or answers too late, gets the VM back and the claim 503.
+async fn verify_vm(state: &AppState, req: &ClaimRequest, vm: &VmRow, host: Option<&HostRow>) -> Result<(), ApiError> {
+    let (Some(h), Some(uid)) = (host, vm.uid.as_deref()) else {
+        let e = crate::flintlock::FlintlockError::Config {
+            host: vm.flintlock_host.clone(),
+            message: "the VM has no flintlock uid or its host is not registered".into(),
+        };
+        return Err(hook_vm_gone(state, req, vm, Step::Verify, &e).await);
+    };
+    let limit = state.config.hooks.claim_verify_timeout.min(state.config.hooks.claim_hook_deadline);
+    let found = match tokio::time::timeout(limit, state.flintlock.get(&h.endpoint(), uid)).await {
+        Ok(r) => r,
+        Err(_) => Err(crate::flintlock::FlintlockError::Unavailable {
+            host: h.name.clone(),
+            message: format!(
+                "GetMicroVM did not answer within {} ms (POOLMGR_CLAIM_VERIFY_TIMEOUT_MS)",
+                limit.as_millis()
+            ),
+        }),
+    };
+    match found {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => {
+            let e = crate::flintlock::FlintlockError::Rpc {
+                host: h.name.clone(),
+                code: tonic::Code::NotFound,
+                message: format!("microvm {uid} not found"),
+            };
+            Err(hook_vm_gone(state, req, vm, Step::Verify, &e).await)
+        }
+        Err(e) => Err(hook_host_unreachable(state, req, vm, Step::Verify, &e).await),
     }
 }
 
@@ -473,9 +541,10 @@ async fn hook_host_unreachable(
     state: &AppState,
     req: &ClaimRequest,
     vm: &VmRow,
+    step: Step,
     e: &crate::flintlock::FlintlockError,
 ) -> ApiError {
-    tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, error = %e, "pre-lease hook could not reach its host; giving the VM back");
+    tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, error = %e, "{} could not reach its host; giving the VM back", step.name());
     let given_back = give_back(state, vm).await;
     state.metrics.claim_failure(&req.pool, "unavailable");
     let what = match given_back {
@@ -485,8 +554,10 @@ async fn hook_host_unreachable(
     };
     ApiError::unavailable(
         format!(
-            "the pre-lease hook on vm {} could not reach flintlock host {}; {what}; retry the claim after the Retry-After delay (the same request_id claims afresh)",
-            vm.id, vm.flintlock_host
+            "{} on vm {} could not reach flintlock host {}; {what}; retry the claim after the Retry-After delay (the same request_id claims afresh)",
+            step.name(),
+            vm.id,
+            vm.flintlock_host
         ),
         e,
     )
@@ -500,23 +571,31 @@ async fn hook_vm_gone(
     state: &AppState,
     req: &ClaimRequest,
     vm: &VmRow,
+    step: Step,
     e: &crate::flintlock::FlintlockError,
 ) -> ApiError {
-    tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, error = %e, "pre-lease hook found the VM gone from flintlock");
+    tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, error = %e, "{} found the VM gone from flintlock", step.name());
     let uid = vm.uid.clone().unwrap_or_default();
-    let why = format!("the pre-lease hook found no such VM ({e})");
-    let _ = retrying("remove the lost VM", &vm.id, || async {
+    let why = format!("{} found no such VM ({e})", step.name());
+    let forgotten = retrying("remove the lost VM", &vm.id, || async {
         let conn = state.conn().await?;
         let phase = Phase::PreLeaseHookRunning;
         Ok(store::vm_forget_lost(&conn, &vm.id, &uid, phase, &vm.flintlock_host, &why).await?)
     })
     .await;
+    if matches!(forgotten, Ok(false)) {
+        // It had left PRE_LEASE_HOOK_RUNNING: a delete (a discard, a pool delete) took it and
+        // removed its microVM, which is why the host did not have it.
+        return vm_taken(state, req, vm);
+    }
     state.metrics.claim_failure(&req.pool, "unavailable");
     state.waker.wake("lost VM").await;
     ApiError::unavailable(
         format!(
-            "vm {} is gone from flintlock host {} (its pre-lease hook found no such VM); retry the claim after the Retry-After delay (the same request_id claims another VM)",
-            vm.id, vm.flintlock_host
+            "vm {} is gone from flintlock host {} ({} found no such VM); retry the claim after the Retry-After delay (the same request_id claims another VM)",
+            vm.id,
+            vm.flintlock_host,
+            step.name()
         ),
         e,
     )
