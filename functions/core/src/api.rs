@@ -192,6 +192,10 @@ impl PoolStatusOut {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Pool {
     pub spec: PoolSpec,
+    /// Bumped by each change of `microvm_template` or `create_commands` (issue 24).
+    #[serde(default = "first_revision")]
+    #[schema(minimum = 1)]
+    pub revision: i32,
     #[schema(value_type = PoolStatusView)]
     pub status: PoolStatusOut,
     #[serde(serialize_with = "ts")]
@@ -204,6 +208,7 @@ impl Pool {
     pub fn new(row: &PoolRow, status: PoolStatus) -> Pool {
         Pool {
             spec: row.spec(),
+            revision: row.revision,
             status: PoolStatusOut::new(row, status),
             created_at: row.created_at,
             updated_at: row.updated_at,
@@ -223,12 +228,45 @@ pub struct VmRecord {
     pub phase: crate::domain::Phase,
     #[schema(required)]
     pub lease_id: Option<String>,
+    /// The pool's revision the VM was created from.
+    #[serde(default = "first_revision")]
+    #[schema(minimum = 1)]
+    pub revision: i32,
     #[schema(value_type = std::collections::BTreeMap<String, NetworkInterfaceStatus>)]
     pub network_interfaces: serde_json::Value,
     #[serde(serialize_with = "ts")]
     pub created_at: DateTime<Utc>,
     #[serde(serialize_with = "ts")]
     pub updated_at: DateTime<Utc>,
+}
+
+/// A pool's or a VM's revision from a server before revisions existed.
+fn first_revision() -> i32 {
+    1
+}
+
+/// One kept revision of a pool: the spec that created it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Revision {
+    #[schema(minimum = 1)]
+    pub revision: i32,
+    pub spec: PoolSpec,
+    #[serde(serialize_with = "ts")]
+    pub created_at: DateTime<Utc>,
+    /// Every warm VM of the pool was of this revision at some point.
+    pub rolled_out: bool,
+}
+
+impl From<&crate::store::RevisionRow> for Revision {
+    fn from(r: &crate::store::RevisionRow) -> Self {
+        Revision { revision: r.revision, spec: r.spec.clone(), created_at: r.created_at, rolled_out: r.rolled_out }
+    }
+}
+
+/// `GET /v1/pools/{namespace}/{name}/revisions`: the last 10, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct RevisionList {
+    pub revisions: Vec<Revision>,
 }
 
 impl From<&VmRow> for VmRecord {
@@ -240,6 +278,7 @@ impl From<&VmRow> for VmRecord {
             flintlock_host: v.flintlock_host.clone(),
             phase: v.phase,
             lease_id: v.lease_id.clone(),
+            revision: v.revision,
             network_interfaces: v.network_interfaces.clone(),
             created_at: v.created_at,
             updated_at: v.updated_at,

@@ -55,6 +55,7 @@ mod openapi;
 mod pools;
 mod reconcile;
 mod refill;
+mod rollouts;
 mod rules;
 mod selection;
 mod statement_timeout;

@@ -142,3 +142,33 @@ async fn v9_refuses_two_host_records_for_one_address_and_gives_each_database_a_d
     }
     assert_ne!(first, second, "two databases, two deployments");
 }
+
+/// V18 (issue 24): a pool that existed before revisions gets revision 1, kept with its spec as
+/// the API writes it (the route reads it back as a PoolSpec) and counted as rolled out; its
+/// VMs are of revision 1.
+#[tokio::test]
+async fn v18_gives_existing_pools_and_vms_revision_one_with_a_readable_spec() {
+    let testdb = TestDb::create().await;
+    let mut c = testdb.client().await;
+    db::migrate(&mut c, Some(1)).await.unwrap();
+    seed_v1(&c).await;
+    db::migrate(&mut c, Some(17)).await.unwrap();
+    c.batch_execute(
+        "UPDATE pools SET create_commands = '{setup}', autoscaling = '{\"min\": 1, \"max\": 4, \"buffer\": 1}', desired_size = 2",
+    )
+    .await
+    .unwrap();
+    db::migrate(&mut c, None).await.unwrap();
+    let app = TestApp::spawn_on(testdb, |_| {}).await;
+    let pool: poolmgr_core::api::Pool = app.get(ADMIN, "/v1/pools/default/old").await.assert_ok_response(200).json();
+    assert_eq!(pool.revision, 1);
+    let r = app.get(ADMIN, "/v1/pools/default/old/revisions").await;
+    let revs = r.assert_ok_response(200).json::<poolmgr_core::api::RevisionList>().revisions;
+    assert_eq!(revs.len(), 1);
+    assert_eq!(revs[0].revision, 1);
+    assert!(revs[0].rolled_out);
+    assert_eq!(revs[0].spec, pool.spec, "the kept spec is the pool's, field for field");
+    let vm_revisions: Vec<i32> =
+        app.conn().await.query("SELECT revision FROM vms", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(vm_revisions, vec![1, 1]);
+}

@@ -29,6 +29,7 @@ const CONTRACT_ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/pools/{namespace}/{name}"),
     ("DELETE", "/v1/pools/{namespace}/{name}"),
     ("POST", "/v1/pools/{namespace}/{name}/expect"),
+    ("GET", "/v1/pools/{namespace}/{name}/revisions"),
     ("GET", "/v1/vms"),
     ("GET", "/v1/vms/{id}"),
     // Issue 14 item 5: an operator discards a VM.

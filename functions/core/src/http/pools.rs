@@ -1,4 +1,5 @@
-//! The pools function's routes: create, list, get, update and delete (drain) a pool.
+//! The pools function's routes: create, list, get, update and delete (drain) a pool, and
+//! list its revisions.
 //!
 //! Handlers parse the pool's path and query, call `service::pool` and map the answer. They
 //! must never touch the store. The pools function also serves `/openapi.json` (see `mod.rs`).
@@ -163,9 +164,26 @@ async fn expect_claims(
     Ok((StatusCode::ACCEPTED, Json(out)).into_response())
 }
 
+/// The pool's last 10 revisions, newest first: each with the spec that created it and
+/// whether it ever rolled out to every warm VM. A revision is made by a change of
+/// `microvm_template` or `create_commands`.
+#[utoipa::path(
+    get, path = "/v1/pools/{namespace}/{name}/revisions", tag = "pools", operation_id = "list_pool_revisions",
+    security(("bearer" = [])), params(PoolPath),
+    responses((status = 200, description = "The kept revisions, newest first", body = api::RevisionList), Common, AdminOnly, NotFound)
+)]
+async fn list_pool_revisions(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    ApiPath((ns, name)): ApiPath<(String, String)>,
+) -> Result<Response, ApiError> {
+    Ok(Json(pool::revisions(&state, &pool_ref(&ns, &name)?).await?).into_response())
+}
+
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_pool, list_pools))
         .routes(routes!(get_pool, update_pool, delete_pool))
         .routes(routes!(expect_claims))
+        .routes(routes!(list_pool_revisions))
 }

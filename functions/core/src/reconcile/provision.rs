@@ -192,7 +192,7 @@ async fn create_vm(
                 report.errors.push(format!("{}: CreateMicroVM answered without a uid", vm.id));
                 return pass.backoff(db, &vm.id).await;
             }
-            store::vm_set_uid(db.client().await?, &vm.id, &uid, EventType::VmProvisioned).await?;
+            store::vm_set_uid(db.client().await?, &vm.id, &uid, EventType::VmProvisioned, Some(pool.revision)).await?;
             pass.count_create(&host.name);
             report.created += 1;
             Ok(())
@@ -254,7 +254,7 @@ pub(super) async fn create_or_adopt(
             found.sort_by_key(|m| m.spec.as_ref().and_then(|s| s.uid.clone()));
             match found.first().and_then(|m| m.spec.as_ref()).and_then(|s| s.uid.clone()) {
                 Some(uid) => {
-                    if store::vm_set_uid(db.client().await?, &vm.id, &uid, EventType::VmAdopted).await? {
+                    if store::vm_set_uid(db.client().await?, &vm.id, &uid, EventType::VmAdopted, None).await? {
                         state.metrics.orphan(&pool.namespace, &pool.name, "adopted");
                         report.adopted += 1;
                         tracing::info!(vm = %vm.id, %uid, "adopted a microVM whose create reply was lost");

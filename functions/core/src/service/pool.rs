@@ -137,12 +137,13 @@ pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec) -> Result<
     let mut conn = state.conn().await?;
     let tx = conn.transaction().await?;
     check_hosts(&tx, &spec).await?;
-    if !store::pool_update(&tx, &spec).await? {
-        return Err(not_found(path));
-    }
+    let (revision, bumped) = match store::pool_update(&tx, &spec).await? {
+        store::PoolUpdate::NotFound => return Err(not_found(path)),
+        store::PoolUpdate::Updated { revision, bumped } => (revision, bumped),
+    };
     let (row, status) = store::pool_get(&tx, path).await?.ok_or_else(|| not_found(path))?;
     tx.commit().await?;
-    tracing::info!(pool = %path, size = spec.size, "pool updated");
+    tracing::info!(pool = %path, size = spec.size, revision, new_revision = bumped, "pool updated");
     state.waker.wake("pool updated").await;
     Ok(Pool::new(&row, status))
 }
@@ -151,6 +152,13 @@ pub async fn get(state: &AppState, pool: &PoolRef) -> Result<Pool, ApiError> {
     let conn = state.conn().await?;
     let (row, status) = store::pool_get(&conn, pool).await?.ok_or_else(|| not_found(pool))?;
     Ok(Pool::new(&row, status))
+}
+
+/// The pool's kept revisions, newest first (`GET /v1/pools/{namespace}/{name}/revisions`).
+pub async fn revisions(state: &AppState, pool: &PoolRef) -> Result<crate::api::RevisionList, ApiError> {
+    let conn = state.conn().await?;
+    let revs = store::pool_revisions(&conn, pool).await?.ok_or_else(|| not_found(pool))?;
+    Ok(crate::api::RevisionList { revisions: revs.iter().map(crate::api::Revision::from).collect() })
 }
 
 pub async fn list(state: &AppState, namespace: Option<&str>) -> Result<Vec<Pool>, ApiError> {

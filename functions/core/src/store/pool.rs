@@ -51,8 +51,16 @@ pub struct PoolRow {
     pub expected_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub expected_until: Option<DateTime<Utc>>,
+    /// Bumped by a change of a field that shapes the warm VMs (V18, [`pool_update`]).
+    #[serde(default = "first_revision")]
+    pub revision: i32,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+/// A pool's (and a VM's) revision before V18 recorded one.
+pub(super) fn first_revision() -> i32 {
+    1
 }
 
 impl PoolRow {
@@ -116,18 +124,26 @@ fn pool_with_counts(row: &Row) -> Result<(PoolRow, VmCounts)> {
     Ok((json_req(row, "pool")?, json_req(row, "counts")?))
 }
 
-/// Inserts a pool; `None` if one with that key exists.
+/// Inserts a pool, and its revision 1 (rolled out: it has no VMs of another); `None` if one
+/// with that key exists.
 pub async fn pool_insert(c: &impl Executor, spec: &PoolSpec) -> Result<Option<PoolRow>> {
     let template = serde_json::to_value(&spec.microvm_template).map_err(|e| StoreError::Db(e.to_string()))?;
     let (autoscaling, desired) = autoscaling_params(spec)?;
+    let spec_json = serde_json::to_value(spec).map_err(|e| StoreError::Db(e.to_string()))?;
     let row = c
         .timed_query_opt(
-            "INSERT INTO pools AS p (namespace, name, size, flintlock_hosts, strategy, min_size,
-                 microvm_template, create_commands, pre_lease_commands, hook_failure_policy,
-                 heartbeat_interval_seconds, heartbeat_expiry_seconds, autoscaling, desired_size)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-             ON CONFLICT (namespace, name) DO NOTHING
-             RETURNING to_jsonb(p) AS pool",
+            "WITH p AS (
+                 INSERT INTO pools AS p (namespace, name, size, flintlock_hosts, strategy, min_size,
+                     microvm_template, create_commands, pre_lease_commands, hook_failure_policy,
+                     heartbeat_interval_seconds, heartbeat_expiry_seconds, autoscaling, desired_size)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                 ON CONFLICT (namespace, name) DO NOTHING
+                 RETURNING *
+             ), r AS (
+                 INSERT INTO pool_revisions (namespace, name, revision, spec, rolled_out)
+                 SELECT namespace, name, revision, $15, true FROM p
+             )
+             SELECT to_jsonb(p) AS pool FROM p",
             &[
                 (&spec.namespace, Type::TEXT),
                 (&spec.name, Type::TEXT),
@@ -143,11 +159,15 @@ pub async fn pool_insert(c: &impl Executor, spec: &PoolSpec) -> Result<Option<Po
                 (&spec.heartbeat_expiry_seconds, Type::INT4),
                 (&autoscaling, Type::JSONB),
                 (&desired, Type::INT4),
+                (&spec_json, Type::JSONB),
             ],
         )
         .await?;
     row.map(|r| json_req(&r, "pool")).transpose()
 }
+
+/// How many revisions of a pool are kept (the newest; issue 24 item 1).
+pub const REVISIONS_KEPT: i32 = 10;
 
 /// The `autoscaling` column and the desired size a pool starts from (`None`, `None`: off).
 fn autoscaling_params(spec: &PoolSpec) -> Result<(Option<serde_json::Value>, Option<i32>)> {
@@ -156,17 +176,38 @@ fn autoscaling_params(spec: &PoolSpec) -> Result<(Option<serde_json::Value>, Opt
     Ok((Some(json), Some(a.initial_size(spec.size))))
 }
 
-/// Replaces a pool's spec; `false` if the pool does not exist. Switching autoscaling on
-/// starts the desired size from `size`; changing the policy keeps the desired size within the
-/// new floor and ceiling (the next sizing step decides from there); switching it off forgets
-/// the sizing state.
-pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<bool> {
+/// What [`pool_update`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolUpdate {
+    NotFound,
+    /// Replaced; `bumped`: a VM-shaping field changed, so `revision` is a new one.
+    Updated {
+        revision: i32,
+        bumped: bool,
+    },
+}
+
+/// Replaces a pool's spec. Switching autoscaling on starts the desired size from `size`;
+/// changing the policy keeps the desired size within the new floor and ceiling (the next
+/// sizing step decides from there); switching it off forgets the sizing state.
+///
+/// A changed `microvm_template` or `create_commands` (compared as stored: jsonb equality,
+/// so key order does not count) bumps the revision and keeps the new spec as that revision,
+/// dropping all but the newest [`REVISIONS_KEPT`]; any other change keeps the revision. In
+/// one statement: the SET expressions read the row as it was, and a concurrent update of the
+/// same pool waits for this one, so two PUTs never get one revision number.
+pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<PoolUpdate> {
     let template = serde_json::to_value(&spec.microvm_template).map_err(|e| StoreError::Db(e.to_string()))?;
     let (autoscaling, desired) = autoscaling_params(spec)?;
     let (min, max) = spec.autoscaling.as_ref().map_or((None, None), |a| (Some(a.min), Some(a.max)));
-    let n = c
-        .timed_execute(
-            "UPDATE pools SET size = $3, flintlock_hosts = $4, strategy = $5, min_size = $6,
+    let spec_json = serde_json::to_value(spec).map_err(|e| StoreError::Db(e.to_string()))?;
+    let row = c
+        .timed_query_opt(
+            "WITH upd AS (
+             UPDATE pools SET size = $3, flintlock_hosts = $4, strategy = $5, min_size = $6,
+                 revision = CASE WHEN microvm_template IS DISTINCT FROM $7::jsonb
+                                   OR create_commands IS DISTINCT FROM $8::text[]
+                                 THEN revision + 1 ELSE revision END,
                  microvm_template = $7, create_commands = $8, pre_lease_commands = $9,
                  hook_failure_policy = $10, heartbeat_interval_seconds = $11,
                  heartbeat_expiry_seconds = $12, autoscaling = $13,
@@ -179,7 +220,20 @@ pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<bool> {
                                     THEN jsonb_set(coalesce(scaling, '{}'), '{active}', 'true')
                                 ELSE scaling END,
                  updated_at = now()
-             WHERE namespace = $1 AND name = $2",
+             WHERE namespace = $1 AND name = $2
+             RETURNING namespace, name, revision
+             ), kept AS (
+                 -- A revision that exists already (nothing VM-shaping changed) is left as is.
+                 INSERT INTO pool_revisions (namespace, name, revision, spec)
+                 SELECT namespace, name, revision, $17 FROM upd
+                 ON CONFLICT (namespace, name, revision) DO NOTHING
+                 RETURNING revision
+             ), trimmed AS (
+                 DELETE FROM pool_revisions r USING upd
+                 WHERE r.namespace = upd.namespace AND r.name = upd.name
+                   AND r.revision <= upd.revision - $18
+             )
+             SELECT upd.revision, EXISTS (SELECT 1 FROM kept) AS bumped FROM upd",
             &[
                 (&spec.namespace, Type::TEXT),
                 (&spec.name, Type::TEXT),
@@ -197,10 +251,47 @@ pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<bool> {
                 (&desired, Type::INT4),
                 (&min, Type::INT4),
                 (&max, Type::INT4),
+                (&spec_json, Type::JSONB),
+                (&REVISIONS_KEPT, Type::INT4),
             ],
         )
         .await?;
-    Ok(n == 1)
+    Ok(match row {
+        None => PoolUpdate::NotFound,
+        Some(r) => PoolUpdate::Updated { revision: r.try_get("revision")?, bumped: r.try_get("bumped")? },
+    })
+}
+
+/// One kept revision of a pool.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RevisionRow {
+    pub revision: i32,
+    pub spec: PoolSpec,
+    pub created_at: DateTime<Utc>,
+    pub rolled_out: bool,
+}
+
+/// The kept revisions of a pool, newest first; `None` if the pool does not exist.
+pub async fn pool_revisions(c: &impl Executor, pool: &PoolRef) -> Result<Option<Vec<RevisionRow>>> {
+    let rows = c
+        .timed_query(
+            "SELECT to_jsonb(r) - 'namespace' - 'name' AS rev FROM pools p
+             LEFT JOIN pool_revisions r ON r.namespace = p.namespace AND r.name = p.name
+             WHERE p.namespace = $1 AND p.name = $2
+             ORDER BY r.revision DESC",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(rows.len());
+    for r in &rows {
+        if let Some(rev) = super::json_col::<RevisionRow>(r, "rev")? {
+            out.push(rev);
+        }
+    }
+    Ok(Some(out))
 }
 
 pub async fn pool_get(c: &impl Executor, pool: &PoolRef) -> Result<Option<(PoolRow, PoolStatus)>> {

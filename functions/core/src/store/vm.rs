@@ -26,6 +26,9 @@ pub struct VmRow {
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub hook_step: i32,
     pub hook_started_at: Option<DateTime<Utc>>,
+    /// The pool's revision the VM was created from (V18).
+    #[serde(default = "super::pool::first_revision")]
+    pub revision: i32,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -104,8 +107,9 @@ pub async fn vm_insert(c: &impl Executor, vm: &VmInsert<'_>) -> Result<VmRow> {
     let phase = vm.phase.as_str();
     let row = c
         .timed_query_one(
-            "INSERT INTO vms AS v (id, uid, pool_namespace, pool_name, flintlock_host, phase, network_interfaces)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
+            "INSERT INTO vms AS v (id, uid, pool_namespace, pool_name, flintlock_host, phase, network_interfaces, revision)
+             VALUES ($1, $2, $3, $4, $5, $6, $7,
+                     coalesce((SELECT revision FROM pools WHERE namespace = $3 AND name = $4), 1))
              RETURNING to_jsonb(v) AS vm",
             &[
                 (&vm.id, Type::TEXT),
@@ -232,7 +236,7 @@ pub async fn vm_place_and_insert(
                  -- KEY SHARE conflicts with a concurrent pool delete: either the delete waits
                  -- and then marks this new row DELETING too, or this insert waits and finds
                  -- the pool gone. A PROVISIONING row can never outlive its pool.
-                 SELECT flintlock_hosts FROM pools WHERE namespace = $1 AND name = $2 FOR KEY SHARE
+                 SELECT flintlock_hosts, revision FROM pools WHERE namespace = $1 AND name = $2 FOR KEY SHARE
              ), eligible AS (
                  SELECT h.name, array_position(p.flintlock_hosts, h.name) AS ord
                  FROM hosts h, p
@@ -247,8 +251,8 @@ pub async fn vm_place_and_insert(
                           e.ord
                  LIMIT 1
              )
-             INSERT INTO vms AS v (id, pool_namespace, pool_name, flintlock_host, phase)
-             SELECT $3, $1, $2, pick.name, 'PROVISIONING' FROM pick
+             INSERT INTO vms AS v (id, pool_namespace, pool_name, flintlock_host, phase, revision)
+             SELECT $3, $1, $2, pick.name, 'PROVISIONING', p.revision FROM pick, p
              RETURNING to_jsonb(v) AS vm",
             &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&id, Type::TEXT), (&skip, Type::TEXT_ARRAY)],
         )
@@ -256,20 +260,28 @@ pub async fn vm_place_and_insert(
     row.as_ref().map(|r| json_req(r, "vm")).transpose()
 }
 
-/// Records flintlock's uid on an intent row (after CreateMicroVM, or adoption).
-pub async fn vm_set_uid(c: &impl Executor, vm_id: &str, uid: &str, event: EventType) -> Result<bool> {
+/// Records flintlock's uid on an intent row (after CreateMicroVM, or adoption), and the
+/// revision whose template the create used (`None`: adopted, the row's is kept).
+pub async fn vm_set_uid(
+    c: &impl Executor,
+    vm_id: &str,
+    uid: &str,
+    event: EventType,
+    revision: Option<i32>,
+) -> Result<bool> {
     let kind = event.as_str();
     let n = c
         .timed_execute(
             "WITH v AS (
-                 UPDATE vms SET uid = $2, attempts = 0, next_attempt_at = NULL, updated_at = now()
+                 UPDATE vms SET uid = $2, attempts = 0, next_attempt_at = NULL, updated_at = now(),
+                                revision = coalesce($4, revision)
                  WHERE id = $1 AND uid IS NULL AND phase = 'PROVISIONING'
                  RETURNING *
              )
              INSERT INTO events (type, pool_namespace, pool_name, vm_id, payload)
              SELECT $3, v.pool_namespace, v.pool_name, v.id, jsonb_build_object('uid', v.uid, 'host', v.flintlock_host)
              FROM v",
-            &[(&vm_id, Type::TEXT), (&uid, Type::TEXT), (&kind, Type::TEXT)],
+            &[(&vm_id, Type::TEXT), (&uid, Type::TEXT), (&kind, Type::TEXT), (&revision, Type::INT4)],
         )
         .await?;
     Ok(n == 1)
