@@ -132,6 +132,9 @@ pub struct PoolStatusView {
     /// Why, and what was measured; `null` without an autoscaling block.
     #[schema(required)]
     autoscaling: Option<AutoscalingStatus>,
+    /// The pool's last rollout; `null` when none ever ran.
+    #[schema(required)]
+    rollout: Option<RolloutStatus>,
 }
 
 /// An autoscaled pool's last sizing decision and what it was made from.
@@ -163,6 +166,51 @@ pub struct PoolStatusOut {
     pub counts: PoolStatus,
     pub desired_size: i32,
     pub autoscaling: Option<AutoscalingStatus>,
+    /// The pool's last rollout; `null` when none ever ran.
+    #[serde(default)]
+    pub rollout: Option<RolloutStatus>,
+}
+
+/// Where a pool's rollout stands (`status.rollout`, issue 24).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct RolloutStatus {
+    pub state: crate::domain::RolloutState,
+    /// The revision the warm VMs are on until the rollout is done (then the target).
+    pub current_revision: i32,
+    /// The pool's revision: what the rollout works towards.
+    pub target_revision: i32,
+    /// The pool's VMs by revision and status (`available`, `claiming`, `leased`,
+    /// `provisioning`, `quarantined`, `failed`).
+    pub by_revision: std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>>,
+    /// Leased (or being claimed) VMs of another revision: never touched, gone on release.
+    pub stale_leased: i64,
+    /// Stale AVAILABLE VMs the rollout retired: boots no claim needed.
+    pub extra_boots: i32,
+    #[schema(required)]
+    pub halted_reason: Option<String>,
+}
+
+impl RolloutStatus {
+    fn new(row: &PoolRow) -> Option<RolloutStatus> {
+        let state = row.rollout_state?;
+        let by_revision = row.by_revision.clone().unwrap_or_default();
+        let target = row.target_revision();
+        let stale_leased = by_revision
+            .iter()
+            .filter(|(rev, _)| rev.parse::<i32>().ok() != Some(target))
+            .map(|(_, c)| c.get("leased").copied().unwrap_or(0) + c.get("claiming").copied().unwrap_or(0))
+            .sum();
+        let under_way = row.rollout_event_id.is_some() || state == crate::domain::RolloutState::Halted;
+        Some(RolloutStatus {
+            state,
+            current_revision: if under_way { row.rollout_from.unwrap_or(target) } else { target },
+            target_revision: target,
+            by_revision,
+            stale_leased,
+            extra_boots: row.rollout_extra_boots,
+            halted_reason: row.rollout_halted_reason.clone(),
+        })
+    }
 }
 
 /// The counts read through: `pool.status.available`.
@@ -185,7 +233,7 @@ impl PoolStatusOut {
                 expected_claims: s.expected_claims,
             }
         });
-        PoolStatusOut { counts, desired_size: row.target_size(), autoscaling }
+        PoolStatusOut { counts, desired_size: row.target_size(), autoscaling, rollout: RolloutStatus::new(row) }
     }
 }
 

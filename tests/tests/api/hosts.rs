@@ -631,7 +631,18 @@ async fn vm_list_returns_vm_records() {
     keys.sort();
     assert_eq!(
         keys,
-        ["created_at", "flintlock_host", "id", "lease_id", "network_interfaces", "phase", "pool", "uid", "updated_at"]
+        [
+            "created_at",
+            "flintlock_host",
+            "id",
+            "lease_id",
+            "network_interfaces",
+            "phase",
+            "pool",
+            "revision",
+            "uid",
+            "updated_at"
+        ]
     );
     // The typed read also parses created_at and updated_at as RFC 3339.
     let list = r.json::<api::VmList>().vms;

@@ -74,7 +74,9 @@ async fn create_returns_201_with_zero_status_and_defaults_filled_in() {
     let r = app.post(ADMIN, "/v1/pools", minimal).await;
     let b = r.assert_ok(201);
     let keys: HashSet<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(keys, HashSet::from(["spec", "status", "created_at", "updated_at"]), "{b}");
+    assert_eq!(keys, HashSet::from(["spec", "revision", "status", "created_at", "updated_at"]), "{b}");
+    assert_eq!(b["revision"], json!(1));
+    assert_eq!(b["status"]["rollout"], json!(null), "no rollout ever ran");
     // The typed read also parses created_at and updated_at as RFC 3339 and checks that the
     // defaulted lists are on the wire (`[]`, not absent).
     let p: api::Pool = r.json();
@@ -860,7 +862,7 @@ async fn vm_counts_sort_every_phase_as_the_strategies_count_them() {
     assert_eq!(
         status,
         json!({"available": 1, "claiming": 2, "leased": 1, "provisioning": 2, "quarantined": 1, "deleting": 1,
-               "desired_size": 0, "autoscaling": null})
+               "desired_size": 0, "autoscaling": null, "rollout": null})
     );
 }
 

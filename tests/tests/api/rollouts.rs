@@ -159,3 +159,245 @@ async fn revisions_of_an_unknown_pool_are_not_found_and_need_an_admin() {
     let r = app.get(CLIENT_A, &format!("{POOL_PATH}/revisions")).await;
     assert_eq!(r.status.as_u16(), 403, "{}", r.body);
 }
+
+/// Pool default/ci of `size` with a rollout policy (`extra` merged into the server's defaults).
+fn rolling_spec(size: i32, image: &str, rollout: Value) -> Value {
+    let mut spec = spec_with_image(size, image);
+    spec["rollout"] = rollout;
+    spec
+}
+
+async fn create_rolling(app: &TestApp, size: i32, rollout: Value) {
+    let spec = rolling_spec(size, "ghcr.io/x/runner:1", rollout);
+    app.post(ADMIN, "/v1/pools", spec).await.assert_ok(201);
+    app.settle(60, "the pool full", || async { app.count_phase("ci", "AVAILABLE").await == i64::from(size) }).await;
+}
+
+async fn pool(app: &TestApp) -> api::Pool {
+    app.get(ADMIN, POOL_PATH).await.assert_ok_response(200).json()
+}
+
+/// (revision, phase) of every VM row of pool ci that is not DELETING.
+async fn live_vms(app: &TestApp) -> Vec<(i32, String)> {
+    let rows = app
+        .conn()
+        .await
+        .query("SELECT revision, phase FROM vms WHERE pool_name = 'ci' AND phase <> 'DELETING' ORDER BY id", &[])
+        .await
+        .unwrap();
+    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+}
+
+/// Item 2: an idle pool rolls at once, surge first: the warm capacity never drops below the
+/// target (counted after every pass), the pool never holds more than target + max_surge VMs
+/// ready or coming, the leased VM of the old revision is never touched (reported as
+/// stale-leased), and the rollout completes with one VM_DELETED_FOR_ROLLOUT per replaced VM,
+/// POOL_ROLLOUT_COMPLETED once and the revision marked rolled out.
+#[tokio::test]
+async fn an_idle_pool_rolls_surge_first_without_losing_warm_capacity() {
+    let app = TestApp::spawn().await;
+    create_rolling(&app, 4, json!({"max_surge": 2})).await;
+    // Under REPLACE_ON_DELETE the leased VM counts towards the 4: 3 AVAILABLE are warm.
+    let leased = app.claimed(CLIENT_A, "ci", None).await;
+    let started = put_spec(&app, rolling_spec(4, "ghcr.io/x/runner:2", json!({"max_surge": 2}))).await;
+    assert_eq!(started.revision, 2);
+    let r = started.status.rollout.as_ref().expect("a rollout");
+    assert_eq!(r.state, poolmgr_core::domain::RolloutState::Progressing);
+    assert_eq!((r.current_revision, r.target_revision), (1, 2));
+    assert_eq!(app.count_events("ROLLOUT_STARTED").await, 1);
+
+    let mut passes = 0;
+    loop {
+        app.pass().await;
+        passes += 1;
+        let vms = live_vms(&app).await;
+        let available = vms.iter().filter(|(_, p)| p == "AVAILABLE").count();
+        let ready_or_coming = vms.iter().filter(|(_, p)| p != "LEASED" && p != "QUARANTINED").count();
+        assert!(available >= 3, "pass {passes}: warm capacity dropped to {available}: {vms:?}");
+        assert!(ready_or_coming <= 3 + 2, "pass {passes}: more than target + surge: {vms:?}");
+        if pool(&app).await.status.rollout.as_ref().unwrap().state == poolmgr_core::domain::RolloutState::Complete {
+            break;
+        }
+        assert!(passes < 80, "the rollout never completed: {vms:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    }
+    let p = pool(&app).await;
+    let r = p.status.rollout.unwrap();
+    assert_eq!((r.current_revision, r.target_revision), (2, 2));
+    assert_eq!(r.stale_leased, 1, "{r:?}");
+    assert_eq!(r.extra_boots, 3, "three idle VMs replaced");
+    assert_eq!(r.by_revision["2"]["available"], 3, "{r:?}");
+    assert_eq!(r.by_revision["1"]["leased"], 1, "{r:?}");
+    assert_eq!(app.count_events("VM_DELETED_FOR_ROLLOUT").await, 3);
+    assert_eq!(app.count_events("POOL_ROLLOUT_COMPLETED").await, 1);
+    assert_eq!(app.count_events("VM_DELETED_ON_SCALE_DOWN").await, 0, "the surge was never shed as surplus");
+    assert_eq!(app.phase_of(&leased.vm.id).await.as_deref(), Some("LEASED"), "the leased VM was not touched");
+    assert!(revisions(&app).await[0].rolled_out);
+    // More passes change nothing.
+    for _ in 0..3 {
+        app.pass().await;
+    }
+    assert_eq!(app.count_events("POOL_ROLLOUT_COMPLETED").await, 1);
+    assert_eq!(app.count_events("VM_DELETED_FOR_ROLLOUT").await, 3);
+}
+
+/// Item 2, `max_unavailable` without a surge: the stale VMs are retired before their
+/// replacements are ready, never more than max_unavailable below the target, and never more
+/// VMs than the target.
+#[tokio::test]
+async fn max_unavailable_without_a_surge_never_exceeds_the_target() {
+    let app = TestApp::spawn().await;
+    let policy = json!({"max_surge": 0, "max_unavailable": 1});
+    create_rolling(&app, 3, policy.clone()).await;
+    put_spec(&app, rolling_spec(3, "ghcr.io/x/runner:2", policy)).await;
+    for pass in 0..80 {
+        app.pass().await;
+        let vms = live_vms(&app).await;
+        let available = vms.iter().filter(|(_, p)| p == "AVAILABLE").count();
+        assert!(vms.len() <= 3, "pass {pass}: above the target without a surge: {vms:?}");
+        assert!(available >= 2, "pass {pass}: more than max_unavailable below the target: {vms:?}");
+        if vms.iter().all(|(rev, p)| *rev == 2 && p == "AVAILABLE") && vms.len() == 3 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    }
+    panic!("never rolled: {:?}", live_vms(&app).await);
+}
+
+/// Item 2, the claims' preference: while a rollout runs, a claim takes a VM of the new
+/// revision when there is one, although older ones are AVAILABLE (the moment is forced: the
+/// passes stop as soon as a new VM is AVAILABLE, before any stale one could be retired).
+#[tokio::test]
+async fn claims_prefer_the_new_revision_while_a_rollout_runs() {
+    let app = TestApp::spawn().await;
+    create_rolling(&app, 3, json!({"max_surge": 1})).await;
+    put_spec(&app, rolling_spec(3, "ghcr.io/x/runner:2", json!({"max_surge": 1}))).await;
+    app.settle(40, "a VM of revision 2 AVAILABLE", || async {
+        live_vms(&app).await.iter().any(|(rev, p)| *rev == 2 && p == "AVAILABLE")
+    })
+    .await;
+    let stale = live_vms(&app).await.iter().filter(|(rev, p)| *rev == 1 && p == "AVAILABLE").count();
+    assert!(stale >= 2, "stale VMs are still AVAILABLE: {:?}", live_vms(&app).await);
+    let c = app.claimed(CLIENT_A, "ci", None).await;
+    let rev: i32 =
+        app.conn().await.query_one("SELECT revision FROM vms WHERE id = $1", &[&c.vm.id]).await.unwrap().get(0);
+    assert_eq!(rev, 2, "the claim took a stale VM although a new one was AVAILABLE");
+}
+
+/// Item 3: a template whose VMs never boot (every new microVM ends FAILED) halts the rollout
+/// after failure_threshold failed VMs and rolls the pool back to revision 1; no healthy VM
+/// was retired and the warm capacity never dropped.
+#[tokio::test]
+async fn a_template_that_never_boots_halts_and_rolls_back_without_destroying_a_healthy_vm() {
+    let app = TestApp::spawn().await;
+    create_rolling(&app, 3, json!({"max_surge": 1, "failure_threshold": 3})).await;
+    let healthy: HashSet<String> = app
+        .conn()
+        .await
+        .query("SELECT id FROM vms WHERE pool_name = 'ci'", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    app.sim.set_vms_end_failed(true);
+    put_spec(&app, rolling_spec(3, "ghcr.io/x/broken:2", json!({"max_surge": 1, "failure_threshold": 3}))).await;
+    for pass in 0..80 {
+        app.pass().await;
+        assert_eq!(app.count_phase("ci", "AVAILABLE").await, 3, "pass {pass}: the warm capacity changed");
+        if pool(&app).await.status.rollout.as_ref().unwrap().state == poolmgr_core::domain::RolloutState::RolledBack {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    }
+    app.sim.set_vms_end_failed(false);
+    let p = pool(&app).await;
+    let r = p.status.rollout.as_ref().unwrap();
+    assert_eq!(r.state, poolmgr_core::domain::RolloutState::RolledBack, "{r:?}");
+    assert!(r.halted_reason.as_deref().unwrap().contains("failed"), "{r:?}");
+    assert_eq!(p.revision, 1, "back on revision 1");
+    let image =
+        serde_json::to_value(&p.spec.microvm_template).unwrap()["root_volume"]["source"]["container_source"].clone();
+    assert_eq!(image, json!("ghcr.io/x/runner:1"), "the template is revision 1's again");
+    assert_eq!(app.count_events("ROLLOUT_HALTED").await, 1);
+    assert_eq!(app.count_events("ROLLOUT_ROLLED_BACK").await, 1);
+    assert_eq!(app.count_events("VM_DELETED_FOR_ROLLOUT").await, 0, "no healthy VM was retired");
+    let failed = app.scalar_i64("SELECT count(*) FROM events WHERE type = 'VM_HOOK_FAILED'").await;
+    assert!((3..=4).contains(&failed), "halted after the threshold, not later: {failed}");
+    let still: HashSet<String> = app
+        .conn()
+        .await
+        .query("SELECT id FROM vms WHERE pool_name = 'ci' AND phase = 'AVAILABLE'", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(still, healthy, "the healthy VMs are the ones the pool had");
+    // The next change rolls again, numbered after the halted revision.
+    let next = put_spec(&app, rolling_spec(3, "ghcr.io/x/runner:3", json!({"max_surge": 1}))).await;
+    assert_eq!(next.revision, 3);
+}
+
+/// Item 3, the progress deadline: new VMs that never finish booting halt the rollout once none
+/// became AVAILABLE for progress_deadline_seconds; without auto_rollback it stays HALTED on
+/// the new revision, and nothing else changes.
+#[tokio::test]
+async fn a_rollout_without_progress_halts_at_its_deadline() {
+    let app = TestApp::spawn().await;
+    let policy = json!({"max_surge": 1, "progress_deadline_seconds": 2, "auto_rollback": false});
+    create_rolling(&app, 2, policy.clone()).await;
+    app.sim.set_boot_delay(std::time::Duration::from_secs(3600));
+    put_spec(&app, rolling_spec(2, "ghcr.io/x/slow:2", policy)).await;
+    let started = std::time::Instant::now();
+    loop {
+        app.pass().await;
+        let ev: Vec<String> = app
+            .conn()
+            .await
+            .query("SELECT type || ' ' || payload::text FROM events ORDER BY id", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(app.count_phase("ci", "AVAILABLE").await, 2, "{:?} {ev:#?}", live_vms(&app).await);
+        if pool(&app).await.status.rollout.as_ref().unwrap().state == poolmgr_core::domain::RolloutState::Halted {
+            break;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(60), "never halted");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(started.elapsed() >= std::time::Duration::from_secs(2), "halted before the deadline");
+    let p = pool(&app).await;
+    assert_eq!(p.revision, 2);
+    let r = p.status.rollout.unwrap();
+    assert!(r.halted_reason.as_deref().unwrap().contains("progress_deadline_seconds"), "{r:?}");
+    assert_eq!(app.count_events("ROLLOUT_ROLLED_BACK").await, 0);
+}
+
+/// A rollout policy is checked like the rest of the spec: each bad one is a 400 naming the
+/// field, and changes nothing.
+#[tokio::test]
+async fn bad_rollout_policies_are_invalid_argument_and_change_nothing() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    for (bad, names) in [
+        (json!({"max_surge": "150%"}), "max_surge"),
+        (json!({"max_surge": -1}), "max_surge"),
+        (json!({"max_surge": 0, "max_unavailable": 0}), "max_unavailable"),
+        (json!({"failure_threshold": 0}), "failure_threshold"),
+        (json!({"progress_deadline_seconds": 0}), "progress_deadline_seconds"),
+        (json!({"claim_preference": "NEWEST"}), "claim_preference"),
+        (json!({"surge": 1}), "surge"),
+    ] {
+        let r = app.put(ADMIN, POOL_PATH, rolling_spec(1, "ghcr.io/x/runner:9", bad.clone())).await;
+        r.assert_error(400, "INVALID_ARGUMENT");
+        let msg = r.body["error"]["message"].as_str().unwrap();
+        // serde names the allowed values where it cannot name the field.
+        assert!(msg.contains(names) || msg.contains("percentage") || msg.contains("CURRENT"), "{bad}: {msg}");
+    }
+    let p = pool(&app).await;
+    assert_eq!(p.revision, 1);
+    assert!(p.spec.rollout.is_none());
+}

@@ -615,6 +615,83 @@ fn cases() -> Vec<Case> {
                 vec![json!(-1), json!(86_401)],
             )
         },
+        // Rollouts (issue 24).
+        case(
+            "rollout is a block or null",
+            POOL_BODY,
+            b("/rollout"),
+            vec![json!(null), absent(), json!({}), json!({"max_surge": 1, "auto_rollback": false})],
+            vec![json!(1), json!("on"), json!({"surge": 1})],
+        ),
+        Case {
+            given: &[(At::Body("/rollout"), || json!({"max_unavailable": 1}))],
+            ..case(
+                "rollout.max_surge is a count 0..=MAX_POOL_SIZE or a percentage 0%..=100%",
+                POOL_BODY,
+                b("/rollout/max_surge"),
+                vec![json!(0), json!(MAX_POOL_SIZE), json!("0%"), json!("25%"), json!("100%"), absent()],
+                vec![
+                    json!(-1),
+                    json!(MAX_POOL_SIZE + 1),
+                    json!("101%"),
+                    json!("25"),
+                    json!("x%"),
+                    json!("025%"),
+                    json!(1.5),
+                    json!(true),
+                ],
+            )
+        },
+        Case {
+            given: &[(At::Body("/rollout"), || json!({"max_surge": 1}))],
+            ..case(
+                "rollout.max_unavailable is a count 0..=MAX_POOL_SIZE or a percentage 0%..=100%",
+                POOL_BODY,
+                b("/rollout/max_unavailable"),
+                vec![json!(0), json!(MAX_POOL_SIZE), json!("0%"), json!("100%"), absent()],
+                vec![json!(-1), json!(MAX_POOL_SIZE + 1), json!("101%"), json!("5"), json!(null)],
+            )
+        },
+        Case {
+            given: &[(At::Body("/rollout"), || json!({}))],
+            ..case(
+                "rollout.claim_preference is CURRENT or ANY",
+                POOL_BODY,
+                b("/rollout/claim_preference"),
+                vec![json!("CURRENT"), json!("ANY"), absent()],
+                vec![json!("current"), json!("NEWEST")],
+            )
+        },
+        Case {
+            given: &[(At::Body("/rollout"), || json!({}))],
+            ..case(
+                "rollout.window_seconds is 0..=86400",
+                POOL_BODY,
+                b("/rollout/window_seconds"),
+                vec![json!(0), json!(86_400), absent()],
+                vec![json!(-1), json!(86_401)],
+            )
+        },
+        Case {
+            given: &[(At::Body("/rollout"), || json!({}))],
+            ..case(
+                "rollout.progress_deadline_seconds is 1..=86400",
+                POOL_BODY,
+                b("/rollout/progress_deadline_seconds"),
+                vec![json!(1), json!(86_400), absent()],
+                vec![json!(0), json!(86_401)],
+            )
+        },
+        Case {
+            given: &[(At::Body("/rollout"), || json!({}))],
+            ..case(
+                "rollout.failure_threshold is 1..=200",
+                POOL_BODY,
+                b("/rollout/failure_threshold"),
+                vec![json!(1), json!(200), absent()],
+                vec![json!(0), json!(201)],
+            )
+        },
         // The template.
         case(
             "vcpu in flintlock's range",

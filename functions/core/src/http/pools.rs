@@ -97,11 +97,11 @@ async fn get_pool(
 )]
 async fn update_pool(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Admin(admin): Admin,
     ApiPath((ns, name)): ApiPath<(String, String)>,
     ApiJson(spec): ApiJson<PoolSpec>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(pool::update(&state, &pool_ref(&ns, &name)?, spec).await?).into_response())
+    Ok(Json(pool::update(&state, &pool_ref(&ns, &name)?, spec, &admin.name).await?).into_response())
 }
 
 #[derive(Deserialize, IntoParams)]

@@ -164,7 +164,7 @@ async fn hook_done(
 ) -> Result<(), ReconcileError> {
     let state = pass.state;
     let secs = (Utc::now() - vm.created_at).as_seconds_f64();
-    let payload = json!({"uid": vm.uid, "create_commands": pool.create_commands.len(), "provision_seconds": secs});
+    let payload = json!({"uid": vm.uid, "create_commands": pool.create_commands.len(), "provision_seconds": secs, "revision": vm.revision});
     let moved = store::vm_transition(
         db.client().await?,
         &vm.id,
@@ -198,7 +198,8 @@ pub(super) async fn fail_vm(
         HookFailurePolicy::DeleteAndReplace => Phase::Deleting,
         HookFailurePolicy::Quarantine => Phase::Quarantined,
     };
-    let payload = json!({"hook": "create", "reason": reason, "policy": pool.hook_failure_policy});
+    let payload =
+        json!({"hook": "create", "reason": reason, "policy": pool.hook_failure_policy, "revision": vm.revision});
     let moved =
         store::vm_transition(db.client().await?, &vm.id, vm.phase, to, None, Some((EventType::VmHookFailed, &payload)))
             .await?;

@@ -78,6 +78,7 @@ mod pass;
 use pass::Pass;
 mod provision;
 mod retention;
+mod rollout;
 pub mod scale;
 pub mod select;
 pub mod sizing;
@@ -459,13 +460,16 @@ async fn reconcile_pool(
     // Counted before the VM steps, which run beside the replenishment: a VM that fails in
     // this pass's steps is replaced by the next pass.
     let counts = store::vm_counts_for_pool(db.client().await?, &pref).await?;
-    sweeps::shed_surplus(db, pool, counts).await?;
+    // A rollout's retirements first: the surplus and the replenishment see what it left.
+    let plan = rollout::step(db, pool, counts).await?;
+    let counts = plan.counts(counts);
+    sweeps::shed_surplus(db, pool, counts, plan.allowance).await?;
     // The VM steps and the replenishment each take connections of their own.
     db.release();
     let replenish = async {
         let mut db = StepConn::new(&pass.state.db);
         let mut r = PassReport::default();
-        let res = provision::replenish(pass, &mut db, pool, counts, &hosts, &mut r).await;
+        let res = provision::replenish(pass, &mut db, pool, counts, plan.extra, &hosts, &mut r).await;
         (r, res)
     };
     let ((stepped, stepped_res), (replenished, replenished_res)) =

@@ -79,14 +79,15 @@ pub(super) async fn replenish(
     db: &mut StepConn<'_>,
     pool: &PoolRow,
     counts: VmCounts,
+    rollout_extra: i64,
     hosts: &HashMap<String, HostRow>,
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {
     let pref = pool.pool_ref();
-    // The ceiling counts every VM of the pool, whatever the strategy.
+    // The ceiling counts every VM of the pool, whatever the strategy, a rollout's surge too.
     let ceiling = pool.autoscaling.as_ref().map(|a| a.max);
-    let mut want =
-        wants_within(strategy_wants(pool.strategy, pool.target_size(), pool.min_size, counts), ceiling, counts);
+    let wants = strategy_wants(pool.strategy, pool.target_size(), pool.min_size, counts) + rollout_extra;
+    let mut want = wants_within(wants, ceiling, counts);
     if want > 0 && quarantine_full(pool.target_size(), counts) {
         tracing::debug!(pool = %pref, quarantined = counts.quarantined, "replenishment held back by quarantined VMs");
         return below_target(db, pool, Some(BELOW_TARGET_QUARANTINE_FULL), counts).await;
@@ -326,7 +327,7 @@ pub(super) async fn poll_provisioning(
             Phase::Available,
             Some(&nics),
             // `provision_seconds`: what the autoscaler measures the pool's provisioning by.
-            Some((EventType::VmAvailable, &json!({"uid": uid, "provision_seconds": secs}))),
+            Some((EventType::VmAvailable, &json!({"uid": uid, "provision_seconds": secs, "revision": vm.revision}))),
         )
         .await?
         {

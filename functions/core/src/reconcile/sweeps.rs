@@ -88,13 +88,16 @@ pub(super) async fn delete_vm(
 }
 
 /// A pool whose size went down: its AVAILABLE VMs beyond what the strategy keeps become
-/// DELETING (deleted in flintlock by the next pass).
+/// DELETING (deleted in flintlock by the next pass). `allowance`: VMs a rollout keeps above
+/// the target meanwhile (its surge), which are not surplus.
 pub(super) async fn shed_surplus(
     db: &mut StepConn<'_>,
     pool: &PoolRow,
     counts: VmCounts,
+    allowance: i64,
 ) -> Result<(), ReconcileError> {
-    let extra = surplus(pool.strategy, pool.target_size(), counts);
+    let size = i32::try_from(i64::from(pool.target_size()) + allowance).unwrap_or(i32::MAX);
+    let extra = surplus(pool.strategy, size, counts);
     if extra > 0 {
         let pref = pool.pool_ref();
         let n = store::vm_mark_surplus(db.client().await?, &pref, extra).await?;

@@ -125,7 +125,9 @@ pub async fn create(state: &AppState, spec: PoolSpec) -> Result<Pool, ApiError> 
     Ok(Pool::new(&row, PoolStatus::default()))
 }
 
-pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec) -> Result<Pool, ApiError> {
+/// Replaces a pool's spec. A new revision of a pool with a rollout policy starts a rollout
+/// to it in the same transaction (ROLLOUT_STARTED, `by` the principal).
+pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec, by: &str) -> Result<Pool, ApiError> {
     if spec.pool_ref() != *path {
         return Err(ApiError::InvalidArgument(format!(
             "the body names pool {} but the path names {path}: they must match (pools cannot be renamed)",
@@ -139,7 +141,12 @@ pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec) -> Result<
     check_hosts(&tx, &spec).await?;
     let (revision, bumped) = match store::pool_update(&tx, &spec).await? {
         store::PoolUpdate::NotFound => return Err(not_found(path)),
-        store::PoolUpdate::Updated { revision, bumped } => (revision, bumped),
+        store::PoolUpdate::Updated { from, revision, bumped } => {
+            if bumped && spec.rollout.is_some() {
+                store::rollout_start(&tx, path, from, revision, by).await?;
+            }
+            (revision, bumped)
+        }
     };
     let (row, status) = store::pool_get(&tx, path).await?.ok_or_else(|| not_found(path))?;
     tx.commit().await?;

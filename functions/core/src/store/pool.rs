@@ -54,6 +54,29 @@ pub struct PoolRow {
     /// Bumped by a change of a field that shapes the warm VMs (V18, [`pool_update`]).
     #[serde(default = "first_revision")]
     pub revision: i32,
+    /// The rollout policy (`None`: a change applies to new VMs only) and the state of the
+    /// pool's last rollout (V19; `reconcile::rollout`).
+    #[serde(default)]
+    pub rollout: Option<crate::domain::RolloutPolicy>,
+    #[serde(default)]
+    pub rollout_state: Option<crate::domain::RolloutState>,
+    /// The revision the rollout started from.
+    #[serde(default)]
+    pub rollout_from: Option<i32>,
+    /// Its ROLLOUT_STARTED event: failures and progress are counted after it.
+    #[serde(default)]
+    pub rollout_event_id: Option<i64>,
+    #[serde(default)]
+    pub rollout_started_at: Option<DateTime<Utc>>,
+    /// Stale AVAILABLE VMs the rollout retired: each cost a boot that no claim needed.
+    #[serde(default)]
+    pub rollout_extra_boots: i32,
+    #[serde(default)]
+    pub rollout_halted_reason: Option<String>,
+    /// The pool's VMs (DELETING ones not counted) by revision and status count, read by
+    /// [`pool_get`] and [`pool_list`] only, while the pool has a rollout state.
+    #[serde(default)]
+    pub by_revision: Option<std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -66,6 +89,11 @@ pub(super) fn first_revision() -> i32 {
 impl PoolRow {
     pub fn pool_ref(&self) -> PoolRef {
         PoolRef { namespace: self.namespace.clone(), name: self.name.clone() }
+    }
+
+    /// The revision a rollout works towards: the pool's.
+    pub fn target_revision(&self) -> i32 {
+        self.revision
     }
 
     /// The size the strategy works with: the autoscaler's desired size, else `size`.
@@ -90,6 +118,7 @@ impl PoolRow {
             heartbeat_interval_seconds: self.heartbeat_interval_seconds,
             heartbeat_expiry_seconds: self.heartbeat_expiry_seconds,
             autoscaling: self.autoscaling.clone(),
+            rollout: self.rollout.clone(),
         }
     }
 }
@@ -130,13 +159,15 @@ pub async fn pool_insert(c: &impl Executor, spec: &PoolSpec) -> Result<Option<Po
     let template = serde_json::to_value(&spec.microvm_template).map_err(|e| StoreError::Db(e.to_string()))?;
     let (autoscaling, desired) = autoscaling_params(spec)?;
     let spec_json = serde_json::to_value(spec).map_err(|e| StoreError::Db(e.to_string()))?;
+    let rollout = rollout_param(spec)?;
     let row = c
         .timed_query_opt(
             "WITH p AS (
                  INSERT INTO pools AS p (namespace, name, size, flintlock_hosts, strategy, min_size,
                      microvm_template, create_commands, pre_lease_commands, hook_failure_policy,
-                     heartbeat_interval_seconds, heartbeat_expiry_seconds, autoscaling, desired_size)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                     heartbeat_interval_seconds, heartbeat_expiry_seconds, autoscaling, desired_size,
+                     rollout)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $16)
                  ON CONFLICT (namespace, name) DO NOTHING
                  RETURNING *
              ), r AS (
@@ -160,10 +191,16 @@ pub async fn pool_insert(c: &impl Executor, spec: &PoolSpec) -> Result<Option<Po
                 (&autoscaling, Type::JSONB),
                 (&desired, Type::INT4),
                 (&spec_json, Type::JSONB),
+                (&rollout, Type::JSONB),
             ],
         )
         .await?;
     row.map(|r| json_req(&r, "pool")).transpose()
+}
+
+/// The `rollout` column of a spec.
+fn rollout_param(spec: &PoolSpec) -> Result<Option<serde_json::Value>> {
+    spec.rollout.as_ref().map(serde_json::to_value).transpose().map_err(|e| StoreError::Db(e.to_string()))
 }
 
 /// How many revisions of a pool are kept (the newest; issue 24 item 1).
@@ -180,8 +217,10 @@ fn autoscaling_params(spec: &PoolSpec) -> Result<(Option<serde_json::Value>, Opt
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolUpdate {
     NotFound,
-    /// Replaced; `bumped`: a VM-shaping field changed, so `revision` is a new one.
+    /// Replaced; `bumped`: a VM-shaping field changed, so `revision` is a new one, and a pool
+    /// with a rollout policy rolls `from` its previous revision.
     Updated {
+        from: i32,
         revision: i32,
         bumped: bool,
     },
@@ -201,13 +240,25 @@ pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<PoolUpdat
     let (autoscaling, desired) = autoscaling_params(spec)?;
     let (min, max) = spec.autoscaling.as_ref().map_or((None, None), |a| (Some(a.min), Some(a.max)));
     let spec_json = serde_json::to_value(spec).map_err(|e| StoreError::Db(e.to_string()))?;
+    let rollout = rollout_param(spec)?;
     let row = c
         .timed_query_opt(
             "WITH upd AS (
              UPDATE pools SET size = $3, flintlock_hosts = $4, strategy = $5, min_size = $6,
+                 rollout = $19,
+                 -- The revision a rollout starts from: the row's as it was (a SET expression
+                 -- reads the row this UPDATE replaces, after waiting for a concurrent one).
+                 rollout_from = CASE WHEN $19::jsonb IS NOT NULL
+                                      AND (microvm_template IS DISTINCT FROM $7::jsonb
+                                           OR create_commands IS DISTINCT FROM $8::text[])
+                                     THEN revision ELSE rollout_from END,
+                 -- After a rollback the pool is on an older revision: a new one is numbered
+                 -- after the newest kept.
                  revision = CASE WHEN microvm_template IS DISTINCT FROM $7::jsonb
                                    OR create_commands IS DISTINCT FROM $8::text[]
-                                 THEN revision + 1 ELSE revision END,
+                                 THEN greatest(revision, (SELECT max(r.revision) FROM pool_revisions r
+                                                          WHERE r.namespace = $1 AND r.name = $2)) + 1
+                                 ELSE revision END,
                  microvm_template = $7, create_commands = $8, pre_lease_commands = $9,
                  hook_failure_policy = $10, heartbeat_interval_seconds = $11,
                  heartbeat_expiry_seconds = $12, autoscaling = $13,
@@ -221,7 +272,7 @@ pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<PoolUpdat
                                 ELSE scaling END,
                  updated_at = now()
              WHERE namespace = $1 AND name = $2
-             RETURNING namespace, name, revision
+             RETURNING namespace, name, revision, rollout_from
              ), kept AS (
                  -- A revision that exists already (nothing VM-shaping changed) is left as is.
                  INSERT INTO pool_revisions (namespace, name, revision, spec)
@@ -233,7 +284,9 @@ pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<PoolUpdat
                  WHERE r.namespace = upd.namespace AND r.name = upd.name
                    AND r.revision <= upd.revision - $18
              )
-             SELECT upd.revision, EXISTS (SELECT 1 FROM kept) AS bumped FROM upd",
+             SELECT coalesce(upd.rollout_from, upd.revision) AS from_revision, upd.revision,
+                    EXISTS (SELECT 1 FROM kept) AS bumped
+             FROM upd",
             &[
                 (&spec.namespace, Type::TEXT),
                 (&spec.name, Type::TEXT),
@@ -253,12 +306,17 @@ pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<PoolUpdat
                 (&max, Type::INT4),
                 (&spec_json, Type::JSONB),
                 (&REVISIONS_KEPT, Type::INT4),
+                (&rollout, Type::JSONB),
             ],
         )
         .await?;
     Ok(match row {
         None => PoolUpdate::NotFound,
-        Some(r) => PoolUpdate::Updated { revision: r.try_get("revision")?, bumped: r.try_get("bumped")? },
+        Some(r) => PoolUpdate::Updated {
+            from: r.try_get("from_revision")?,
+            revision: r.try_get("revision")?,
+            bumped: r.try_get("bumped")?,
+        },
     })
 }
 
@@ -294,9 +352,28 @@ pub async fn pool_revisions(c: &impl Executor, pool: &PoolRef) -> Result<Option<
     Ok(Some(out))
 }
 
+/// A pool row (`p`) with its VMs by revision ([`PoolRow::by_revision`]) while it has a
+/// rollout state: each revision's VMs counted under the pool status's names.
+const POOL_WITH_REVISIONS_P: &str = "
+    to_jsonb(p) || jsonb_build_object('by_revision', CASE WHEN p.rollout_state IS NULL THEN NULL ELSE (
+        SELECT coalesce(jsonb_object_agg(x.rev, x.counts), '{}') FROM (
+            SELECT y.revision::text AS rev, jsonb_object_agg(y.status, y.n) AS counts FROM (
+                SELECT v.revision,
+                       CASE WHEN v.phase = 'AVAILABLE' THEN 'available'
+                            WHEN v.phase = 'PRE_LEASE_HOOK_RUNNING' THEN 'claiming'
+                            WHEN v.phase = 'LEASED' THEN 'leased'
+                            WHEN v.phase IN ('PROVISIONING', 'CREATE_HOOK_RUNNING') THEN 'provisioning'
+                            ELSE lower(v.phase) END AS status,
+                       count(*) AS n
+                FROM vms v
+                WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name AND v.phase <> 'DELETING'
+                GROUP BY 1, 2
+            ) y GROUP BY y.revision
+        ) x) END)";
+
 pub async fn pool_get(c: &impl Executor, pool: &PoolRef) -> Result<Option<(PoolRow, PoolStatus)>> {
     let sql = format!(
-        "SELECT to_jsonb(p) AS pool, {VM_COUNTS_OF_POOL_P} AS counts FROM pools p WHERE p.namespace = $1 AND p.name = $2"
+        "SELECT {POOL_WITH_REVISIONS_P} AS pool, {VM_COUNTS_OF_POOL_P} AS counts FROM pools p WHERE p.namespace = $1 AND p.name = $2"
     );
     let row = c.timed_query_opt(&sql, &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)]).await?;
     Ok(row.as_ref().map(pool_with_counts).transpose()?.map(|(p, n)| (p, n.into())))
@@ -309,7 +386,7 @@ pub async fn pool_list(c: &impl Executor, namespace: Option<&str>) -> Result<Vec
 /// Every pool (optionally one namespace's), ordered by key, with its VMs counted by phase.
 pub async fn pool_list_with_counts(c: &impl Executor, namespace: Option<&str>) -> Result<Vec<(PoolRow, VmCounts)>> {
     let sql = format!(
-        "SELECT to_jsonb(p) AS pool, {VM_COUNTS_OF_POOL_P} AS counts FROM pools p
+        "SELECT {POOL_WITH_REVISIONS_P} AS pool, {VM_COUNTS_OF_POOL_P} AS counts FROM pools p
          WHERE $1::text IS NULL OR p.namespace = $1
          ORDER BY p.namespace, p.name"
     );
@@ -513,6 +590,10 @@ pub async fn pool_list_with_work(
                      -- writes one in the same statement, a removed VM row included.
                      SELECT e.pool_namespace, e.pool_name FROM events e, mark WHERE e.created_at >= mark.since
                      UNION
+                     -- Rollouts under way (pools_rolling, V19): stepped every pass until done.
+                     SELECT namespace, name FROM pools
+                     WHERE rollout_state IN ('PROGRESSING', 'ROLLED_BACK') AND rollout_event_id IS NOT NULL
+                     UNION
                      SELECT namespace, name FROM net
                  ), w AS MATERIALIZED (
                      -- MATERIALIZED: a subquery in FROM is flattened, and each use of `counts`
@@ -522,7 +603,9 @@ pub async fn pool_list_with_work(
                             CASE WHEN p.autoscaling IS NULL THEN p.size ELSE coalesce(p.desired_size, p.size) END AS size,
                             p.min_size, (p.autoscaling->>'max')::int AS ceiling, p.below_target_reason,
                             p.reconcile_until, c.counts,
-                            p.updated_at > p.reconcile_until AS changed,
+                            p.updated_at > p.reconcile_until
+                                OR (p.rollout_state IN ('PROGRESSING', 'ROLLED_BACK') AND p.rollout_event_id IS NOT NULL)
+                                AS changed,
                             EXISTS (SELECT 1 FROM leases l
                                     WHERE l.pool_namespace = p.namespace AND l.pool_name = p.name
                                       AND l.expires_at <= coalesce($2, now()) + make_interval(secs => $3)

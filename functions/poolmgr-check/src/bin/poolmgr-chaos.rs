@@ -621,7 +621,9 @@ async fn passes(a: PassesArgs) -> anyhow::Result<bool> {
             size = a.grow_to;
             for i in 0..a.pools {
                 let p = PoolRef { namespace: "default".into(), name: format!("{}-{i}", a.pool_prefix) };
-                service::pool::update(admin, &p, spec(i, size)?).await.map_err(|e| anyhow!("growing {p}: {e}"))?;
+                service::pool::update(admin, &p, spec(i, size)?, "poolmgr-chaos")
+                    .await
+                    .map_err(|e| anyhow!("growing {p}: {e}"))?;
             }
             eprintln!("    round {round}: pools grown to {size}");
         }
