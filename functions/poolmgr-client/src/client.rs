@@ -178,6 +178,27 @@ impl Call {
         Call { body: body(req), ..Call::new(Method::POST, &["v1", "pools", &p.namespace, &p.name, "expect"]) }
     }
 
+    /// `GET /v1/pools/{namespace}/{name}/revisions`.
+    pub fn pool_revisions(p: &PoolRef) -> Call {
+        Call::new(Method::GET, &["v1", "pools", &p.namespace, &p.name, "revisions"])
+    }
+
+    /// `POST /v1/pools/{namespace}/{name}/rollout/pause` (`pause`) or `…/resume`.
+    pub fn rollout_pause(p: &PoolRef, pause: bool) -> Call {
+        let action = if pause { "pause" } else { "resume" };
+        Call::new(Method::POST, &["v1", "pools", &p.namespace, &p.name, "rollout", action])
+    }
+
+    /// `POST /v1/pools/{namespace}/{name}/rollout/undo` `{"to_revision": N}` (`None`: the
+    /// previous kept revision).
+    pub fn rollout_undo(p: &PoolRef, to_revision: Option<i32>) -> Call {
+        let req = match to_revision {
+            Some(n) => serde_json::json!({"to_revision": n}),
+            None => serde_json::json!({}),
+        };
+        Call { body: body(&req), ..Call::new(Method::POST, &["v1", "pools", &p.namespace, &p.name, "rollout", "undo"]) }
+    }
+
     /// `DELETE /v1/pools/{namespace}/{name}?force=`.
     pub fn delete_pool(p: &PoolRef, force: bool) -> Call {
         let c = Call::new(Method::DELETE, &["v1", "pools", &p.namespace, &p.name]);

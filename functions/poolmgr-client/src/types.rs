@@ -189,6 +189,61 @@ pub struct PoolSpec {
     /// Demand-based sizing; `None`: `size` is the target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<Autoscaling>,
+    /// How a template change reaches the warm VMs; `None`: it applies to new VMs only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutPolicy>,
+}
+
+/// A pool's rollout policy (the contract's `rollout` block). A field left `None` gets the
+/// server's default; the server answers with every field set.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RolloutPolicy {
+    /// A count (`2`) or a percentage of the target (`"25%"`); default `"25%"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_surge: Option<serde_json::Value>,
+    /// A count or a percentage; default `0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<serde_json::Value>,
+    /// `CURRENT` (default) or `ANY`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_preference: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_seconds: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_deadline_seconds: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_threshold: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_rollback: Option<bool>,
+}
+
+/// Where a pool's last rollout stands (`status.rollout`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutStatus {
+    /// `PROGRESSING`, `PAUSED`, `HALTED`, `ROLLED_BACK` or `COMPLETE`.
+    pub state: String,
+    pub current_revision: i32,
+    pub target_revision: i32,
+    /// VMs per revision and status (`available`, `leased`, `provisioning`, …).
+    pub by_revision: BTreeMap<String, BTreeMap<String, i64>>,
+    pub stale_leased: i64,
+    pub extra_boots: i32,
+    pub halted_reason: Option<String>,
+}
+
+/// One kept revision of a pool (`GET …/revisions`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Revision {
+    pub revision: i32,
+    pub spec: PoolSpec,
+    #[serde(serialize_with = "ts")]
+    pub created_at: DateTime<Utc>,
+    pub rolled_out: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RevisionList {
+    pub revisions: Vec<Revision>,
 }
 
 /// A pool's demand-based sizing (the contract's `autoscaling` block): exactly one of
@@ -312,6 +367,9 @@ pub struct PoolStatusFull {
     pub desired_size: i32,
     #[serde(default)]
     pub autoscaling: Option<AutoscalingStatus>,
+    /// `None` when no rollout ever ran (and from older servers).
+    #[serde(default)]
+    pub rollout: Option<RolloutStatus>,
 }
 
 impl std::ops::Deref for PoolStatusFull {
@@ -351,6 +409,9 @@ pub struct Expected {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pool {
     pub spec: PoolSpec,
+    /// Bumped by each change of `microvm_template` or `create_commands` (1 from older servers).
+    #[serde(default = "first_revision")]
+    pub revision: i32,
     pub status: PoolStatusFull,
     #[serde(serialize_with = "ts")]
     pub created_at: DateTime<Utc>,
@@ -459,11 +520,18 @@ pub struct Vm {
     pub flintlock_host: String,
     pub phase: Phase,
     pub lease_id: Option<String>,
+    /// The pool's revision the VM was created from (1 from older servers).
+    #[serde(default = "first_revision")]
+    pub revision: i32,
     pub network_interfaces: BTreeMap<String, NetworkInterfaceStatus>,
     #[serde(serialize_with = "ts")]
     pub created_at: DateTime<Utc>,
     #[serde(serialize_with = "ts")]
     pub updated_at: DateTime<Utc>,
+}
+
+fn first_revision() -> i32 {
+    1
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -43,6 +43,7 @@ fn spec(name: &str, size: i32) -> PoolSpec {
         heartbeat_interval_seconds: None,
         heartbeat_expiry_seconds: None,
         autoscaling: None,
+        rollout: None,
     }
 }
 

@@ -152,6 +152,10 @@ pub enum PoolCmd {
         #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
         within: Duration,
     },
+    /// A pool's template rollouts: where the last one stands, the kept revisions, and
+    /// pausing, resuming or undoing one (admin token).
+    #[command(subcommand)]
+    Rollout(RolloutCmd),
     /// Show a pool's live counts, its desired size and why (autoscaling: the measured claim
     /// and refusal rates, the provisioning time, announced claims).
     Status {
@@ -163,6 +167,45 @@ pub enum PoolCmd {
         /// Poll interval of --watch.
         #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
         interval: Duration,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RolloutCmd {
+    /// The rollout's state, current and target revision, VMs per revision, stale leased VMs,
+    /// extra boots and why it halted.
+    Status {
+        /// NAMESPACE/NAME, or NAME in namespace `default`.
+        pool: String,
+        /// Keep polling and redrawing until Ctrl-C.
+        #[arg(long, short = 'w')]
+        watch: bool,
+        /// Poll interval of --watch.
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+        interval: Duration,
+    },
+    /// The kept revisions (the last 10), newest first.
+    History {
+        /// NAMESPACE/NAME, or NAME in namespace `default`.
+        pool: String,
+    },
+    /// Pause the running rollout: nothing more is surged or retired until resumed.
+    Pause {
+        /// NAMESPACE/NAME, or NAME in namespace `default`.
+        pool: String,
+    },
+    /// Resume a paused rollout.
+    Resume {
+        /// NAMESPACE/NAME, or NAME in namespace `default`.
+        pool: String,
+    },
+    /// Go back to a kept revision (default: the previous one) with a rollout to it.
+    Undo {
+        /// NAMESPACE/NAME, or NAME in namespace `default`.
+        pool: String,
+        /// The revision to go back to (`rollout history` lists them).
+        #[arg(long, value_name = "N")]
+        to_revision: Option<i32>,
     },
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use poolmgr_client::{Call, ExpectRequest, PoolRef, PoolSpec, Reply};
 use serde_json::Value;
 
-use crate::cli::{Format, PoolCmd};
+use crate::cli::{Format, PoolCmd, RolloutCmd};
 use crate::error::{CliError, EXIT_UNAVAILABLE};
 use crate::output::{Table, cell, compact_json, emit, emit_document, pool_cell, yaml};
 use crate::{Ctx, parse_pool_ref};
@@ -64,10 +64,11 @@ pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
                 f => emit_document(f, &r.body),
             }
         }
+        PoolCmd::Rollout(cmd) => rollout(ctx, cmd).await,
         PoolCmd::Status { pool, watch, interval } => {
             let p = parse_pool_ref(&pool)?;
             if watch {
-                watch_status(ctx, &p, interval).await
+                watch_status(ctx, &p, interval, status_table).await
             } else {
                 let r = ctx.send(Call::get_pool(&p)).await?;
                 match ctx.format {
@@ -117,6 +118,107 @@ fn show_pools(ctx: &Ctx, r: &Reply, pools: &[Value]) -> Result<(), CliError> {
     }
 }
 
+async fn rollout(ctx: &Ctx, cmd: RolloutCmd) -> Result<(), CliError> {
+    match cmd {
+        RolloutCmd::Status { pool, watch, interval } => {
+            let p = parse_pool_ref(&pool)?;
+            if watch {
+                return watch_status(ctx, &p, interval, rollout_table).await;
+            }
+            let r = ctx.send(Call::get_pool(&p)).await?;
+            show_rollout(ctx, &r)
+        }
+        RolloutCmd::History { pool } => {
+            let r = ctx.send(Call::pool_revisions(&parse_pool_ref(&pool)?)).await?;
+            match ctx.format {
+                Format::Table => {
+                    let v: Value = r.json()?;
+                    let mut t = Table::new(&["REVISION", "CREATED", "ROLLED_OUT", "IMAGE", "CREATE_COMMANDS"]);
+                    for rev in v["revisions"].as_array().map(Vec::as_slice).unwrap_or_default() {
+                        let spec = &rev["spec"];
+                        t.row(vec![
+                            cell(&rev["revision"]),
+                            cell(&rev["created_at"]),
+                            cell(&rev["rolled_out"]),
+                            cell(&spec["microvm_template"]["root_volume"]["source"]["container_source"]),
+                            spec["create_commands"].as_array().map_or(0, Vec::len).to_string(),
+                        ]);
+                    }
+                    ctx.table(&t)
+                }
+                f => emit_document(f, &r.body),
+            }
+        }
+        RolloutCmd::Pause { pool } => {
+            let r = ctx.send(Call::rollout_pause(&parse_pool_ref(&pool)?, true)).await?;
+            show_rollout(ctx, &r)
+        }
+        RolloutCmd::Resume { pool } => {
+            let r = ctx.send(Call::rollout_pause(&parse_pool_ref(&pool)?, false)).await?;
+            show_rollout(ctx, &r)
+        }
+        RolloutCmd::Undo { pool, to_revision } => {
+            if let Some(n) = to_revision.filter(|n| *n < 1) {
+                return Err(CliError::usage(format!("--to-revision must be at least 1, got {n}")));
+            }
+            let r = ctx.send(Call::rollout_undo(&parse_pool_ref(&pool)?, to_revision)).await?;
+            show_rollout(ctx, &r)
+        }
+    }
+}
+
+fn show_rollout(ctx: &Ctx, r: &Reply) -> Result<(), CliError> {
+    match ctx.format {
+        Format::Table => ctx.table(&rollout_table(&r.json()?)),
+        f => emit_document(f, &r.body),
+    }
+}
+
+/// One row: the pool's rollout (`-` everywhere when none ever ran).
+fn rollout_table(pool: &Value) -> Table {
+    let ro = &pool["status"]["rollout"];
+    let mut t = Table::new(&[
+        "POOL",
+        "REVISION",
+        "STATE",
+        "CURRENT",
+        "TARGET",
+        "BY_REVISION",
+        "STALE_LEASED",
+        "EXTRA_BOOTS",
+        "HALTED_REASON",
+    ]);
+    let dash = |v: &Value| if v.is_null() { "-".to_owned() } else { cell(v) };
+    let by_revision = ro["by_revision"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(rev, counts)| {
+                    let parts: Vec<String> = counts
+                        .as_object()
+                        .map(|c| c.iter().map(|(k, n)| format!("{k}={n}")).collect())
+                        .unwrap_or_default();
+                    format!("{rev}:{}", parts.join("/"))
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "-".to_owned());
+    t.row(vec![
+        pool_cell(&pool["spec"]),
+        cell(&pool["revision"]),
+        dash(&ro["state"]),
+        dash(&ro["current_revision"]),
+        dash(&ro["target_revision"]),
+        by_revision,
+        dash(&ro["stale_leased"]),
+        dash(&ro["extra_boots"]),
+        dash(&ro["halted_reason"]),
+    ]);
+    t
+}
+
 fn status_table(pool: &Value) -> Table {
     let (spec, st) = (&pool["spec"], &pool["status"]);
     let mut t = Table::new(&[
@@ -161,7 +263,7 @@ fn status_table(pool: &Value) -> Table {
 /// Polls every `interval` and redraws until Ctrl-C. On a terminal the screen is redrawn; into
 /// a pipe each poll adds a row (or a JSON line, or a YAML document). Unreachable servers are
 /// reported and retried; any other error ends the watch.
-async fn watch_status(ctx: &Ctx, p: &PoolRef, interval: Duration) -> Result<(), CliError> {
+async fn watch_status(ctx: &Ctx, p: &PoolRef, interval: Duration, render: fn(&Value) -> Table) -> Result<(), CliError> {
     let tty = std::io::stdout().is_terminal();
     let mut ctrl_c = pin!(tokio::signal::ctrl_c());
     let mut first = true;
@@ -175,7 +277,7 @@ async fn watch_status(ctx: &Ctx, p: &PoolRef, interval: Duration) -> Result<(), 
             Ok(r) => {
                 let text = match ctx.format {
                     Format::Table => {
-                        let table = status_table(&r.json()?).render(!ctx.no_headers);
+                        let table = render(&r.json()?).render(!ctx.no_headers);
                         if tty {
                             let now = chrono::Local::now().format("%H:%M:%S");
                             format!(

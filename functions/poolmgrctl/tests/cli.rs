@@ -816,6 +816,51 @@ async fn pool_expect_prewarms_an_autoscaled_pool_and_status_says_why() {
     s.ctl(&["pool", "expect", "ghost", "--claims", "5"]).await.fails(3, "not_found");
 }
 
+/// Issue 24 item 4: `pool rollout status|history|pause|resume|undo` against a running
+/// poolmgr-local: an update with a new image rolls the pool (status shows it until COMPLETE),
+/// history lists both revisions, pause with nothing running is a conflict, and undo goes back
+/// to revision 1 with a rollout to it.
+#[tokio::test]
+async fn pool_rollout_shows_steers_and_undoes_a_rollout() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    let rolling = |image: &str| {
+        spec_yaml("ci", 2).replace("ghcr.io/liquidmetal-dev/ubuntu:22.04", image) + "rollout: {max_surge: 2}\n"
+    };
+    let f = s.write("rolling.yaml", &rolling("ghcr.io/x/runner:1"));
+    s.ctl(&["pool", "create", "--file", &f]).await.ok();
+    s.wait_available("ci", 2).await;
+    let t = s.ctl(&["pool", "rollout", "status", "ci"]).await.ok().table();
+    assert_eq!(t[0][..3], ["POOL", "REVISION", "STATE"], "{t:?}");
+    assert_eq!(t[1][..3], ["default/ci", "1", "-"], "no rollout ever ran: {t:?}");
+    let f2 = s.write("rolling-2.yaml", &rolling("ghcr.io/x/runner:2"));
+    s.ctl(&["pool", "update", "--file", &f2]).await.ok();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let t = s.ctl(&["pool", "rollout", "status", "ci"]).await.ok().table();
+        if t[1][2] == "COMPLETE" {
+            assert_eq!(t[1][3..5], ["2", "2"], "{t:?}");
+            assert_eq!(t[1][7], "2", "two idle VMs replaced: {t:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never completed: {t:?}\n{}", s.server.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let h = s.ctl(&["pool", "rollout", "history", "ci"]).await.ok().table();
+    assert_eq!(h.len(), 3, "{h:?}");
+    assert_eq!((h[1][0].as_str(), h[1][2].as_str(), h[1][3].as_str()), ("2", "true", "ghcr.io/x/runner:2"), "{h:?}");
+    assert_eq!((h[2][0].as_str(), h[2][3].as_str()), ("1", "ghcr.io/x/runner:1"), "{h:?}");
+    let o = s.ctl(&["pool", "rollout", "pause", "ci"]).await;
+    o.fails(4, "failed_precondition");
+    assert!(o.stderr.contains("no rollout running"), "{o:#?}");
+    let o = s.ctl(&["-o", "json", "pool", "rollout", "undo", "ci"]).await.ok();
+    let p = o.json();
+    assert_eq!(p["revision"], json!(1));
+    assert_eq!(p["status"]["rollout"]["state"], json!("PROGRESSING"));
+    s.ctl(&["pool", "rollout", "undo", "ci", "--to-revision", "0"]).await.fails(2, "invalid_argument");
+    s.ctl(&["pool", "rollout", "history", "ghost"]).await.fails(3, "not_found");
+}
+
 #[tokio::test]
 async fn manual_pages_come_from_the_command_tree() {
     let none = closed_endpoint();

@@ -30,6 +30,9 @@ const CONTRACT_ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/pools/{namespace}/{name}"),
     ("POST", "/v1/pools/{namespace}/{name}/expect"),
     ("GET", "/v1/pools/{namespace}/{name}/revisions"),
+    ("POST", "/v1/pools/{namespace}/{name}/rollout/pause"),
+    ("POST", "/v1/pools/{namespace}/{name}/rollout/resume"),
+    ("POST", "/v1/pools/{namespace}/{name}/rollout/undo"),
     ("GET", "/v1/vms"),
     ("GET", "/v1/vms/{id}"),
     // Issue 14 item 5: an operator discards a VM.

@@ -401,3 +401,86 @@ async fn bad_rollout_policies_are_invalid_argument_and_change_nothing() {
     assert_eq!(p.revision, 1);
     assert!(p.spec.rollout.is_none());
 }
+
+/// Item 4: a running rollout pauses (nothing is surged or retired while paused, the counts
+/// frozen across passes) and resumes to completion; pausing or resuming when there is
+/// nothing to pause or resume is FAILED_PRECONDITION and changes nothing.
+#[tokio::test]
+async fn a_rollout_pauses_and_resumes() {
+    let app = TestApp::spawn().await;
+    let policy = json!({"max_surge": 1});
+    create_rolling(&app, 3, policy.clone()).await;
+    app.post(ADMIN, &format!("{POOL_PATH}/rollout/pause"), json!(null)).await.assert_error(400, "FAILED_PRECONDITION");
+    put_spec(&app, rolling_spec(3, "ghcr.io/x/runner:2", policy)).await;
+    let paused: api::Pool =
+        app.post(ADMIN, &format!("{POOL_PATH}/rollout/pause"), json!(null)).await.assert_ok_response(200).json();
+    assert_eq!(paused.status.rollout.as_ref().unwrap().state, poolmgr_core::domain::RolloutState::Paused);
+    app.post(ADMIN, &format!("{POOL_PATH}/rollout/pause"), json!(null)).await.assert_error(400, "FAILED_PRECONDITION");
+    for _ in 0..5 {
+        app.pass().await;
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    }
+    assert!(
+        live_vms(&app).await.iter().all(|(rev, _)| *rev == 1),
+        "nothing made while paused: {:?}",
+        live_vms(&app).await
+    );
+    assert_eq!(app.count_events("VM_DELETED_FOR_ROLLOUT").await, 0);
+    let resumed: api::Pool =
+        app.post(ADMIN, &format!("{POOL_PATH}/rollout/resume"), json!(null)).await.assert_ok_response(200).json();
+    assert_eq!(resumed.status.rollout.as_ref().unwrap().state, poolmgr_core::domain::RolloutState::Progressing);
+    app.settle(80, "the rollout complete", || async {
+        pool(&app).await.status.rollout.unwrap().state == poolmgr_core::domain::RolloutState::Complete
+    })
+    .await;
+    assert!(live_vms(&app).await.iter().all(|(rev, p)| *rev == 2 && p == "AVAILABLE"));
+    app.post(ADMIN, &format!("{POOL_PATH}/rollout/resume"), json!(null)).await.assert_error(400, "FAILED_PRECONDITION");
+    app.post(CLIENT_A, &format!("{POOL_PATH}/rollout/pause"), json!(null)).await.assert_error(403, "PERMISSION_DENIED");
+}
+
+/// Item 4: undo returns the pool to a kept revision (the previous one by default) with a
+/// rollout to it: the template is that revision's again, the VMs end on it, and the events
+/// name who asked. An unknown revision, the current one, and a pool without a policy are
+/// refused and change nothing.
+#[tokio::test]
+async fn undo_rolls_back_to_a_kept_revision() {
+    let app = TestApp::spawn().await;
+    let policy = json!({"max_surge": 2});
+    create_rolling(&app, 2, policy.clone()).await;
+    put_spec(&app, rolling_spec(2, "ghcr.io/x/runner:2", policy.clone())).await;
+    app.settle(80, "revision 2 rolled out", || async {
+        pool(&app).await.status.rollout.unwrap().state == poolmgr_core::domain::RolloutState::Complete
+    })
+    .await;
+    let undo = format!("{POOL_PATH}/rollout/undo");
+    app.post(ADMIN, &undo, json!({"to_revision": 7})).await.assert_error(400, "INVALID_ARGUMENT");
+    app.post(ADMIN, &undo, json!({"to_revision": 2})).await.assert_error(400, "FAILED_PRECONDITION");
+    app.post(ADMIN, &undo, json!({"to": 1})).await.assert_error(400, "INVALID_ARGUMENT");
+    assert_eq!(pool(&app).await.revision, 2, "the refusals changed nothing");
+    let back: api::Pool = app.post(ADMIN, &undo, json!({})).await.assert_ok_response(200).json();
+    assert_eq!(back.revision, 1);
+    let image =
+        serde_json::to_value(&back.spec.microvm_template).unwrap()["root_volume"]["source"]["container_source"].clone();
+    assert_eq!(image, json!("ghcr.io/x/runner:1"));
+    let r = back.status.rollout.unwrap();
+    assert_eq!(
+        (r.state, r.current_revision, r.target_revision),
+        (poolmgr_core::domain::RolloutState::Progressing, 2, 1)
+    );
+    app.settle(80, "back on revision 1", || async {
+        pool(&app).await.status.rollout.unwrap().state == poolmgr_core::domain::RolloutState::Complete
+    })
+    .await;
+    assert!(live_vms(&app).await.iter().all(|(rev, p)| *rev == 1 && p == "AVAILABLE"), "{:?}", live_vms(&app).await);
+    let by: String = app
+        .conn()
+        .await
+        .query_one("SELECT payload->>'by' FROM events WHERE type = 'ROLLOUT_STARTED' ORDER BY id DESC LIMIT 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(by, "admin");
+    // Without a policy there is no rollout to undo through.
+    put_spec(&app, spec_with_image(2, "ghcr.io/x/runner:1")).await;
+    app.post(ADMIN, &undo, json!({})).await.assert_error(400, "FAILED_PRECONDITION");
+}

@@ -6,6 +6,7 @@
 
 use axum::Json;
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -13,7 +14,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, Caller, pool_ref};
+use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, Caller, body_error, parse_json, pool_ref};
 use super::openapi::{AdminOnly, AlreadyExists, Common, NotFound};
 use crate::api;
 use crate::app::AppState;
@@ -180,10 +181,79 @@ async fn list_pool_revisions(
     Ok(Json(pool::revisions(&state, &pool_ref(&ns, &name)?).await?).into_response())
 }
 
+/// Pauses the pool's running rollout: nothing more is surged or retired until it resumes.
+/// FAILED_PRECONDITION when no rollout is running.
+#[utoipa::path(
+    post, path = "/v1/pools/{namespace}/{name}/rollout/pause", tag = "pools", operation_id = "pause_rollout",
+    security(("bearer" = [])), params(PoolPath),
+    responses((status = 200, description = "The pool, its rollout PAUSED", body = api::Pool), Common, AdminOnly, NotFound)
+)]
+async fn pause_rollout(
+    State(state): State<AppState>,
+    Admin(admin): Admin,
+    ApiPath((ns, name)): ApiPath<(String, String)>,
+) -> Result<Response, ApiError> {
+    Ok(Json(pool::rollout_pause(&state, &pool_ref(&ns, &name)?, true, &admin.name).await?).into_response())
+}
+
+/// Resumes the pool's paused rollout; its progress deadline counts from now.
+/// FAILED_PRECONDITION when no rollout is paused.
+#[utoipa::path(
+    post, path = "/v1/pools/{namespace}/{name}/rollout/resume", tag = "pools", operation_id = "resume_rollout",
+    security(("bearer" = [])), params(PoolPath),
+    responses((status = 200, description = "The pool, its rollout PROGRESSING", body = api::Pool), Common, AdminOnly, NotFound)
+)]
+async fn resume_rollout(
+    State(state): State<AppState>,
+    Admin(admin): Admin,
+    ApiPath((ns, name)): ApiPath<(String, String)>,
+) -> Result<Response, ApiError> {
+    Ok(Json(pool::rollout_pause(&state, &pool_ref(&ns, &name)?, false, &admin.name).await?).into_response())
+}
+
+/// Which kept revision an undo returns to.
+#[derive(Deserialize, ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+#[schema(as = UndoRequest, example = json!({"to_revision": 2}))]
+struct UndoBody {
+    /// A kept revision (`GET …/revisions`); absent: the newest kept one before the pool's.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    to_revision: Option<i32>,
+}
+
+/// Returns the pool to a kept revision (its `microvm_template` and `create_commands`) and
+/// starts a rollout to it. The pool needs a rollout policy. An empty body (or `{}`) goes
+/// back to the newest kept revision before the pool's.
+#[utoipa::path(
+    post, path = "/v1/pools/{namespace}/{name}/rollout/undo", tag = "pools", operation_id = "undo_rollout",
+    security(("bearer" = [])), params(PoolPath),
+    request_body(content = Option<UndoBody>, description = "Optional"),
+    responses((status = 200, description = "The pool, rolling to the revision", body = api::Pool), Common, AdminOnly, NotFound)
+)]
+async fn undo_rollout(
+    State(state): State<AppState>,
+    Admin(admin): Admin,
+    ApiPath((ns, name)): ApiPath<(String, String)>,
+    body: Result<axum::body::Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(body_error)?;
+    let body: UndoBody = if body.iter().all(u8::is_ascii_whitespace) || body.trim_ascii() == b"null" {
+        UndoBody::default()
+    } else {
+        parse_json(&body)?
+    };
+    let pool = pool_ref(&ns, &name)?;
+    Ok(Json(pool::rollout_undo(&state, &pool, body.to_revision, &admin.name).await?).into_response())
+}
+
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_pool, list_pools))
         .routes(routes!(get_pool, update_pool, delete_pool))
         .routes(routes!(expect_claims))
         .routes(routes!(list_pool_revisions))
+        .routes(routes!(pause_rollout))
+        .routes(routes!(resume_rollout))
+        .routes(routes!(undo_rollout))
 }

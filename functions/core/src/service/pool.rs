@@ -161,6 +161,60 @@ pub async fn get(state: &AppState, pool: &PoolRef) -> Result<Pool, ApiError> {
     Ok(Pool::new(&row, status))
 }
 
+/// Pauses (`pause`) or resumes the pool's rollout (`POST …/rollout/pause`, `…/resume`):
+/// FAILED_PRECONDITION when no rollout is running (or paused, for a resume).
+pub async fn rollout_pause(state: &AppState, pool: &PoolRef, pause: bool, by: &str) -> Result<Pool, ApiError> {
+    let conn = state.conn().await?;
+    let (row, _) = store::pool_get(&conn, pool).await?.ok_or_else(|| not_found(pool))?;
+    if !store::rollout_set_paused(&conn, pool, pause).await? {
+        let now = row.rollout_state.map_or("none ever ran".to_owned(), |s| format!("it is {s}"));
+        return Err(ApiError::FailedPrecondition(if pause {
+            format!("pool {pool} has no rollout running to pause ({now})")
+        } else {
+            format!("pool {pool} has no paused rollout to resume ({now})")
+        }));
+    }
+    tracing::info!(pool = %pool, by, paused = pause, "rollout {}", if pause { "paused" } else { "resumed" });
+    if !pause {
+        state.waker.wake("rollout resumed").await;
+    }
+    get(state, pool).await
+}
+
+/// `POST …/rollout/undo`: back to kept revision `to` (default: the newest kept one before the
+/// pool's), with a rollout to it. The pool needs a rollout policy; `to` must be kept and not
+/// the pool's revision.
+pub async fn rollout_undo(state: &AppState, pool: &PoolRef, to: Option<i32>, by: &str) -> Result<Pool, ApiError> {
+    let conn = state.conn().await?;
+    let (row, _) = store::pool_get(&conn, pool).await?.ok_or_else(|| not_found(pool))?;
+    if row.rollout.is_none() {
+        return Err(ApiError::FailedPrecondition(format!(
+            "pool {pool} has no rollout policy: add a `rollout` block to its spec to undo through a rollout"
+        )));
+    }
+    let kept: Vec<i32> =
+        store::pool_revisions(&conn, pool).await?.unwrap_or_default().iter().map(|r| r.revision).collect();
+    let to = match to {
+        Some(t) => t,
+        None => *kept.iter().find(|r| **r < row.revision).ok_or_else(|| {
+            ApiError::FailedPrecondition(format!("pool {pool} keeps no revision before {}", row.revision))
+        })?,
+    };
+    if to == row.revision {
+        return Err(ApiError::FailedPrecondition(format!("pool {pool} is on revision {to} already")));
+    }
+    if !kept.contains(&to) {
+        let list = kept.iter().map(i32::to_string).collect::<Vec<_>>().join(", ");
+        return Err(ApiError::InvalidArgument(format!("revision {to} of pool {pool} is not kept (kept: {list})")));
+    }
+    if !store::rollout_undo(&conn, pool, row.revision, to, by).await? {
+        return Err(ApiError::Aborted(format!("pool {pool} changed meanwhile; look at it again and retry")));
+    }
+    tracing::info!(pool = %pool, by, from = row.revision, to, "rollout undo");
+    state.waker.wake("rollout undo").await;
+    get(state, pool).await
+}
+
 /// The pool's kept revisions, newest first (`GET /v1/pools/{namespace}/{name}/revisions`).
 pub async fn revisions(state: &AppState, pool: &PoolRef) -> Result<crate::api::RevisionList, ApiError> {
     let conn = state.conn().await?;

@@ -236,3 +236,54 @@ pub async fn rollout_last_good(c: &impl Executor, pool: &PoolRef, revision: i32)
         .await?;
     Ok(row.map(|r| r.get(0)))
 }
+
+/// Pauses a PROGRESSING rollout (`true`), or resumes a PAUSED one (`pause` false): its
+/// progress deadline then counts from the resume. `false`: not in the state it needs.
+pub async fn rollout_set_paused(c: &impl Executor, pool: &PoolRef, pause: bool) -> Result<bool> {
+    let (from, to) = if pause { ("PROGRESSING", "PAUSED") } else { ("PAUSED", "PROGRESSING") };
+    let n = c
+        .timed_execute(
+            "UPDATE pools SET rollout_state = $4,
+                 rollout_started_at = CASE WHEN $4 = 'PROGRESSING' THEN now() ELSE rollout_started_at END
+             WHERE namespace = $1 AND name = $2 AND rollout_state = $3 AND rollout_event_id IS NOT NULL",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT), (&from, Type::TEXT), (&to, Type::TEXT)],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Undo: the pool goes back to its kept revision `to` (its `microvm_template` and
+/// `create_commands`, and its number) and a rollout to it starts (ROLLOUT_STARTED {from, to,
+/// by}), while the pool is still on revision `from`. `false`: revision `to` is not kept, or
+/// the pool moved on meanwhile.
+pub async fn rollout_undo(c: &impl Executor, pool: &PoolRef, from: i32, to: i32, by: &str) -> Result<bool> {
+    let row = c
+        .timed_query_opt(
+            "WITH t AS (
+                 SELECT spec FROM pool_revisions WHERE namespace = $1 AND name = $2 AND revision = $4
+             ), e AS (
+                 INSERT INTO events (type, pool_namespace, pool_name, payload)
+                 SELECT 'ROLLOUT_STARTED', $1, $2, jsonb_build_object('from', $3::int, 'to', $4::int, 'by', $5::text, 'undo', true)
+                 FROM t WHERE EXISTS (SELECT 1 FROM pools WHERE namespace = $1 AND name = $2 AND revision = $3)
+                 RETURNING id
+             )
+             UPDATE pools p SET
+                 microvm_template = t.spec->'microvm_template',
+                 create_commands = ARRAY(SELECT jsonb_array_elements_text(coalesce(t.spec->'create_commands', '[]'))),
+                 revision = $4, rollout_state = 'PROGRESSING', rollout_from = $3,
+                 rollout_event_id = (SELECT id FROM e), rollout_started_at = now(),
+                 rollout_extra_boots = 0, rollout_halted_reason = NULL, updated_at = now()
+             FROM t
+             WHERE p.namespace = $1 AND p.name = $2 AND p.revision = $3 AND EXISTS (SELECT 1 FROM e)
+             RETURNING 1",
+            &[
+                (&pool.namespace, Type::TEXT),
+                (&pool.name, Type::TEXT),
+                (&from, Type::INT4),
+                (&to, Type::INT4),
+                (&by, Type::TEXT),
+            ],
+        )
+        .await?;
+    Ok(row.is_some())
+}
