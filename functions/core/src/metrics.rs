@@ -38,7 +38,7 @@ pub type PoolGaugeValue = fn(&PoolRow, &PoolStatus) -> f64;
 /// The contract's pool gauges: name, help text, value. The one definition of them: the
 /// Prometheus text of `/metrics` ([`render_pool_gauges`]) and the EMF lines of the reconcile
 /// function ([`Metrics::pool_gauges`]) both read this list.
-pub const POOL_GAUGES: [(&str, &str, PoolGaugeValue); 10] = [
+pub const POOL_GAUGES: [(&str, &str, PoolGaugeValue); 14] = [
     ("poolmgr_pool_size", "Size of the pool's spec.", |p, _| f64::from(p.size)),
     ("poolmgr_pool_available", "AVAILABLE VMs.", |_, s| s.available as f64),
     ("poolmgr_pool_leased", "LEASED VMs, plus VMs being claimed.", |_, s| (s.leased + s.claiming) as f64),
@@ -67,7 +67,36 @@ pub const POOL_GAUGES: [(&str, &str, PoolGaugeValue); 10] = [
     ("poolmgr_pool_expected_claims", "Announced claims (POST /expect) not arrived yet.", |p, _| {
         p.scaling.as_ref().map_or(0.0, |s| s.expected_claims as f64)
     }),
+    ("poolmgr_pool_revision", "The pool's revision (bumped by a template or create-command change).", |p, _| {
+        f64::from(p.revision)
+    }),
+    (
+        "poolmgr_pool_stale_vms",
+        "VMs of another revision than the pool's, DELETING ones not counted (leased ones included).",
+        |p, _| stale_vms(p) as f64,
+    ),
+    (
+        "poolmgr_pool_rollout_halted",
+        "1 while the pool's last rollout is HALTED (or ROLLED_BACK after halting), else 0.",
+        |p, _| {
+            use crate::domain::RolloutState;
+            f64::from(u8::from(matches!(p.rollout_state, Some(RolloutState::Halted | RolloutState::RolledBack))))
+        },
+    ),
+    (
+        "poolmgr_pool_rollout_extra_boots",
+        "Stale AVAILABLE VMs the pool's last rollout retired: boots no claim needed.",
+        |p, _| f64::from(p.rollout_extra_boots),
+    ),
 ];
+
+/// The pool's VMs of another revision than its own ([`PoolRow::by_revision`]).
+fn stale_vms(p: &PoolRow) -> i64 {
+    let own = p.revision.to_string();
+    p.by_revision
+        .as_ref()
+        .map_or(0, |b| b.iter().filter(|(rev, _)| **rev != own).map(|(_, c)| c.values().sum::<i64>()).sum())
+}
 
 /// The pool gauges of `pools` (as `store::pool_gauges` reads them) in the Prometheus text
 /// exposition format: a HELP and TYPE line per gauge, then one sample per pool.
@@ -700,7 +729,13 @@ mod tests {
 
     #[test]
     fn pool_gauges_render_as_prometheus_text_with_help_and_type_then_one_sample_per_pool() {
-        let pools = vec![(pool_row("a", 3), status()), (pool_row("b", 0), PoolStatus::default())];
+        let mut rolled = pool_row("a", 3);
+        rolled.revision = 3;
+        rolled.rollout_state = Some(crate::domain::RolloutState::Halted);
+        rolled.rollout_extra_boots = 2;
+        rolled.by_revision =
+            serde_json::from_value(json!({"2": {"available": 1, "leased": 2}, "3": {"available": 4}})).unwrap();
+        let pools = vec![(rolled, status()), (pool_row("b", 0), PoolStatus::default())];
         let want = [
             "# HELP poolmgr_pool_size Size of the pool's spec.",
             "# TYPE poolmgr_pool_size gauge",
@@ -742,6 +777,22 @@ mod tests {
             "# TYPE poolmgr_pool_expected_claims gauge",
             r#"poolmgr_pool_expected_claims{pool_namespace="default",pool_name="a"} 0"#,
             r#"poolmgr_pool_expected_claims{pool_namespace="default",pool_name="b"} 0"#,
+            "# HELP poolmgr_pool_revision The pool's revision (bumped by a template or create-command change).",
+            "# TYPE poolmgr_pool_revision gauge",
+            r#"poolmgr_pool_revision{pool_namespace="default",pool_name="a"} 3"#,
+            r#"poolmgr_pool_revision{pool_namespace="default",pool_name="b"} 1"#,
+            "# HELP poolmgr_pool_stale_vms VMs of another revision than the pool's, DELETING ones not counted (leased ones included).",
+            "# TYPE poolmgr_pool_stale_vms gauge",
+            r#"poolmgr_pool_stale_vms{pool_namespace="default",pool_name="a"} 3"#,
+            r#"poolmgr_pool_stale_vms{pool_namespace="default",pool_name="b"} 0"#,
+            "# HELP poolmgr_pool_rollout_halted 1 while the pool's last rollout is HALTED (or ROLLED_BACK after halting), else 0.",
+            "# TYPE poolmgr_pool_rollout_halted gauge",
+            r#"poolmgr_pool_rollout_halted{pool_namespace="default",pool_name="a"} 1"#,
+            r#"poolmgr_pool_rollout_halted{pool_namespace="default",pool_name="b"} 0"#,
+            "# HELP poolmgr_pool_rollout_extra_boots Stale AVAILABLE VMs the pool's last rollout retired: boots no claim needed.",
+            "# TYPE poolmgr_pool_rollout_extra_boots gauge",
+            r#"poolmgr_pool_rollout_extra_boots{pool_namespace="default",pool_name="a"} 2"#,
+            r#"poolmgr_pool_rollout_extra_boots{pool_namespace="default",pool_name="b"} 0"#,
         ];
         assert_eq!(render_pool_gauges(&pools), want.map(|l| format!("{l}\n")).concat());
         assert_eq!(

@@ -575,16 +575,18 @@ pub async fn vm_recover_abandoned_claims(
     rows.iter().map(|r| json_req(r, "vm")).collect()
 }
 
-/// Shrinks a pool whose size went down: up to `n` AVAILABLE VMs (oldest first) → DELETING,
+/// Shrinks a pool whose size went down: up to `n` AVAILABLE VMs (stale ones first, then the oldest) → DELETING,
 /// with VM_DELETED_ON_SCALE_DOWN. SKIP LOCKED: a VM being claimed right now is left alone.
 pub async fn vm_mark_surplus(c: &impl Executor, pool: &PoolRef, n: i64) -> Result<u64> {
     c.timed_execute(
         "WITH picked AS (
-                 SELECT id FROM vms
-                 WHERE pool_namespace = $1 AND pool_name = $2 AND phase = 'AVAILABLE'
-                 ORDER BY created_at
+                 -- Stale VMs first (another revision than the pool's: issue 24), then the oldest.
+                 SELECT v.id FROM vms v
+                 WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'
+                 ORDER BY v.revision = (SELECT p.revision FROM pools p WHERE p.namespace = $1 AND p.name = $2),
+                          v.created_at
                  LIMIT $3
-                 FOR NO KEY UPDATE SKIP LOCKED
+                 FOR NO KEY UPDATE OF v SKIP LOCKED
              ), v AS (
                  UPDATE vms SET phase = 'DELETING', attempts = 0, next_attempt_at = NULL, updated_at = now()
                  FROM picked WHERE vms.id = picked.id
