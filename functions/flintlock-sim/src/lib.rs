@@ -152,6 +152,8 @@ struct Inner {
     list_delay: Duration,
     /// How long GetMicroVM waits before it answers.
     get_delay: Duration,
+    /// A VM whose root volume image contains one of these ends FAILED instead of booting.
+    failing_images: Vec<String>,
     /// CreateMicroVM calls being answered right now, and the most there ever were at once.
     creates_in_flight: usize,
     max_creates_in_flight: usize,
@@ -236,6 +238,7 @@ impl Sim {
                 create_delay: Duration::ZERO,
                 list_delay: Duration::ZERO,
                 get_delay: Duration::ZERO,
+                failing_images: Vec::new(),
                 creates_in_flight: 0,
                 max_creates_in_flight: 0,
                 next_ifindex: 2,
@@ -417,6 +420,17 @@ impl Sim {
     /// past its caller's limit).
     pub fn set_get_delay(&self, d: Duration) {
         self.lock().get_delay = d;
+    }
+
+    /// VMs created from now on whose root volume image contains `pattern` end FAILED instead
+    /// of booting (a template that never boots); the others boot as usual.
+    pub fn add_failing_image(&self, pattern: &str) {
+        self.lock().failing_images.push(pattern.to_owned());
+    }
+
+    /// Forgets every [`Sim::add_failing_image`] pattern.
+    pub fn clear_failing_images(&self) {
+        self.lock().failing_images.clear();
     }
 
     /// The most CreateMicroVM calls this sim was answering at the same time.

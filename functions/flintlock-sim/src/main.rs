@@ -39,6 +39,8 @@ Options:
   --exec-slow PATTERN=MS     An exec command containing PATTERN runs MS milliseconds, then exits
                              0 (repeatable, tried after the --exec-rule ones): hooks that take
                              time, so faults meet them mid-command
+  --fail-image PATTERN       A VM whose root volume image contains PATTERN ends FAILED instead
+                             of booting (repeatable): a template that never boots
   --state-file PATH          Keep the VMs in PATH across restarts, like flintlockd keeps them in
                              containerd: loaded at start (PENDING VMs resume booting), rewritten
                              atomically on every change before the RPC answers. Default: memory only
@@ -60,6 +62,8 @@ struct Args {
     exec_rules: Vec<(String, i32)>,
     /// `--exec-slow` values: (pattern, run time).
     exec_slow: Vec<(String, Duration)>,
+    /// `--fail-image` patterns.
+    fail_images: Vec<String>,
 }
 
 enum Parsed {
@@ -75,6 +79,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
     let mut version = DEFAULT_VERSION.to_string();
     let mut guest_agent_delay = Duration::ZERO;
     let mut state_file = None;
+    let mut fail_images = Vec::new();
     let mut exec_rules = vec![];
     let mut exec_slow = vec![];
     let mut args = args.into_iter();
@@ -113,6 +118,13 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
                     v.rsplit_once('=').ok_or_else(|| format!("--exec-slow: {v:?} is not PATTERN=MS"))?;
                 exec_slow.push((pattern.to_owned(), parse_ms(&flag, ms)?));
             }
+            "--fail-image" => {
+                let v = value()?;
+                if v.is_empty() {
+                    return Err("--fail-image needs a non-empty PATTERN".into());
+                }
+                fail_images.push(v);
+            }
             "--state-file" => {
                 let v = value()?;
                 if v.is_empty() {
@@ -137,6 +149,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> 
         state_file,
         exec_rules,
         exec_slow,
+        fail_images,
     })))
 }
 
@@ -191,6 +204,9 @@ async fn main() -> ExitCode {
     }
     for (pattern, duration) in &args.exec_slow {
         sim.set_exec_rule(pattern, flintlock_sim::ExecRule { duration: *duration, ..Default::default() });
+    }
+    for pattern in &args.fail_images {
+        sim.add_failing_image(pattern);
     }
     let server = match sim.serve(args.listen).await {
         Ok(server) => server,
@@ -272,6 +288,13 @@ mod tests {
         let Ok(Parsed::Run(a)) = parse(&["--exec-slow", "reset=800"]) else { panic!("parses") };
         assert_eq!(a.exec_slow, [("reset".to_owned(), Duration::from_millis(800))]);
         assert!(parse(&["--exec-slow", "reset"]).is_err());
+    }
+
+    #[test]
+    fn fail_image_is_repeatable_and_needs_a_pattern() {
+        let Ok(Parsed::Run(a)) = parse(&["--fail-image", "broken", "--fail-image=bad:2"]) else { panic!("parses") };
+        assert_eq!(a.fail_images, ["broken", "bad:2"]);
+        assert!(parse(&["--fail-image", ""]).is_err());
     }
 
     #[test]

@@ -146,7 +146,15 @@ impl MicroVm for SimService {
                 return Err(Status::unknown(format!("creating microvm: saving microvm spec: {e}")));
             }
             let lose_reply = take_fault(&mut inner.faults.lose_create_replies);
-            (inner.next_boot_delay(), inner.faults.vms_end_failed, lose_reply)
+            let image = vm
+                .spec
+                .as_ref()
+                .and_then(|s| s.root_volume.as_ref())
+                .and_then(|r| r.source.as_ref())
+                .and_then(|src| src.container_source.clone())
+                .unwrap_or_default();
+            let bad_image = inner.failing_images.iter().any(|p| image.contains(p.as_str()));
+            (inner.next_boot_delay(), inner.faults.vms_end_failed || bad_image, lose_reply)
         };
         if let Some(spec) = vm.spec.as_ref() {
             let boot_delay_ms = boot_delay.as_millis() as u64;

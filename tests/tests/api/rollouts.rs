@@ -300,7 +300,8 @@ async fn a_template_that_never_boots_halts_and_rolls_back_without_destroying_a_h
         .iter()
         .map(|r| r.get(0))
         .collect();
-    app.sim.set_vms_end_failed(true);
+    // Only the new image fails: replacements of the old one would still boot.
+    app.sim.add_failing_image("broken");
     put_spec(&app, rolling_spec(3, "ghcr.io/x/broken:2", json!({"max_surge": 1, "failure_threshold": 3}))).await;
     for pass in 0..80 {
         app.pass().await;
@@ -310,7 +311,6 @@ async fn a_template_that_never_boots_halts_and_rolls_back_without_destroying_a_h
         }
         tokio::time::sleep(std::time::Duration::from_millis(60)).await;
     }
-    app.sim.set_vms_end_failed(false);
     let p = pool(&app).await;
     let r = p.status.rollout.as_ref().unwrap();
     assert_eq!(r.state, poolmgr_core::domain::RolloutState::RolledBack, "{r:?}");
