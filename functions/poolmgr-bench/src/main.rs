@@ -17,6 +17,7 @@ mod demand;
 mod growth;
 mod load;
 mod report;
+mod rollout;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -168,6 +169,21 @@ enum Cmd {
         claims_per_client: usize,
         #[arg(long, default_value_t = 200)]
         hook_ms: u64,
+    },
+    /// Issue 24's rollout scenarios in real time (busy, idle, broken; DATABASE_URL must be an
+    /// empty database; busy uses two, so give it a server where it may create them).
+    Rollout {
+        #[arg(long)]
+        scenario: String,
+        /// The simulator's boot time.
+        #[arg(long, default_value_t = 2000)]
+        boot_ms: u64,
+        /// busy: an empty database for the run without a change.
+        #[arg(long)]
+        baseline_url: Option<String>,
+        /// Append the result (one JSON line) to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Reconcile pass time for POOLS pools of VMS VMs each (DATABASE_URL must be an empty database).
     Reconcile {
@@ -465,6 +481,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::ClaimLatency { endpoint, token, pool, n, request_ids } => {
             claim_latency(&endpoint, &token, &pool, n, request_ids).await
+        }
+        Cmd::Rollout { scenario, boot_ms, baseline_url, out } => {
+            rollout::run(&scenario, boot_ms, baseline_url.as_deref(), out.as_deref()).await
         }
         Cmd::Reconcile { pools, vms, hosts, max_passes, out } => {
             growth::run(pools, vms, hosts, max_passes, out.as_deref()).await

@@ -12,11 +12,13 @@
 //!   kept revision that rolled out, whose rollout then retires the halted revision's VMs. A
 //!   template that never boots destroys no healthy VM: retirement waits for replacements.
 //! - **Replaced:** the stale AVAILABLE VMs that claims will not consume within
-//!   `window_seconds` (the claims of the last window are the estimate for the next; with the
-//!   CURRENT preference a claim takes a stale VM only once no current one is left). Up to
+//!   `window_seconds` (under ANY, the stale share of the last window's claims is the estimate
+//!   for the next; under CURRENT a claim takes a stale VM only once no current one is left, so
+//!   none is counted on). Up to
 //!   `max_surge` new VMs are kept coming above the target for them, and stale AVAILABLE VMs
 //!   are retired (oldest first, VM_DELETED_FOR_ROLLOUT) while AVAILABLE VMs stay above
-//!   target − `max_unavailable`: with the default 0, only as new ones became AVAILABLE.
+//!   target − `max_unavailable`: with the default 0, only as new ones became AVAILABLE. Until
+//!   the first new VM is AVAILABLE, the surge is at most the failures left before the halt.
 
 use crate::domain::{ClaimPreference, RolloutState, Strategy, VmCounts};
 use crate::store::{self, PoolRow};
@@ -94,9 +96,16 @@ pub(super) async fn step(db: &mut StepConn<'_>, pool: &PoolRow, counts: VmCounts
     let target = i64::from(pool.target_size());
     let surge = i64::from(policy.max_surge.of(pool.target_size(), true));
     let unavailable = i64::from(policy.max_unavailable.of(pool.target_size(), false));
+    // Stale VMs the claims will take within the window. Under CURRENT a claim takes a stale
+    // VM only when no current one is AVAILABLE, and the replenishment makes current ones, so
+    // none is counted on: every stale VM is replaced actively. Under ANY a claim picks among
+    // all AVAILABLE VMs alike: the stale share of the last window's claims.
     let consumed = match policy.claim_preference {
-        ClaimPreference::Current => (rc.recent_claims - rc.current_available - rc.current_coming).max(0),
-        ClaimPreference::Any => rc.recent_claims,
+        ClaimPreference::Current => 0,
+        ClaimPreference::Any => {
+            let all = (rc.stale_available + rc.current_available).max(1);
+            rc.recent_claims * rc.stale_available / all
+        }
     };
     let to_replace = (rc.stale_available - consumed).max(0);
     // The warm VMs the strategy keeps out of the target: leased ones count towards it under
@@ -112,7 +121,12 @@ pub(super) async fn step(db: &mut StepConn<'_>, pool: &PoolRow, counts: VmCounts
     if retired > 0 {
         tracing::info!(pool = %pref, revision = pool.revision, retired, left = rc.stale_available - retired, "stale VMs retired for the rollout");
     }
-    // New VMs coming above the target for what is left to replace, at most the surge.
-    let allowance = surge.min(to_replace - retired);
+    // New VMs coming above the target for what is left to replace, at most the surge; and
+    // until one of them became AVAILABLE, no more than the failures the rollout may still
+    // take, so a template that never boots halts after failure_threshold VMs, not a surge's.
+    let mut allowance = surge.min(to_replace - retired);
+    if rc.last_progress.is_none() {
+        allowance = allowance.min((i64::from(policy.failure_threshold) - rc.failures).max(0));
+    }
     Ok(Plan { allowance: allowance.max(rc.current_coming), extra: (allowance - rc.current_coming).max(0), retired })
 }
