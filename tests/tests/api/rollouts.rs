@@ -550,3 +550,52 @@ async fn overlapping_passes_roll_a_pool_within_its_ceiling_and_retire_each_vm_on
     assert_eq!(app.count_events("POOL_ROLLOUT_COMPLETED").await, 1);
     assert!(live_vms(&app).await.iter().all(|(rev, _)| *rev == 2));
 }
+
+/// Item 5, killed passes: passes cut off at random points of their work (the task aborted
+/// after 0–40 ms, its pool lease then let go as its expiry would) step a rolling pool. Every
+/// step is one guarded statement, so the rollout still completes, within the ceiling and the
+/// warm floor, with each stale VM retired once and one POOL_ROLLOUT_COMPLETED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn passes_killed_at_any_point_still_finish_the_rollout_once() {
+    let app = Arc::new(TestApp::spawn().await);
+    let mut spec = rolling_spec(4, "ghcr.io/x/runner:1", json!({"max_surge": 2}));
+    spec["autoscaling"] = json!({"min": 4, "max": 6, "buffer": 4});
+    app.post(ADMIN, "/v1/pools", spec.clone()).await.assert_ok(201);
+    app.settle(60, "4 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 4 }).await;
+    spec["microvm_template"]["root_volume"]["source"]["container_source"] = json!("ghcr.io/x/runner:2");
+    put_spec(&app, spec).await;
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    for round in 0..150 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let cut = std::time::Duration::from_millis(seed % 41);
+        let a = app.clone();
+        let pass = tokio::spawn(async move { a.pass().await });
+        tokio::time::sleep(cut).await;
+        pass.abort();
+        let _ = pass.await;
+        // The killed pass's pool lease, expired.
+        app.conn().await.execute("UPDATE pools SET reconcile_until = '-infinity'", &[]).await.unwrap();
+        let vms = live_vms(&app).await;
+        assert!(vms.len() <= 6, "round {round}: above the ceiling of 6: {vms:?}");
+        let available = vms.iter().filter(|(_, p)| p == "AVAILABLE").count();
+        assert!(available >= 4, "round {round}: the warm capacity dropped: {vms:?}");
+        if pool(&app).await.status.rollout.unwrap().state == poolmgr_core::domain::RolloutState::Complete {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Whatever the cuts left, whole passes finish it.
+    app.settle(60, "the rollout complete", || async {
+        pool(&app).await.status.rollout.unwrap().state == poolmgr_core::domain::RolloutState::Complete
+    })
+    .await;
+    let retired = app.scalar_i64("SELECT count(*) FROM events WHERE type = 'VM_DELETED_FOR_ROLLOUT'").await;
+    let distinct =
+        app.scalar_i64("SELECT count(DISTINCT vm_id) FROM events WHERE type = 'VM_DELETED_FOR_ROLLOUT'").await;
+    assert_eq!((retired, distinct), (4, 4), "each stale VM retired once");
+    assert_eq!(app.count_events("POOL_ROLLOUT_COMPLETED").await, 1);
+    assert_eq!(i64::from(pool(&app).await.status.rollout.unwrap().extra_boots), retired);
+    assert!(live_vms(&app).await.iter().all(|(rev, _)| *rev == 2));
+}
