@@ -599,3 +599,35 @@ async fn passes_killed_at_any_point_still_finish_the_rollout_once() {
     assert_eq!(i64::from(pool(&app).await.status.rollout.unwrap().extra_boots), retired);
     assert!(live_vms(&app).await.iter().all(|(rev, _)| *rev == 2));
 }
+
+/// Item 2, a busy pool: one that runs below its target (here a refill that does not finish
+/// booting) still rolls. The floor of target - max_unavailable never let a stale VM go there;
+/// the rollout keeps the warm capacity the pool had when it started instead, and retires a
+/// stale VM each time a new one is AVAILABLE above it.
+#[tokio::test]
+async fn a_pool_running_below_its_target_still_rolls_without_losing_warm_capacity() {
+    let app = TestApp::spawn().await;
+    let mut spec = rolling_spec(3, "ghcr.io/x/runner:1", json!({"max_surge": 1}));
+    spec["replenishment"] = json!({"strategy": "IMMEDIATE_ON_LEASE"});
+    app.post(ADMIN, "/v1/pools", spec.clone()).await.assert_ok(201);
+    app.settle(60, "3 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 3 }).await;
+    // A claim whose refill never finishes booting: 2 AVAILABLE + 1 PROVISIONING from now on.
+    app.sim.set_boot_delay(std::time::Duration::from_secs(3600));
+    app.claimed(CLIENT_A, "ci", None).await;
+    app.settle(20, "the refill placed", || async { app.count_phase("ci", "PROVISIONING").await == 1 }).await;
+    app.sim.set_boot_delay(std::time::Duration::from_millis(50));
+    spec["microvm_template"]["root_volume"]["source"]["container_source"] = json!("ghcr.io/x/runner:2");
+    put_spec(&app, spec).await;
+    for pass in 0..80 {
+        app.pass().await;
+        let vms = live_vms(&app).await;
+        let available = vms.iter().filter(|(_, p)| p == "AVAILABLE").count();
+        assert!(available >= 2, "pass {pass}: below the warm capacity the rollout started with: {vms:?}");
+        if !vms.iter().any(|(rev, p)| *rev == 1 && p == "AVAILABLE") {
+            assert_eq!(app.count_events("VM_DELETED_FOR_ROLLOUT").await, 2, "{vms:?}");
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    }
+    panic!("the stale AVAILABLE VMs were never replaced: {:?}", live_vms(&app).await);
+}

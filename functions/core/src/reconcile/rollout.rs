@@ -16,8 +16,10 @@
 //!   for the next; under CURRENT a claim takes a stale VM only once no current one is left, so
 //!   none is counted on). Up to
 //!   `max_surge` new VMs are kept coming above the target for them, and stale AVAILABLE VMs
-//!   are retired (oldest first, VM_DELETED_FOR_ROLLOUT) while AVAILABLE VMs stay above
-//!   target − `max_unavailable`: with the default 0, only as new ones became AVAILABLE. Until
+//!   are retired (oldest first, VM_DELETED_FOR_ROLLOUT) while AVAILABLE VMs stay at or above
+//!   the warm floor minus `max_unavailable`: the lower of the strategy's warm target and the
+//!   AVAILABLE count when the rollout started (a busy pool runs below its target). With the
+//!   default 0, a stale VM goes only as a new one became AVAILABLE. Until
 //!   the first new VM is AVAILABLE, the surge is at most the failures left before the halt.
 
 use crate::domain::{ClaimPreference, RolloutState, Strategy, VmCounts};
@@ -114,7 +116,10 @@ pub(super) async fn step(db: &mut StepConn<'_>, pool: &PoolRow, counts: VmCounts
         Strategy::ImmediateOnLease => counts.claiming,
         Strategy::ReplaceOnDelete | Strategy::MinSizeThreshold => counts.claiming + counts.leased,
     };
-    let floor = (target - unavailable - committed).max(0);
+    // Never below the warm capacity the pool had when the rollout started either: a busy pool
+    // runs below its target by its refills in flight, and would otherwise never retire one.
+    let start = pool.rollout_warm_floor.map_or(i64::MAX, i64::from);
+    let floor = (target - committed).min(start).saturating_sub(unavailable).max(0);
     let retire = to_replace.min(counts.available - floor).max(0);
     let retired =
         if retire > 0 { store::rollout_retire(db.client().await?, &pref, pool.revision, retire).await? } else { 0 };
@@ -128,5 +133,12 @@ pub(super) async fn step(db: &mut StepConn<'_>, pool: &PoolRow, counts: VmCounts
     if rc.last_progress.is_none() {
         allowance = allowance.min((i64::from(policy.failure_threshold) - rc.failures).max(0));
     }
-    Ok(Plan { allowance: allowance.max(rc.current_coming), extra: (allowance - rc.current_coming).max(0), retired })
+    // What the pool already has above its target, as its strategy counts (the surge in
+    // flight and the surge AVAILABLE but not yet swapped for a stale VM).
+    let kept = (counts.available - retired)
+        + counts.claiming
+        + counts.provisioning
+        + if pool.strategy == Strategy::ImmediateOnLease { 0 } else { counts.leased };
+    let above = (kept - target).max(0);
+    Ok(Plan { allowance: allowance.max(above), extra: (allowance - above).max(0), retired })
 }

@@ -73,6 +73,10 @@ pub struct PoolRow {
     pub rollout_extra_boots: i32,
     #[serde(default)]
     pub rollout_halted_reason: Option<String>,
+    /// The AVAILABLE VMs the pool had when its rollout started (V20): the warm capacity the
+    /// rollout keeps.
+    #[serde(default)]
+    pub rollout_warm_floor: Option<i32>,
     /// The pool's VMs (DELETING ones not counted) by revision and status count, read by
     /// [`pool_get`] and [`pool_list`] only, while the pool has a rollout state.
     #[serde(default)]

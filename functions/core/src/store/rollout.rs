@@ -18,7 +18,9 @@ pub async fn rollout_start(c: &impl Executor, pool: &PoolRef, from: i32, to: i32
              RETURNING id
          )
          UPDATE pools SET rollout_state = 'PROGRESSING', rollout_from = $3, rollout_event_id = (SELECT id FROM e),
-                          rollout_started_at = now(), rollout_extra_boots = 0, rollout_halted_reason = NULL
+                          rollout_started_at = now(), rollout_extra_boots = 0, rollout_halted_reason = NULL,
+                          rollout_warm_floor = (SELECT count(*) FROM vms v
+                                                WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE')
          WHERE namespace = $1 AND name = $2 AND revision = $4",
         &[
             (&pool.namespace, Type::TEXT),
@@ -201,6 +203,8 @@ pub async fn rollout_halt(
                      rollout_from = CASE WHEN t.revision IS NULL THEN p.rollout_from ELSE $3 END,
                      rollout_event_id = CASE WHEN t.revision IS NULL THEN p.rollout_event_id ELSE (SELECT id FROM back) END,
                      revision = coalesce(t.revision, p.revision),
+                     rollout_warm_floor = (SELECT count(*) FROM vms v
+                                           WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE'),
                      microvm_template = coalesce(t.spec->'microvm_template', p.microvm_template),
                      create_commands = CASE WHEN t.revision IS NULL THEN p.create_commands
                                             ELSE ARRAY(SELECT jsonb_array_elements_text(coalesce(t.spec->'create_commands', '[]'))) END,
@@ -272,7 +276,9 @@ pub async fn rollout_undo(c: &impl Executor, pool: &PoolRef, from: i32, to: i32,
                  create_commands = ARRAY(SELECT jsonb_array_elements_text(coalesce(t.spec->'create_commands', '[]'))),
                  revision = $4, rollout_state = 'PROGRESSING', rollout_from = $3,
                  rollout_event_id = (SELECT id FROM e), rollout_started_at = now(),
-                 rollout_extra_boots = 0, rollout_halted_reason = NULL, updated_at = now()
+                 rollout_extra_boots = 0, rollout_halted_reason = NULL, updated_at = now(),
+                 rollout_warm_floor = (SELECT count(*) FROM vms v
+                                       WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE')
              FROM t
              WHERE p.namespace = $1 AND p.name = $2 AND p.revision = $3 AND EXISTS (SELECT 1 FROM e)
              RETURNING 1",
