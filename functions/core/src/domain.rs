@@ -282,7 +282,8 @@ string_enum!(
 );
 
 string_enum!(
-    /// Which VMs a claim takes while a rollout runs: the current revision's first, or any.
+    /// Which VMs a claim takes while a rollout runs: the current revision's first (CURRENT),
+    /// or any, stale ones used up first so the pool rolls by its claims (ANY).
     ClaimPreference {
         Current => "CURRENT",
         Any => "ANY",

@@ -631,3 +631,39 @@ async fn a_pool_running_below_its_target_still_rolls_without_losing_warm_capacit
     }
     panic!("the stale AVAILABLE VMs were never replaced: {:?}", live_vms(&app).await);
 }
+
+/// Item 2, a busy pool rolls by its own claims: under claim_preference ANY a claim takes a
+/// stale VM first (the oldest), so claims retire them at no extra boot, and the rollout
+/// counts on the last window's claims instead of replacing those VMs actively.
+#[tokio::test]
+async fn under_any_claims_use_up_the_stale_vms_first() {
+    let app = TestApp::spawn().await;
+    let policy = json!({"max_surge": 1, "claim_preference": "ANY", "window_seconds": 3600});
+    let mut spec = rolling_spec(3, "ghcr.io/x/runner:1", policy);
+    spec["replenishment"] = json!({"strategy": "IMMEDIATE_ON_LEASE"});
+    app.post(ADMIN, "/v1/pools", spec.clone()).await.assert_ok(201);
+    app.settle(60, "3 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 3 }).await;
+    // Claims in the last window: the rollout counts on as many stale VMs being claimed.
+    for _ in 0..3 {
+        app.claimed(CLIENT_A, "ci", None).await;
+    }
+    app.settle(60, "3 AVAILABLE again", || async { app.count_phase("ci", "AVAILABLE").await == 3 }).await;
+    spec["microvm_template"]["root_volume"]["source"]["container_source"] = json!("ghcr.io/x/runner:2");
+    put_spec(&app, spec).await;
+    for _ in 0..3 {
+        app.pass().await;
+    }
+    // Nothing was replaced actively: the claims of the window will take the stale VMs.
+    assert_eq!(app.count_events("VM_DELETED_FOR_ROLLOUT").await, 0);
+    for i in 0..3 {
+        let c = app.claimed(CLIENT_A, "ci", None).await;
+        let rev: i32 =
+            app.conn().await.query_one("SELECT revision FROM vms WHERE id = $1", &[&c.vm.id]).await.unwrap().get(0);
+        assert_eq!(rev, 1, "claim {i} took a new VM while stale ones were AVAILABLE");
+    }
+    app.settle(60, "the rollout complete", || async {
+        pool(&app).await.status.rollout.unwrap().state == poolmgr_core::domain::RolloutState::Complete
+    })
+    .await;
+    assert_eq!(pool(&app).await.status.rollout.unwrap().extra_boots, 0, "rolled by its claims alone");
+}

@@ -12,9 +12,9 @@
 //!   kept revision that rolled out, whose rollout then retires the halted revision's VMs. A
 //!   template that never boots destroys no healthy VM: retirement waits for replacements.
 //! - **Replaced:** the stale AVAILABLE VMs that claims will not consume within
-//!   `window_seconds` (under ANY, the stale share of the last window's claims is the estimate
-//!   for the next; under CURRENT a claim takes a stale VM only once no current one is left, so
-//!   none is counted on). Up to
+//!   `window_seconds` (under ANY claims take stale VMs first, and the last window's claims are
+//!   the estimate for the next; under CURRENT a claim takes a stale VM only once no current
+//!   one is left, so none is counted on). Up to
 //!   `max_surge` new VMs are kept coming above the target for them, and stale AVAILABLE VMs
 //!   are retired (oldest first, VM_DELETED_FOR_ROLLOUT) while AVAILABLE VMs stay at or above
 //!   the warm floor minus `max_unavailable`: the lower of the strategy's warm target and the
@@ -100,14 +100,11 @@ pub(super) async fn step(db: &mut StepConn<'_>, pool: &PoolRow, counts: VmCounts
     let unavailable = i64::from(policy.max_unavailable.of(pool.target_size(), false));
     // Stale VMs the claims will take within the window. Under CURRENT a claim takes a stale
     // VM only when no current one is AVAILABLE, and the replenishment makes current ones, so
-    // none is counted on: every stale VM is replaced actively. Under ANY a claim picks among
-    // all AVAILABLE VMs alike: the stale share of the last window's claims.
+    // none is counted on: every stale VM is replaced actively. Under ANY a claim takes a stale
+    // VM first (V21): as many as the last window's claims, the estimate for the next one.
     let consumed = match policy.claim_preference {
         ClaimPreference::Current => 0,
-        ClaimPreference::Any => {
-            let all = (rc.stale_available + rc.current_available).max(1);
-            rc.recent_claims * rc.stale_available / all
-        }
+        ClaimPreference::Any => rc.recent_claims.min(rc.stale_available),
     };
     let to_replace = (rc.stale_available - consumed).max(0);
     // The warm VMs the strategy keeps out of the target: leased ones count towards it under
