@@ -37,6 +37,17 @@ impl<T: DeserializeOwned + ToSchema + 'static, S: Send + Sync> FromRequest<S> fo
 /// A JSON body as `T`, every failure a contract error: malformed JSON, a wrong type or an
 /// unknown field, a NUL character, or an array where `T`'s schema documents an object (serde
 /// reads a struct from an array too; [`super::shape`] refuses it).
+/// An optional JSON body: empty (or only whitespace) and `null` are `T::default()`, anything
+/// else is [`parse_json`]'s.
+pub(super) fn parse_optional_json<T: DeserializeOwned + ToSchema + Default + 'static>(
+    bytes: &[u8],
+) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) || bytes.trim_ascii() == b"null" {
+        return Ok(T::default());
+    }
+    parse_json(bytes)
+}
+
 pub(super) fn parse_json<T: DeserializeOwned + ToSchema + 'static>(bytes: &[u8]) -> Result<T, ApiError> {
     let value = serde_json::from_slice(bytes)
         .or_else(|e| integral_floats_as_integers(bytes).ok_or(e))

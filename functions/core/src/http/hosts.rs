@@ -14,7 +14,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, body_error, optional_name, parse_json};
+use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, body_error, optional_name, parse_optional_json};
 use super::openapi::{AddressTaken, AdminOnly, AlreadyExists, Common, NotFound};
 use crate::api;
 use crate::app::AppState;
@@ -128,11 +128,7 @@ async fn cordon_host(
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
     // The body is optional: an empty one, or JSON `null`, cordons without a reason.
-    let body: CordonBody = if body.iter().all(u8::is_ascii_whitespace) || body.trim_ascii() == b"null" {
-        CordonBody::default()
-    } else {
-        parse_json(&body)?
-    };
+    let body: CordonBody = parse_optional_json(&body)?;
     let reason = body.reason.unwrap_or_default();
     if reason.chars().count() > MAX_CORDON_REASON_CHARS {
         return Err(ApiError::InvalidArgument(format!("reason is longer than {MAX_CORDON_REASON_CHARS} characters")));

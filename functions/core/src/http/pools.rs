@@ -14,7 +14,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, Caller, body_error, parse_json, pool_ref};
+use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, Caller, body_error, parse_optional_json, pool_ref};
 use super::openapi::{AdminOnly, AlreadyExists, Common, NotFound};
 use crate::api;
 use crate::app::AppState;
@@ -238,11 +238,7 @@ async fn undo_rollout(
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(body_error)?;
-    let body: UndoBody = if body.iter().all(u8::is_ascii_whitespace) || body.trim_ascii() == b"null" {
-        UndoBody::default()
-    } else {
-        parse_json(&body)?
-    };
+    let body: UndoBody = parse_optional_json(&body)?;
     let pool = pool_ref(&ns, &name)?;
     Ok(Json(pool::rollout_undo(&state, &pool, body.to_revision, &admin.name).await?).into_response())
 }
