@@ -148,7 +148,8 @@ if [[ ! -f "$TOKENS_FILE" ]]; then
     log "generating API tokens into $TOKENS_FILE"
     (
         umask 077
-        printf 'POOLMGR_ADMIN_TOKENS=%s\nPOOLMGR_CLIENT_TOKENS=%s\n' "$(random_token)" "$(random_token)" >"$TOKENS_FILE"
+        printf 'POOLMGR_ADMIN_TOKENS=%s\nPOOLMGR_VIEWER_TOKENS=%s\nPOOLMGR_CLIENT_TOKENS=%s\n' \
+            "$(random_token)" "$(random_token)" "$(random_token)" >"$TOKENS_FILE"
     )
 fi
 set -a
@@ -160,6 +161,14 @@ if [[ -z "${POOLMGR_ADMIN_TOKENS:-}" || -z "${POOLMGR_CLIENT_TOKENS:-}" ]]; then
 fi
 ADMIN_TOKEN=${POOLMGR_ADMIN_TOKENS%%,*}
 CLIENT_TOKEN=${POOLMGR_CLIENT_TOKENS%%,*}
+if [[ -z "${POOLMGR_VIEWER_TOKENS:-}" ]]; then
+    # A tokens file from before the viewer role: add one (for monitoring), keep the rest.
+    log "adding a viewer token to $TOKENS_FILE"
+    POOLMGR_VIEWER_TOKENS=$(random_token)
+    printf 'POOLMGR_VIEWER_TOKENS=%s\n' "$POOLMGR_VIEWER_TOKENS" >>"$TOKENS_FILE"
+    export POOLMGR_VIEWER_TOKENS
+fi
+VIEWER_TOKEN=${POOLMGR_VIEWER_TOKENS%%,*}
 
 # --- poolmgr-local ------------------------------------------------------------
 if [[ -z "${POOLMGR_HTTP_ADDR:-}" ]]; then
@@ -191,7 +200,9 @@ POOLMGR_ENDPOINT=$URL
 POOLMGR_TOKEN=$CLIENT_TOKEN
 POOLMGR_CLIENT_TOKEN=$CLIENT_TOKEN
 POOLMGR_ADMIN_TOKEN=$ADMIN_TOKEN
+POOLMGR_VIEWER_TOKEN=$VIEWER_TOKEN
 POOLMGR_ADMIN_TOKENS=$ADMIN_TOKEN
+POOLMGR_VIEWER_TOKENS=$VIEWER_TOKEN
 POOLMGR_CLIENT_TOKENS=$CLIENT_TOKEN
 DATABASE_URL=$DATABASE_URL
 FLINTLOCK_SIM_ADDR=$SIM_ADDR

@@ -50,6 +50,7 @@ use tower::ServiceExt;
 
 // At least 16 characters each: shorter tokens are refused at start.
 pub const ADMIN: &str = "admin-token-0123456789";
+pub const VIEWER: &str = "viewer-token-0123456789";
 pub const CLIENT_A: &str = "client-a-token-0123456789";
 pub const CLIENT_B: &str = "client-b-token-0123456789";
 pub const SIM_HOST: &str = "sim";
@@ -262,6 +263,7 @@ impl TestApp {
         let mut env: Vec<(String, String)> = vec![
             ("DATABASE_URL".into(), testdb.app_url.clone()),
             ("POOLMGR_ADMIN_TOKENS".into(), format!("admin:{ADMIN}")),
+            ("POOLMGR_VIEWER_TOKENS".into(), format!("viewer:{VIEWER}")),
             ("POOLMGR_CLIENT_TOKENS".into(), format!("client-a:{CLIENT_A},client-b:{CLIENT_B}")),
             ("POOLMGR_DB_POOL_SIZE".into(), "40".into()),
             ("POOLMGR_FLINTLOCK_TIMEOUT_SECONDS".into(), "3".into()),
@@ -663,8 +665,9 @@ impl TestApp {
     }
 
     /// `GET /metrics` with the admin token: the Prometheus text (200, `text/plain`).
+    /// Scrapes `/metrics` the way the monitoring kit does: with a viewer token.
     pub async fn scrape(&self) -> String {
-        let r = self.get(ADMIN, "/metrics").await;
+        let r = self.get(VIEWER, "/metrics").await;
         assert_eq!(r.status.as_u16(), 200, "{}", r.body);
         let ct = r.headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
         assert!(ct.starts_with("text/plain"), "Prometheus text, got content-type {ct:?}");

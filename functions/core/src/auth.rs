@@ -13,8 +13,23 @@ use crate::error::ApiError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
+    /// Everything.
     Admin,
+    /// Every GET an admin may make, `/metrics` and `/v1/events`; no write. For dashboards,
+    /// scrapers and event consumers, whose stolen token must not be fleet root.
+    Viewer,
+    /// Claims, leases and demand hints only.
     Client,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Viewer => "viewer",
+            Role::Client => "client",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,11 +39,39 @@ pub struct Principal {
 }
 
 impl Principal {
+    /// A change to pools, hosts or VMs: admins only.
     pub fn require_admin(&self) -> Result<(), ApiError> {
         match self.role {
             Role::Admin => Ok(()),
+            Role::Viewer => Err(ApiError::PermissionDenied(format!(
+                "principal {} has role viewer, which may only read; this change needs an admin token",
+                self.name
+            ))),
             Role::Client => Err(ApiError::PermissionDenied(format!(
                 "principal {} has role client; this route needs an admin token",
+                self.name
+            ))),
+        }
+    }
+
+    /// A read of the fleet (pools, hosts, VMs, events, metrics): admins and viewers.
+    pub fn require_reader(&self) -> Result<(), ApiError> {
+        match self.role {
+            Role::Admin | Role::Viewer => Ok(()),
+            Role::Client => Err(ApiError::PermissionDenied(format!(
+                "principal {} has role client; this route needs an admin or viewer token",
+                self.name
+            ))),
+        }
+    }
+
+    /// A claim, heartbeat, release or demand hint: clients and admins, not viewers.
+    pub fn require_consumer(&self) -> Result<(), ApiError> {
+        match self.role {
+            Role::Admin | Role::Client => Ok(()),
+            Role::Viewer => Err(ApiError::PermissionDenied(format!(
+                "principal {} has role viewer, which may only read; claims, heartbeats, releases and demand \
+                 hints need a client token",
                 self.name
             ))),
         }
@@ -38,11 +81,12 @@ impl Principal {
         self.role == Role::Admin
     }
 
-    /// Whose leases this caller reaches: `None` for an admin (every lease), else only the
-    /// leases its own principal claimed. A lease id is not a capability on its own (it appears
-    /// in request and access logs): lease routes filter by this in the same statement.
+    /// Whose leases this caller reaches: `None` for an admin or a viewer (every lease; a
+    /// viewer only reads them), else only the leases its own principal claimed. A lease id is
+    /// not a capability on its own (it appears in request and access logs): lease routes
+    /// filter by this in the same statement.
     pub fn lease_owner(&self) -> Option<&str> {
-        (!self.is_admin()).then_some(self.name.as_str())
+        (self.role == Role::Client).then_some(self.name.as_str())
     }
 }
 
@@ -110,8 +154,7 @@ impl TokenEntry {
         let d = digest(token);
         let name = name.map(str::to_owned).unwrap_or_else(|| {
             let hex: String = d.iter().take(6).map(|b| format!("{b:02x}")).collect();
-            let prefix = if role == Role::Admin { "admin" } else { "client" };
-            format!("{prefix}-{hex}")
+            format!("{}-{hex}", role.as_str())
         });
         Ok(TokenEntry { digest: d, principal: Principal { name, role } })
     }

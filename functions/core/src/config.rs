@@ -366,12 +366,13 @@ impl Config {
             ));
         }
         let mut tokens = parse_tokens(&lookup, "POOLMGR_ADMIN_TOKENS", Role::Admin)?;
+        tokens.extend(parse_tokens(&lookup, "POOLMGR_VIEWER_TOKENS", Role::Viewer)?);
         tokens.extend(parse_tokens(&lookup, "POOLMGR_CLIENT_TOKENS", Role::Client)?);
         crate::auth::check_distinct(&tokens).map_err(ConfigError)?;
         let tokens: Vec<TokenEntry> = tokens.into_iter().map(|(_, t)| t).collect();
         if !disabled && tokens.is_empty() {
             return Err(ConfigError(
-                "no API tokens: set POOLMGR_ADMIN_TOKENS and/or POOLMGR_CLIENT_TOKENS (comma-separated, each `token` or `name:token`), or POOLMGR_AUTH=disabled for local development".into(),
+                "no API tokens: set POOLMGR_ADMIN_TOKENS, POOLMGR_VIEWER_TOKENS and/or POOLMGR_CLIENT_TOKENS (comma-separated, each `token` or `name:token`), or POOLMGR_AUTH=disabled for local development".into(),
             ));
         }
         // A Lambda execution environment serves one request at a time: one connection each.
@@ -516,6 +517,8 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.auth.tokens.len(), 2);
+        let c = cfg(&[("DATABASE_URL", "postgres://x"), ("POOLMGR_VIEWER_TOKENS", "prom:0123456789abcdef")]).unwrap();
+        assert_eq!(c.auth.tokens.len(), 1);
         assert!(cfg(&[("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "off")]).is_err());
         assert!(cfg(&[("POOLMGR_AUTH", "disabled")]).is_err());
     }

@@ -8,7 +8,7 @@
 //!   `POOLMGR_DATABASE_HOST`, `POOLMGR_DATABASE_PORT` and `POOLMGR_DATABASE_NAME` override the
 //!   JSON's fields: the secret holds the credentials, the deployment says where to connect
 //!   (the RDS Proxy endpoint, not the instance the secret was attached to).
-//! - `POOLMGR_TOKENS_SECRET_ARN`: `{"admin_tokens": "…", "client_tokens": "…"}` in the
+//! - `POOLMGR_TOKENS_SECRET_ARN`: `{"admin_tokens": "…", "viewer_tokens": "…", "client_tokens": "…"}` in the
 //!   comma-separated format of `POOLMGR_ADMIN_TOKENS` / `POOLMGR_CLIENT_TOKENS`.
 //!
 //! Without those variables nothing is fetched and the environment is used as it is. With
@@ -140,14 +140,18 @@ pub fn database_url(secret: &str, overrides: &DbOverrides) -> Result<String, Str
     ))
 }
 
-/// `POOLMGR_ADMIN_TOKENS` / `POOLMGR_CLIENT_TOKENS` from a tokens secret's `SecretString`.
+/// `POOLMGR_ADMIN_TOKENS` / `POOLMGR_VIEWER_TOKENS` / `POOLMGR_CLIENT_TOKENS` from a tokens secret's `SecretString`.
 /// Each field is the comma-separated string of the variables, or a JSON array of entries.
 pub fn token_vars(secret: &str) -> Result<Vec<(String, String)>, String> {
     let v: Value = serde_json::from_str(secret.trim())
         .map_err(|e| format!("is not valid JSON (line {}, column {})", e.line(), e.column()))?;
     let obj = v.as_object().ok_or("is not a JSON object")?;
     let mut out = vec![];
-    for (field, var) in [("admin_tokens", "POOLMGR_ADMIN_TOKENS"), ("client_tokens", "POOLMGR_CLIENT_TOKENS")] {
+    for (field, var) in [
+        ("admin_tokens", "POOLMGR_ADMIN_TOKENS"),
+        ("viewer_tokens", "POOLMGR_VIEWER_TOKENS"),
+        ("client_tokens", "POOLMGR_CLIENT_TOKENS"),
+    ] {
         let joined = match obj.get(field) {
             None | Some(Value::Null) => continue,
             Some(Value::String(s)) => s.clone(),
@@ -160,7 +164,7 @@ pub fn token_vars(secret: &str) -> Result<Vec<(String, String)>, String> {
         out.push((var.to_owned(), joined));
     }
     if out.is_empty() {
-        return Err("has neither \"admin_tokens\" nor \"client_tokens\"".into());
+        return Err("has none of \"admin_tokens\", \"viewer_tokens\" and \"client_tokens\"".into());
     }
     Ok(out)
 }
@@ -413,16 +417,21 @@ mod tests {
 
     #[test]
     fn tokens_secret_gives_the_token_variables() {
-        let vars = token_vars(r#"{"admin_tokens": "ops:a1,a2", "client_tokens": ["ci:c1", "c2"]}"#).unwrap();
+        let vars = token_vars(
+            r#"{"admin_tokens": "ops:a1,a2", "viewer_tokens": "prom:v1", "client_tokens": ["ci:c1", "c2"]}"#,
+        )
+        .unwrap();
         assert_eq!(
             vars,
             vec![
                 ("POOLMGR_ADMIN_TOKENS".to_owned(), "ops:a1,a2".to_owned()),
+                ("POOLMGR_VIEWER_TOKENS".to_owned(), "prom:v1".to_owned()),
                 ("POOLMGR_CLIENT_TOKENS".to_owned(), "ci:c1,c2".to_owned())
             ]
         );
         // Only one kind is fine; none is not.
         assert_eq!(token_vars(r#"{"client_tokens": "c"}"#).unwrap().len(), 1);
+        assert_eq!(token_vars(r#"{"viewer_tokens": "v"}"#).unwrap().len(), 1);
         assert!(token_vars(r#"{"other": "x"}"#).unwrap_err().contains("admin_tokens"));
         assert!(token_vars(r#"{"admin_tokens": 5}"#).is_err());
         assert!(token_vars("admin:secret").is_err());

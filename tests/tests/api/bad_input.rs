@@ -33,8 +33,14 @@ fn all_routes(lease_id: &str, vm_id: &str) -> Vec<(Method, String, Option<Value>
         (Method::GET, "/v1/pools".into(), None),
         (Method::GET, "/v1/pools/default/ci".into(), None),
         (Method::PUT, "/v1/pools/default/ci".into(), Some(pool_spec("ci", 2))),
+        (Method::POST, "/v1/pools/default/ci/expect".into(), Some(json!({"claims": 5, "within_seconds": 60}))),
+        (Method::GET, "/v1/pools/default/ci/revisions".into(), None),
+        (Method::POST, "/v1/pools/default/ci/rollout/pause".into(), None),
+        (Method::POST, "/v1/pools/default/ci/rollout/resume".into(), None),
+        (Method::POST, "/v1/pools/default/ci/rollout/undo".into(), Some(json!({}))),
         (Method::DELETE, "/v1/pools/default/ci?force=true".into(), None),
         (Method::GET, format!("/v1/vms/{vm_id}"), None),
+        (Method::DELETE, format!("/v1/vms/{vm_id}"), None),
         (Method::GET, "/v1/vms".into(), None),
         (Method::POST, "/v1/hosts".into(), Some(json!({"name": "host-a", "address": "10.0.0.5:9090"}))),
         (Method::GET, "/v1/hosts".into(), None),
@@ -52,7 +58,7 @@ fn all_routes(lease_id: &str, vm_id: &str) -> Vec<(Method, String, Option<Value>
 fn admin_routes(vm_id: &str) -> Vec<(Method, String, Option<Value>)> {
     all_routes("unused", vm_id)
         .into_iter()
-        .filter(|(_, p, _)| !p.starts_with("/v1/claims") && !p.starts_with("/v1/leases"))
+        .filter(|(_, p, _)| !p.starts_with("/v1/claims") && !p.starts_with("/v1/leases") && !p.ends_with("/expect"))
         .collect()
 }
 
@@ -582,6 +588,39 @@ async fn client_tokens_are_forbidden_on_admin_routes() {
     }
     assert_eq!(snapshot(app).await, before);
     assert_eq!(app.scalar_i64("SELECT count(*) FROM hosts WHERE cordoned").await, 0);
+}
+
+/// Issue 25 item 1: a viewer token (what the monitoring kit holds) reads every GET an admin
+/// may make, `/metrics` and `/v1/events` included, and every write answers 403 and changes
+/// nothing: a stolen scraper token is not fleet root.
+#[tokio::test]
+async fn viewer_tokens_read_everything_and_write_nothing() {
+    let f = fixture().await;
+    let app = &f.app;
+    let before = snapshot(app).await;
+    for (method, path, body) in all_routes(&f.lease_id, &f.vm_id) {
+        let r = app.request(method.clone(), &path, Some(VIEWER), body, &[]).await;
+        if method == Method::GET {
+            assert_eq!(r.status.as_u16(), 200, "{method} {path}: {}", r.body);
+        } else {
+            r.assert_error(403, "PERMISSION_DENIED");
+            assert!(r.body.to_string().contains("viewer"), "{method} {path}: the refusal names the role: {}", r.body);
+        }
+    }
+    // The role is checked before the body is read.
+    for (method, path, _) in body_routes() {
+        send_raw(app, method, path, Some(VIEWER), "{", true).await.assert_error(403, "PERMISSION_DENIED");
+    }
+    // A viewer reads every lease (an admin does), not only its own (it claims none).
+    let (leases, _) = app.list_leases(VIEWER, "").await;
+    assert_eq!(leases.iter().map(|l| l.lease_id.as_str()).collect::<Vec<_>>(), [f.lease_id.as_str()]);
+    assert_eq!(snapshot(app).await, before);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM hosts WHERE cordoned").await, 0);
+    assert_eq!(
+        app.scalar_i64("SELECT count(*) FROM pools WHERE expected_claims > 0").await,
+        0,
+        "the viewer's hint was not recorded"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

@@ -213,7 +213,7 @@ async fn every_operation_needs_a_token_except_health_and_the_document() {
         doc.served["components"]["securitySchemes"]["bearer"],
         json!({
             "type": "http", "scheme": "bearer",
-            "description": "`Authorization: Bearer <token>`; a `client` or an `admin` token"
+            "description": "`Authorization: Bearer <token>`; an `admin`, `viewer` or `client` token (each route says which roles it takes)"
         })
     );
     for (method, path) in doc.operations() {

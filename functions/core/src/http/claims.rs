@@ -15,8 +15,8 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{ApiJson, Caller, pool_ref};
-use super::openapi::{ClaimErrors, Common};
+use super::extract::{ApiJson, Consumer, pool_ref};
+use super::openapi::{ClaimErrors, Common, ConsumerOnly};
 use crate::api;
 use crate::app::AppState;
 use crate::domain::{PoolRef, RequestId};
@@ -44,12 +44,12 @@ struct ClaimBody {
     responses(
         (status = 200, description = "The lease and its VM, fresh or replayed", body = api::ClaimResponse,
          headers(("Idempotent-Replayed" = String, description = "`true` on a replay"))),
-        Common, ClaimErrors,
+        Common, ConsumerOnly, ClaimErrors,
     )
 )]
 async fn claim_vm(
     State(state): State<AppState>,
-    Caller(p): Caller,
+    Consumer(p): Consumer,
     headers: HeaderMap,
     ApiJson(body): ApiJson<ClaimBody>,
 ) -> Result<Response, ApiError> {

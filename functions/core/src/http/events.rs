@@ -14,8 +14,8 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{Admin, ApiQuery, optional_name};
-use super::openapi::{AdminOnly, Common};
+use super::extract::{ApiQuery, Reader, optional_name};
+use super::openapi::{Common, ReadOnly};
 use crate::api;
 use crate::app::AppState;
 use crate::domain::NameFilter;
@@ -54,11 +54,11 @@ struct EventsQuery {
 #[utoipa::path(
     get, path = "/v1/events", tag = "events", operation_id = "list_events",
     security(("bearer" = [])), params(EventsQuery),
-    responses((status = 200, description = "Events after the cursor", body = api::EventList), Common, AdminOnly)
+    responses((status = 200, description = "Events after the cursor", body = api::EventList), Common, ReadOnly)
 )]
 async fn list_events(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Reader(_): Reader,
     ApiQuery(q): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
     let limit = q.limit.unwrap_or(DEFAULT_EVENTS_LIMIT);

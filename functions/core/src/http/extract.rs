@@ -161,18 +161,40 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
-/// An authenticated caller with the admin role.
-pub struct Admin(pub Principal);
+/// An extractor for an authenticated caller whose role passes `Principal::$check`.
+macro_rules! role_extractor {
+    ($(#[$doc:meta])* $name:ident, $check:ident) => {
+        $(#[$doc])*
+        pub struct $name(pub Principal);
 
-impl FromRequestParts<AppState> for Admin {
-    type Rejection = ApiError;
+        impl FromRequestParts<AppState> for $name {
+            type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let Caller(p) = Caller::from_request_parts(parts, state).await?;
-        p.require_admin()?;
-        Ok(Admin(p))
-    }
+            async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+                let Caller(p) = Caller::from_request_parts(parts, state).await?;
+                p.$check()?;
+                Ok($name(p))
+            }
+        }
+    };
 }
+
+role_extractor!(
+    /// An authenticated caller with the admin role.
+    Admin,
+    require_admin
+);
+role_extractor!(
+    /// An authenticated caller that may read the fleet: an admin or a viewer.
+    Reader,
+    require_reader
+);
+role_extractor!(
+    /// An authenticated caller that may claim, heartbeat, release and hint: a client or an
+    /// admin (a viewer only reads).
+    Consumer,
+    require_consumer
+);
 
 pub(super) fn pool_ref(namespace: &str, name: &str) -> Result<PoolRef, ApiError> {
     PoolRef::parse(namespace, name).map_err(ApiError::InvalidArgument)

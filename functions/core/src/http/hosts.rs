@@ -14,8 +14,8 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, body_error, optional_name, parse_optional_json};
-use super::openapi::{AddressTaken, AdminOnly, AlreadyExists, Common, NotFound};
+use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, Reader, body_error, optional_name, parse_optional_json};
+use super::openapi::{AddressTaken, AdminOnly, AlreadyExists, Common, NotFound, ReadOnly};
 use crate::api;
 use crate::app::AppState;
 use crate::domain::{Name, NameFilter, Phase, PhaseFilter};
@@ -51,9 +51,9 @@ async fn create_host(
 #[utoipa::path(
     get, path = "/v1/hosts", tag = "hosts", operation_id = "list_hosts",
     security(("bearer" = [])),
-    responses((status = 200, description = "The hosts", body = api::HostList), Common, AdminOnly)
+    responses((status = 200, description = "The hosts", body = api::HostList), Common, ReadOnly)
 )]
-async fn list_hosts(State(state): State<AppState>, Admin(_): Admin) -> Result<Response, ApiError> {
+async fn list_hosts(State(state): State<AppState>, Reader(_): Reader) -> Result<Response, ApiError> {
     Ok(Json(api::HostList { hosts: host::list(&state).await? }).into_response())
 }
 
@@ -61,11 +61,11 @@ async fn list_hosts(State(state): State<AppState>, Admin(_): Admin) -> Result<Re
 #[utoipa::path(
     get, path = "/v1/hosts/{name}", tag = "hosts", operation_id = "get_host",
     security(("bearer" = [])), params(HostPath),
-    responses((status = 200, description = "The host", body = api::Host), Common, AdminOnly, NotFound)
+    responses((status = 200, description = "The host", body = api::Host), Common, ReadOnly, NotFound)
 )]
 async fn get_host(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Reader(_): Reader,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     Ok(Json(host::get(&state, &name).await?).into_response())
@@ -169,11 +169,11 @@ struct VmListQuery {
 #[utoipa::path(
     get, path = "/v1/vms", tag = "hosts", operation_id = "list_vms",
     security(("bearer" = [])), params(VmListQuery),
-    responses((status = 200, description = "The VMs", body = api::VmList), Common, AdminOnly)
+    responses((status = 200, description = "The VMs", body = api::VmList), Common, ReadOnly)
 )]
 async fn list_vms(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Reader(_): Reader,
     ApiQuery(q): ApiQuery<VmListQuery>,
 ) -> Result<Response, ApiError> {
     let phase = match q.phase.as_deref().filter(|s| !s.is_empty()) {
@@ -202,11 +202,11 @@ struct VmPath {
 #[utoipa::path(
     get, path = "/v1/vms/{id}", tag = "hosts", operation_id = "get_vm",
     security(("bearer" = [])), params(VmPath),
-    responses((status = 200, description = "The VM", body = api::VmRecord), Common, AdminOnly, NotFound)
+    responses((status = 200, description = "The VM", body = api::VmRecord), Common, ReadOnly, NotFound)
 )]
 async fn get_vm(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Reader(_): Reader,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     Ok(Json(vm::get(&state, &id).await?).into_response())

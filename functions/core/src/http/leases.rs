@@ -12,8 +12,8 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{ApiPath, ApiQuery, Caller, lease_id, optional_pool};
-use super::openapi::{Common, NotFound};
+use super::extract::{ApiPath, ApiQuery, Caller, Consumer, lease_id, optional_pool};
+use super::openapi::{Common, ConsumerOnly, NotFound};
 use crate::api;
 use crate::app::AppState;
 use crate::domain::NameFilter;
@@ -53,11 +53,11 @@ async fn get_lease(
 #[utoipa::path(
     post, path = "/v1/leases/{lease_id}/heartbeat", tag = "leases", operation_id = "heartbeat_lease",
     security(("bearer" = [])), params(LeasePath),
-    responses((status = 200, description = "The extended lease", body = api::HeartbeatResponse), Common, NotFound)
+    responses((status = 200, description = "The extended lease", body = api::HeartbeatResponse), Common, ConsumerOnly, NotFound)
 )]
 async fn heartbeat(
     State(state): State<AppState>,
-    Caller(p): Caller,
+    Consumer(p): Consumer,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     let lease = lease::heartbeat(&state, &p, &lease_id(&id)?).await?;
@@ -70,11 +70,11 @@ async fn heartbeat(
 #[utoipa::path(
     delete, path = "/v1/leases/{lease_id}", tag = "leases", operation_id = "release_lease",
     security(("bearer" = [])), params(LeasePath),
-    responses((status = 204, description = "Released"), Common, NotFound)
+    responses((status = 204, description = "Released"), Common, ConsumerOnly, NotFound)
 )]
 async fn release(
     State(state): State<AppState>,
-    Caller(p): Caller,
+    Consumer(p): Consumer,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     lease::release(&state, &p, &lease_id(&id)?).await?;

@@ -57,7 +57,7 @@ impl Modify for BearerScheme {
             SecurityScheme::Http(
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("`Authorization: Bearer <token>`; a `client` or an `admin` token"))
+                    .description(Some("`Authorization: Bearer <token>`; an `admin`, `viewer` or `client` token (each route says which roles it takes)"))
                     .build(),
             ),
         );
@@ -111,8 +111,18 @@ error_responses!(
 );
 
 error_responses!(
-    /// An admin-only operation called with a client token.
-    AdminOnly { "403" => ("PERMISSION_DENIED: a client token on an admin route", false) }
+    /// A change only an admin may make, called with a client or viewer token.
+    AdminOnly { "403" => ("PERMISSION_DENIED: a client or viewer token on an admin route", false) }
+);
+
+error_responses!(
+    /// A read of the fleet (admin or viewer) called with a client token.
+    ReadOnly { "403" => ("PERMISSION_DENIED: a client token on an admin or viewer route", false) }
+);
+
+error_responses!(
+    /// A claim, heartbeat, release or hint (client or admin) called with a viewer token.
+    ConsumerOnly { "403" => ("PERMISSION_DENIED: a viewer token, which may only read", false) }
 );
 
 error_responses!(

@@ -14,8 +14,8 @@ use axum::response::{IntoResponse, Response};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::Admin;
-use super::openapi::{AdminOnly, Common, HealthErrors};
+use super::extract::Reader;
+use super::openapi::{Common, HealthErrors, ReadOnly};
 use crate::api;
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -62,10 +62,10 @@ async fn healthz(State(state): State<AppState>) -> Result<Response, ApiError> {
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Prometheus text exposition format 0.0.4", body = String, content_type = "text/plain"),
-        Common, AdminOnly,
+        Common, ReadOnly,
     )
 )]
-async fn metrics(State(state): State<AppState>, Admin(_): Admin) -> Result<Response, ApiError> {
+async fn metrics(State(state): State<AppState>, Reader(_): Reader) -> Result<Response, ApiError> {
     let text = ops::metrics_text(&state).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

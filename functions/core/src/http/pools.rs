@@ -14,8 +14,8 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, Caller, body_error, parse_optional_json, pool_ref};
-use super::openapi::{AdminOnly, AlreadyExists, Common, NotFound};
+use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, Consumer, Reader, body_error, parse_optional_json, pool_ref};
+use super::openapi::{AdminOnly, AlreadyExists, Common, ConsumerOnly, NotFound, ReadOnly};
 use crate::api;
 use crate::app::AppState;
 use crate::domain::{Name, NameFilter, PoolSpec, validate_name};
@@ -61,11 +61,11 @@ struct NamespaceQuery {
 #[utoipa::path(
     get, path = "/v1/pools", tag = "pools", operation_id = "list_pools",
     security(("bearer" = [])), params(NamespaceQuery),
-    responses((status = 200, description = "The pools", body = api::PoolList), Common, AdminOnly)
+    responses((status = 200, description = "The pools", body = api::PoolList), Common, ReadOnly)
 )]
 async fn list_pools(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Reader(_): Reader,
     ApiQuery(q): ApiQuery<NamespaceQuery>,
 ) -> Result<Response, ApiError> {
     let ns = q.namespace.filter(|s| !s.is_empty());
@@ -80,11 +80,11 @@ async fn list_pools(
 #[utoipa::path(
     get, path = "/v1/pools/{namespace}/{name}", tag = "pools", operation_id = "get_pool",
     security(("bearer" = [])), params(PoolPath),
-    responses((status = 200, description = "The pool", body = api::Pool), Common, AdminOnly, NotFound)
+    responses((status = 200, description = "The pool", body = api::Pool), Common, ReadOnly, NotFound)
 )]
 async fn get_pool(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Reader(_): Reader,
     ApiPath((ns, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
     Ok(Json(pool::get(&state, &pool_ref(&ns, &name)?).await?).into_response())
@@ -152,11 +152,11 @@ struct ExpectBody {
 #[utoipa::path(
     post, path = "/v1/pools/{namespace}/{name}/expect", tag = "pools", operation_id = "expect_claims",
     security(("bearer" = [])), params(PoolPath), request_body = ExpectBody,
-    responses((status = 202, description = "Recorded: until when, and the size the pool now works towards", body = api::Expected), Common, NotFound)
+    responses((status = 202, description = "Recorded: until when, and the size the pool now works towards", body = api::Expected), Common, ConsumerOnly, NotFound)
 )]
 async fn expect_claims(
     State(state): State<AppState>,
-    Caller(_): Caller,
+    Consumer(_): Consumer,
     ApiPath((ns, name)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<ExpectBody>,
 ) -> Result<Response, ApiError> {
@@ -171,11 +171,11 @@ async fn expect_claims(
 #[utoipa::path(
     get, path = "/v1/pools/{namespace}/{name}/revisions", tag = "pools", operation_id = "list_pool_revisions",
     security(("bearer" = [])), params(PoolPath),
-    responses((status = 200, description = "The kept revisions, newest first", body = api::RevisionList), Common, AdminOnly, NotFound)
+    responses((status = 200, description = "The kept revisions, newest first", body = api::RevisionList), Common, ReadOnly, NotFound)
 )]
 async fn list_pool_revisions(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Reader(_): Reader,
     ApiPath((ns, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
     Ok(Json(pool::revisions(&state, &pool_ref(&ns, &name)?).await?).into_response())
