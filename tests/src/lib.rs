@@ -172,6 +172,28 @@ impl TestResponse {
         assert_eq!(self.error_status(), status, "body: {}", self.body);
         assert_eq!(self.body["error"]["code"], json!(http), "body: {}", self.body);
         assert!(self.body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "body: {}", self.body);
+        // Every error names a stable reason word and the request's correlation id.
+        let reason = self.reason();
+        assert!(
+            !reason.is_empty() && reason.bytes().all(|b| b.is_ascii_uppercase() || b == b'_'),
+            "reason {reason:?}, body: {}",
+            self.body
+        );
+        let id = self.headers.get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("");
+        assert!(!id.is_empty(), "an error answer carries x-request-id");
+        assert_eq!(self.body["error"]["request_id"], json!(id), "body: {}", self.body);
+    }
+
+    /// The error body's `reason`.
+    pub fn reason(&self) -> &str {
+        self.body["error"]["reason"].as_str().unwrap_or("")
+    }
+
+    /// Like [`TestResponse::assert_error`], with the `reason` too.
+    #[track_caller]
+    pub fn assert_reason(&self, http: u16, status: &str, reason: &str) {
+        self.assert_error(http, status);
+        assert_eq!(self.reason(), reason, "body: {}", self.body);
     }
 
     #[track_caller]

@@ -40,6 +40,16 @@ pub enum ApiError {
     /// not name: `UNIMPLEMENTED` is the google.rpc code for an unsupported operation).
     #[error("{0}")]
     MethodNotAllowed(String),
+    /// Another error with a more specific `reason` than its status's default
+    /// ([`ApiError::reason`] makes one).
+    #[error("{1}")]
+    WithReason(&'static str, Box<ApiError>),
+}
+
+tokio::task_local! {
+    /// The request's correlation id (`x-request-id`), set around every request by the
+    /// router's middleware so an error body can carry it.
+    pub static REQUEST_ID: String;
 }
 
 impl ApiError {
@@ -51,8 +61,41 @@ impl ApiError {
         ApiError::Unavailable { message: message.into(), cause: cause.to_string() }
     }
 
+    /// The same error with a specific stable `reason` word (`POOL_EXHAUSTED`, `VM_GONE`, …).
+    pub fn reason(self, reason: &'static str) -> Self {
+        ApiError::WithReason(reason, Box::new(self.into_base()))
+    }
+
+    fn into_base(self) -> ApiError {
+        match self {
+            ApiError::WithReason(_, inner) => inner.into_base(),
+            e => e,
+        }
+    }
+
+    /// The error without its specific reason.
+    pub fn base(&self) -> &ApiError {
+        match self {
+            ApiError::WithReason(_, inner) => inner.base(),
+            e => e,
+        }
+    }
+
+    /// The body's `reason`: the specific one if set, else the status's default word.
+    pub fn reason_word(&self) -> &'static str {
+        match self {
+            ApiError::WithReason(r, _) => r,
+            ApiError::ResourceExhausted(_) => "POOL_EXHAUSTED",
+            ApiError::Unauthenticated(_) => "TOKEN_MISSING_OR_UNKNOWN",
+            ApiError::PermissionDenied(_) => "ROLE_NOT_ALLOWED",
+            ApiError::MethodNotAllowed(_) => "METHOD_NOT_ALLOWED",
+            e => e.status().1,
+        }
+    }
+
     pub fn status(&self) -> (StatusCode, &'static str) {
         match self {
+            ApiError::WithReason(_, inner) => inner.status(),
             ApiError::InvalidArgument(_) => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
             ApiError::FailedPrecondition(_) => (StatusCode::BAD_REQUEST, "FAILED_PRECONDITION"),
             ApiError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "UNAUTHENTICATED"),
@@ -81,7 +124,14 @@ pub struct ErrorDetail {
     code: u16,
     #[schema(value_type = ErrorStatus)]
     status: &'static str,
+    /// A stable machine-readable word: `POOL_EXHAUSTED`, `QUOTA_EXCEEDED`, `HOOK_FAILED`,
+    /// `VM_GONE`, `LEASE_ENDING`, …; otherwise the status itself.
+    #[schema(example = "POOL_EXHAUSTED")]
+    reason: &'static str,
     message: String,
+    /// The correlation id the server also sends as `x-request-id`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_id: Option<String>,
 }
 
 /// The `status` of an error (schema only: [`ApiError::status`] produces them).
@@ -104,15 +154,19 @@ pub enum ErrorStatus {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (code, status) = self.status();
-        match &self {
-            ApiError::Internal { cause, .. } => tracing::error!(%cause, "internal error"),
-            ApiError::Unavailable { cause, .. } => tracing::warn!(%cause, "dependency unavailable"),
-            _ => tracing::info!(status, message = %self, "request refused"),
+        let reason = self.reason_word();
+        match self.base() {
+            ApiError::Internal { cause, .. } => tracing::error!(%cause, reason, "internal error"),
+            ApiError::Unavailable { cause, .. } => tracing::warn!(%cause, reason, "dependency unavailable"),
+            _ => tracing::info!(status, reason, message = %self, "request refused"),
         }
-        let body = ErrorBody { error: ErrorDetail { code: code.as_u16(), status, message: self.to_string() } };
+        let request_id = REQUEST_ID.try_with(Clone::clone).ok();
+        let body = ErrorBody {
+            error: ErrorDetail { code: code.as_u16(), status, reason, message: self.to_string(), request_id },
+        };
         let mut resp = (code, axum::Json(body)).into_response();
         // ABORTED means "retrying is correct" (the contract): it says when, too.
-        if matches!(self, ApiError::Aborted(_) | ApiError::ResourceExhausted(_) | ApiError::Unavailable { .. }) {
+        if matches!(self.base(), ApiError::Aborted(_) | ApiError::ResourceExhausted(_) | ApiError::Unavailable { .. }) {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
         }
         resp
@@ -123,10 +177,12 @@ impl From<crate::store::StoreError> for ApiError {
     fn from(e: crate::store::StoreError) -> Self {
         use crate::store::StoreError as S;
         match e {
-            S::Unavailable(cause) => ApiError::unavailable("database unavailable, retry", cause),
+            S::Unavailable(cause) => {
+                ApiError::unavailable("database unavailable, retry", cause).reason("DATABASE_UNAVAILABLE")
+            }
             // A deadlock, serialization failure, cancelled statement or lock timeout: nothing
             // was changed, and the same request may well succeed in a moment.
-            e @ S::Busy { .. } => ApiError::unavailable("database busy, retry", e),
+            e @ S::Busy { .. } => ApiError::unavailable("database busy, retry", e).reason("DATABASE_BUSY"),
             e @ (S::UniqueViolation { .. } | S::Db(_)) => ApiError::internal(e),
         }
     }

@@ -196,8 +196,16 @@ mod tests {
 
     #[test]
     fn what_a_claim_retries() {
-        let api =
-            |status| Error::Api(crate::error::ApiError { code: 0, status, message: String::new(), retry_after: None });
+        let api = |status| {
+            Error::Api(crate::error::ApiError {
+                code: 0,
+                status,
+                message: String::new(),
+                reason: None,
+                request_id: None,
+                retry_after: None,
+            })
+        };
         let mut o = ClaimOptions::default();
         assert!(o.retries(&api(Status::Unavailable)));
         assert!(o.retries(&api(Status::Aborted)));

@@ -417,20 +417,29 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let parsed: Option<(String, String)> = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| {
-            let e = &v["error"];
-            Some((e["status"].as_str()?.to_owned(), e["message"].as_str().unwrap_or_default().to_owned()))
-        });
-        let (st, message) = match parsed {
-            Some((s, m)) => (Status::parse(s.trim()), m),
+        let parsed: Option<serde_json::Value> =
+            serde_json::from_slice::<serde_json::Value>(&body).ok().filter(|v| v["error"]["status"].is_string());
+        let text_of = |e: &serde_json::Value, k: &str| e[k].as_str().map(str::to_owned);
+        let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let (st, message, reason, request_id) = match parsed {
+            Some(v) => {
+                let e = &v["error"];
+                let st = Status::parse(e["status"].as_str().unwrap_or_default().trim());
+                (
+                    st,
+                    text_of(e, "message").unwrap_or_default(),
+                    text_of(e, "reason"),
+                    text_of(e, "request_id").or(request_id),
+                )
+            }
             None => {
                 let text = String::from_utf8_lossy(&body);
                 let text: String = text.trim().chars().take(200).collect();
                 let tail = if text.is_empty() { String::new() } else { format!(": {text}") };
-                (Status::for_http(status), format!("{what} answered HTTP {status}{tail}"))
+                (Status::for_http(status), format!("{what} answered HTTP {status}{tail}"), None, request_id)
             }
         };
-        Err(Error::Api(ApiError { code: status, status: st, message, retry_after }))
+        Err(Error::Api(ApiError { code: status, status: st, message, reason, request_id, retry_after }))
     }
 
     async fn call<T: DeserializeOwned>(&self, call: Call) -> Result<T, Error> {

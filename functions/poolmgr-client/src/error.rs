@@ -88,6 +88,11 @@ pub struct ApiError {
     pub code: u16,
     pub status: Status,
     pub message: String,
+    /// The body's stable `reason` word (`POOL_EXHAUSTED`, `QUOTA_EXCEEDED`, `HOOK_FAILED`, …),
+    /// when the server sent one.
+    pub reason: Option<String>,
+    /// The server's correlation id for the request (`x-request-id`): quote it to an admin.
+    pub request_id: Option<String>,
     /// The server's `Retry-After` (whole seconds), when it sent one.
     pub retry_after: Option<Duration>,
 }
@@ -161,7 +166,7 @@ mod tests {
     use super::*;
 
     fn api(status: Status) -> Error {
-        Error::Api(ApiError { code: 0, status, message: "m".into(), retry_after: None })
+        Error::Api(ApiError { code: 0, status, message: "m".into(), reason: None, request_id: None, retry_after: None })
     }
 
     #[test]

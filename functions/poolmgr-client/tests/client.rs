@@ -388,6 +388,8 @@ async fn every_route_reads_the_servers_objects_exactly() {
     let no_wait = ClaimOptions { wait_for_vm: false, ..ClaimOptions::default() };
     let e = api_error(c.claim_with(&pool("ci"), &no_wait).await, 429, Status::ResourceExhausted);
     assert_eq!(e.retry_after, Some(Duration::from_secs(1)));
+    assert_eq!(e.reason.as_deref(), Some("POOL_EXHAUSTED"));
+    assert!(e.request_id.as_deref().is_some_and(|id| !id.is_empty()), "{e:?}");
 
     // Release, then the events of all this.
     c.release(&first.lease.lease_id).await.unwrap();

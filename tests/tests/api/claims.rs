@@ -310,10 +310,10 @@ async fn replay_with_the_vm_deleting_is_aborted() {
     let first = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
     // A release whose flintlock delete failed leaves the VM DELETING and the lease in place.
     app.sim.fail_deletes(1);
-    app.release(CLIENT_A, &first.lease.lease_id).await.assert_error(503, "UNAVAILABLE");
+    app.release(CLIENT_A, &first.lease.lease_id).await.assert_reason(503, "UNAVAILABLE", "CLEANUP_PENDING");
     assert_eq!(app.phase_of(&first.vm.id).await.as_deref(), Some("DELETING"));
 
-    app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_error(409, "ABORTED");
+    app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_reason(409, "ABORTED", "LEASE_ENDING");
     assert_eq!(app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'").await, 1, "nothing claimed");
 }
 
@@ -326,7 +326,7 @@ async fn replay_with_the_vm_row_gone_is_aborted() {
     let vm_id = first.vm.id.as_str();
     app.conn().await.execute("DELETE FROM vms WHERE id = $1", &[&vm_id]).await.unwrap();
 
-    app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_error(409, "ABORTED");
+    app.claim(CLIENT_A, "ci", Some("r-1")).await.assert_reason(409, "ABORTED", "LEASE_ENDING");
     assert_eq!(app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'").await, 1, "nothing claimed");
 }
 

@@ -85,8 +85,18 @@ async fn a_failed_pre_lease_hook_quarantines_the_vm_under_quarantine() {
     let vms = hook_pool(&app, "QUARANTINE", 1).await;
     app.sim.set_exec_rule("reset-state", failing(3));
     let r = app.claim(CLIENT_A, "ci", Some("r-1")).await;
-    r.assert_error(500, "INTERNAL");
-    assert!(r.body["error"]["message"].as_str().unwrap().contains("exited with 3"), "{}", r.body);
+    // Issue 25 item 6: the client learns that the hook failed, with a reason word and a
+    // correlation id; the admin's command and the guest's output go only to the event.
+    r.assert_reason(500, "INTERNAL", "HOOK_FAILED");
+    let message = r.body["error"]["message"].as_str().unwrap();
+    for secret in ["reset-state", "exited with 3", "stderr"] {
+        assert!(!message.contains(secret), "the client's answer names {secret:?}: {message}");
+    }
+    let failed: Vec<_> = app.events("").await.events.into_iter().filter(|e| e.kind == "VM_HOOK_FAILED").collect();
+    let detail = failed[0].payload["reason"].as_str().unwrap();
+    assert!(detail.contains("exited with 3") && detail.contains("reset-state"), "{detail}");
+    assert_eq!(failed[0].payload["correlation_id"], r.body["error"]["request_id"], "{:?}", failed[0].payload);
+    assert!(message.contains(r.body["error"]["request_id"].as_str().unwrap()), "{message}");
     assert_eq!(app.phase_of(&vms[0].id).await.as_deref(), Some("QUARANTINED"));
     assert!(app.sim.vm(vms[0].uid.as_deref().unwrap()).is_some(), "kept for inspection");
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
@@ -369,7 +379,7 @@ async fn a_claim_abandoned_mid_hook_is_recovered_by_the_reconcile_pass() {
     let phase = app.phase_of(&vms[0].id).await;
     assert!(phase.is_none() || phase.as_deref() == Some("DELETING"), "deleted, never handed out again: {phase:?}");
     assert_eq!(app.count_events("VM_HOOK_FAILED").await, 1);
-    app.claim(CLIENT_A, "ci", None).await.assert_error(429, "RESOURCE_EXHAUSTED");
+    app.claim(CLIENT_A, "ci", None).await.assert_reason(429, "RESOURCE_EXHAUSTED", "POOL_EXHAUSTED");
 }
 
 /// Issue 14 item 4: a client that disconnects while the hook claim's first transaction is in
@@ -455,8 +465,9 @@ async fn a_claims_pre_lease_commands_share_one_deadline() {
     app.sim.set_exec_rule("step-two", slow(5000));
 
     let r = app.claim(CLIENT_A, "ci", Some("r-1")).await;
-    r.assert_error(500, "INTERNAL");
-    assert!(r.body["error"]["message"].as_str().unwrap().contains("deadline"), "{}", r.body);
+    r.assert_reason(500, "INTERNAL", "HOOK_FAILED");
+    let failed: Vec<_> = app.events("").await.events.into_iter().filter(|e| e.kind == "VM_HOOK_FAILED").collect();
+    assert!(failed[0].payload["reason"].as_str().unwrap().contains("deadline"), "{:?}", failed[0].payload);
     let calls = app.sim.exec_calls();
     assert_eq!(calls.iter().map(|c| c.cmd.as_str()).collect::<Vec<_>>(), ["step-one", "step-two"]);
     assert_eq!(calls[0].timeout_seconds, 1, "the first command gets no more than the deadline");
@@ -588,8 +599,8 @@ async fn a_pre_lease_hook_with_control_characters_in_its_output_applies_the_poli
     hook_pool(&app, "QUARANTINE", 2).await;
     app.sim.set_exec_rule("reset-state", hostile_output());
     let r = app.claim(CLIENT_A, "ci", Some("r-1")).await;
-    r.assert_error(500, "INTERNAL");
-    assert_clean_reason(r.body["error"]["message"].as_str().unwrap(), "reset-state");
+    r.assert_reason(500, "INTERNAL", "HOOK_FAILED");
+    assert!(!r.body["error"]["message"].as_str().unwrap().contains("reset-state"), "{}", r.body);
     assert_eq!(app.count_phase("ci", "PRE_LEASE_HOOK_RUNNING").await, 0, "no VM stranded mid-hook");
     assert_eq!(app.count_phase("ci", "QUARANTINED").await, 1);
     let failed: Vec<_> = app.events("").await.events.into_iter().filter(|e| e.kind == "VM_HOOK_FAILED").collect();
@@ -820,7 +831,7 @@ async fn a_claim_whose_vm_vanished_answers_503_and_its_retry_claims_another_vm()
     let gone = &vms[0];
     assert!(app.sim.remove_vm(gone.uid.as_deref().unwrap()));
     let r = app.claim(CLIENT_A, "ci", Some("vanished")).await;
-    r.assert_error(503, "UNAVAILABLE");
+    r.assert_reason(503, "UNAVAILABLE", "VM_GONE");
     assert!(r.headers.contains_key("retry-after"));
     assert!(r.body["error"]["message"].as_str().unwrap().contains("gone"), "{}", r.body);
     assert_eq!(app.phase_of(&gone.id).await, None, "the lost VM's row is gone");

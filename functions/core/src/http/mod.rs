@@ -89,6 +89,13 @@ async fn flush_metrics(State(state): State<AppState>, req: Request, next: Next) 
     resp
 }
 
+/// Runs the request with its `x-request-id` in [`crate::error::REQUEST_ID`], so an error body
+/// names it.
+async fn scope_request_id(req: Request, next: Next) -> Response {
+    let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    crate::error::REQUEST_ID.scope(id, next.run(req)).await
+}
+
 /// A request without `x-request-id` gets a random UUID ([`crate::domain::random_uuid`]: no
 /// system call per request, unlike tower-http's `MakeRequestUuid`).
 #[derive(Clone, Copy)]
@@ -111,6 +118,7 @@ fn finish(routes: OpenApiRouter<AppState>, state: AppState) -> Router {
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), flush_metrics))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(scope_request_id))
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
             let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("");

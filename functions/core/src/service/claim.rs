@@ -68,14 +68,15 @@ fn replay(state: &AppState, req: &ClaimRequest, rid: &RequestId, view: LeaseView
         _ => Err(aborted(
             state,
             req,
+            "LEASE_ENDING",
             format!("lease {} for request_id {:?} is being released, retry", view.lease.lease_id, rid.as_str()),
         )),
     }
 }
 
-fn aborted(state: &AppState, req: &ClaimRequest, message: String) -> ApiError {
+fn aborted(state: &AppState, req: &ClaimRequest, reason: &'static str, message: String) -> ApiError {
     state.metrics.claim_failure(&req.pool, "aborted");
-    ApiError::Aborted(message)
+    ApiError::Aborted(message).reason(reason)
 }
 
 /// The lease this request_id already has: replayed while live. An expired one (past
@@ -97,6 +98,7 @@ async fn answer_existing(
         return Err(aborted(
             state,
             req,
+            "LEASE_ENDING",
             format!("lease {} for request_id {:?} has expired, retry", view.lease.lease_id, rid.as_str()),
         ));
     }
@@ -220,9 +222,12 @@ async fn replay_winner(state: &AppState, principal: &Principal, req: &ClaimReque
     match store::lease_get_by_request_id(&conn, &principal.name, rid.as_str()).await? {
         // Just committed, so live: replayed as such.
         Some(view) => replay(state, req, rid, view),
-        None => {
-            Err(aborted(state, req, format!("concurrent claim for request_id {:?} already ended, retry", rid.as_str())))
-        }
+        None => Err(aborted(
+            state,
+            req,
+            "CONCURRENT_CLAIM_ENDED",
+            format!("concurrent claim for request_id {:?} already ended, retry", rid.as_str()),
+        )),
     }
 }
 
@@ -279,7 +284,12 @@ async fn claim_with_hook(
             // The winner's first transaction is committed now: the next look finds it.
             HookStep::Raced if rounds.raced < 3 => rounds.raced += 1,
             HookStep::Raced => {
-                return Err(aborted(state, &req, "concurrent claims with this request_id keep racing, retry".into()));
+                return Err(aborted(
+                    state,
+                    &req,
+                    "CONCURRENT_CLAIM_RACING",
+                    "concurrent claims with this request_id keep racing, retry".into(),
+                ));
             }
         }
     }
@@ -338,6 +348,7 @@ async fn wait_for_hook_claim(
                 return Err(aborted(
                     state,
                     req,
+                    "LEASE_ENDING",
                     format!("lease {} for request_id {:?} has expired, retry", view.lease.lease_id, rid.as_str()),
                 ));
             }
@@ -347,6 +358,7 @@ async fn wait_for_hook_claim(
             return Err(aborted(
                 state,
                 req,
+                "CONCURRENT_CLAIM_ENDED",
                 format!(
                     "the concurrent claim for request_id {:?} ended without a lease (its pre-lease hook failed or vm {} was deleted), retry",
                     rid.as_str(),
@@ -358,6 +370,7 @@ async fn wait_for_hook_claim(
             return Err(aborted(
                 state,
                 req,
+                "CONCURRENT_CLAIM_RUNNING",
                 format!(
                     "a concurrent claim for request_id {:?} is still running the pre-lease hook on vm {}, retry after the Retry-After delay",
                     rid.as_str(),
@@ -561,6 +574,7 @@ async fn hook_host_unreachable(
         ),
         e,
     )
+    .reason("FLINTLOCK_UNAVAILABLE")
 }
 
 /// A pre-lease hook that found its VM gone from flintlock (a host rebooted without it, a
@@ -599,6 +613,7 @@ async fn hook_vm_gone(
         ),
         e,
     )
+    .reason("VM_GONE")
 }
 
 /// Attempts of [`retrying`], and the pause before the second (doubled before the third).
@@ -639,6 +654,7 @@ where
 fn vm_taken(state: &AppState, req: &ClaimRequest, vm: &VmRow) -> ApiError {
     state.metrics.claim_failure(&req.pool, "aborted");
     ApiError::Aborted(format!("vm {} was deleted during the claim (its pool was deleted?), retry", vm.id))
+        .reason("VM_GONE")
 }
 
 /// Applies the pool's hook-failure policy to a VM whose pre-lease hook failed. If the VM was
@@ -652,8 +668,9 @@ async fn pre_lease_hook_failed(
     host: Option<&HostRow>,
     reason: String,
 ) -> ApiError {
-    let payload =
-        |policy: HookFailurePolicy| serde_json::json!({"hook": "pre_lease", "reason": reason, "policy": policy});
+    // `correlation_id`: the x-request-id the failed claim's answer names.
+    let correlation_id = crate::error::REQUEST_ID.try_with(Clone::clone).ok();
+    let payload = |policy: HookFailurePolicy| serde_json::json!({"hook": "pre_lease", "reason": reason, "policy": policy, "correlation_id": correlation_id});
     let applied = retrying("apply the hook-failure policy", &vm.id, || async {
         let conn = state.conn().await?;
         let policy = match store::pool_get(&conn, &req.pool).await? {
@@ -691,12 +708,17 @@ async fn pre_lease_hook_failed(
             tracing::warn!(vm = %vm.id, error = %e, "VM of a failed hook left DELETING for the reconciler");
         }
     }
+    // The client learns that the hook failed and what became of the VM; the command and
+    // what the guest printed go only to the VM_HOOK_FAILED event and the log (issue 25 item
+    // 6): a client is not told what an admin's hook runs.
+    let request_id = correlation_id.unwrap_or_default();
     ApiError::Internal {
         message: format!(
-            "pre-lease hook failed on vm {}: {reason}; the VM was {}; retry the claim (the same request_id claims a fresh VM)",
+            "the pool's pre-lease hook failed on vm {}; the VM was {}; retry the claim (the same request_id claims a fresh VM); an admin finds the detail in the VM_HOOK_FAILED event and the log (request id {request_id})",
             vm.id,
             if to == Phase::Deleting { "deleted" } else { "quarantined" }
         ),
         cause: reason,
     }
+    .reason("HOOK_FAILED")
 }

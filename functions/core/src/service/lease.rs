@@ -95,13 +95,14 @@ pub async fn list(
 /// A VM teardown's failure in the contract's terms: the release answers 503 and leaves the
 /// VM DELETING, so a retry (or the reconciler) finishes it.
 fn cleanup_pending(e: TeardownError) -> ApiError {
-    match e {
+    let e = match e {
         TeardownError::HostNotRegistered { .. } => ApiError::unavailable("vm cleanup pending, retry later", e),
         TeardownError::Flintlock(e) => {
             ApiError::unavailable("vm cleanup pending: flintlock could not delete the VM, retry later", e)
         }
-        TeardownError::Store(e) => ApiError::from(e),
-    }
+        TeardownError::Store(e) => return ApiError::from(e),
+    };
+    e.reason("CLEANUP_PENDING")
 }
 
 /// ReleaseVM: VM → DELETING, flintlock delete, then the VM and lease rows go together.

@@ -21,11 +21,16 @@ use crate::error::ApiError;
 
 /// Runs `fut` on its own task so it completes even if the caller is dropped (the client
 /// disconnected). Cleanup that must not stop halfway — a release between its DELETING mark
-/// and the row removal — runs through here.
+/// and the row removal — runs through here. The task keeps the request's correlation id
+/// ([`crate::error::REQUEST_ID`]).
 pub async fn detached<T: Send + 'static>(
     fut: impl Future<Output = Result<T, ApiError>> + Send + 'static,
 ) -> Result<T, ApiError> {
-    match tokio::spawn(fut).await {
+    let task = match crate::error::REQUEST_ID.try_with(Clone::clone) {
+        Ok(id) => tokio::spawn(crate::error::REQUEST_ID.scope(id, fut)),
+        Err(_) => tokio::spawn(fut),
+    };
+    match task.await {
         Ok(r) => r,
         Err(e) => Err(ApiError::internal(format!("detached task failed: {e}"))),
     }

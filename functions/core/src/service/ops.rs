@@ -12,7 +12,7 @@ use crate::{db, store};
 pub async fn ready(state: &AppState) -> Result<(), ApiError> {
     let conn = state.conn().await?;
     let applied = store::schema_latest_applied(&conn).await?;
-    db::schema_current(applied).map_err(|e| ApiError::unavailable(e.to_string(), &e))
+    db::schema_current(applied).map_err(|e| ApiError::unavailable(e.to_string(), &e).reason("SCHEMA_MISMATCH"))
 }
 
 /// The Prometheus text exposition (format 0.0.4): this process's counters, then the pool

@@ -32,7 +32,7 @@ pub async fn get(state: &AppState, id: &str) -> Result<VmRecord, ApiError> {
 /// A failed teardown in the contract's terms: 503, the VM stays DELETING and the reconciler
 /// (or a retry of the same DELETE) finishes it.
 fn delete_pending(id: &str, e: TeardownError) -> ApiError {
-    match e {
+    let e = match e {
         TeardownError::HostNotRegistered { .. } => {
             ApiError::unavailable(format!("vm {id} is DELETING; its delete is pending, retry later"), e)
         }
@@ -42,8 +42,9 @@ fn delete_pending(id: &str, e: TeardownError) -> ApiError {
             ),
             e,
         ),
-        TeardownError::Store(e) => ApiError::from(e),
-    }
+        TeardownError::Store(e) => return ApiError::from(e),
+    };
+    e.reason("CLEANUP_PENDING")
 }
 
 /// Discards one VM (typically QUARANTINED, once an operator looked at it): → DELETING with
