@@ -474,3 +474,42 @@ pub struct Health {
     #[schema(value_type = String, pattern = "^ok$")]
     pub status: String,
 }
+
+/// A client principal's scope and quota (`/v1/principals/{name}`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct PrincipalLimits {
+    /// The principal: a token's name.
+    #[schema(example = "ci")]
+    pub principal: String,
+    /// Pool patterns it may claim from (`namespace/*`, `namespace/name`); `null`: every pool.
+    #[schema(example = json!(["team-a/*", "shared/ci"]))]
+    pub pools: Option<Vec<String>>,
+    /// Live leases it may hold at once (claims running their pre-lease hook included);
+    /// `null`: no quota.
+    #[schema(example = 10)]
+    pub max_live_leases: Option<i32>,
+    /// What its quota counts now.
+    pub live_leases: i64,
+    #[serde(serialize_with = "ts")]
+    pub updated_at: DateTime<Utc>,
+    /// The admin who set them.
+    pub updated_by: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct PrincipalLimitsList {
+    pub principals: Vec<PrincipalLimits>,
+}
+
+impl PrincipalLimits {
+    pub fn new(row: &crate::store::PrincipalLimitsRow, live_leases: i64) -> PrincipalLimits {
+        PrincipalLimits {
+            principal: row.principal.clone(),
+            pools: row.pools.clone(),
+            max_live_leases: row.max_live_leases,
+            live_leases,
+            updated_at: row.updated_at,
+            updated_by: row.updated_by.clone(),
+        }
+    }
+}

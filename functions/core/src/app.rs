@@ -37,6 +37,8 @@ pub struct AppState {
     pub clock: Clock,
     /// Wakes the reconciler after a claim, a release or a demand hint ([`crate::wake`]).
     pub waker: Waker,
+    /// Client scopes and quotas ([`crate::limits`]).
+    pub limits: Arc<crate::limits::LimitsCache>,
     /// This deployment's namespaces, once known ([`AppState::deployment`]).
     deployment: Arc<tokio::sync::OnceCell<Deployment>>,
 }
@@ -60,6 +62,7 @@ impl AppState {
             config: Arc::new(cfg.clone()),
             clock: Clock::system(),
             waker: Waker::from_config(&cfg.wake),
+            limits: Arc::new(crate::limits::LimitsCache::new(cfg.principal_limits_cache)),
             deployment: Arc::default(),
         }
     }

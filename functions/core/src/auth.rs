@@ -116,7 +116,9 @@ const ENTRY_FORM: &str = "write `token` or `name:token`, with exactly one `:` be
      `.`, `_` and `-` (starting with a letter or digit, at most 64) and a token of visible ASCII characters \
      other than `:` and `,`";
 
-fn valid_name(name: &str) -> bool {
+/// A principal name: letters, digits, `.`, `_`, `-`, starting with a letter or digit, at most
+/// [`MAX_NAME_LEN`].
+pub fn valid_name(name: &str) -> bool {
     name.len() <= MAX_NAME_LEN
         && name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))

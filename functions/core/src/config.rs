@@ -52,6 +52,9 @@ pub struct Config {
     pub metrics_namespace: String,
     /// Timeout of every flintlock RPC (`POOLMGR_FLINTLOCK_TIMEOUT_SECONDS`).
     pub flintlock_timeout: Duration,
+    /// How long an instance keeps the principals' scopes and quotas before it reads them
+    /// again (`POOLMGR_PRINCIPAL_LIMITS_CACHE_SECONDS`, 5): how soon an admin's change applies.
+    pub principal_limits_cache: Duration,
     pub auth: AuthConfig,
     /// flintlock namespaces poolmgr owns start with this
     /// (`POOLMGR_FLINTLOCK_NAMESPACE_PREFIX`, `poolmgr-`); a deployment's are
@@ -421,6 +424,9 @@ impl Config {
             metrics_emf,
             metrics_namespace,
             flintlock_timeout: Duration::from_secs(parse_num(&lookup, "POOLMGR_FLINTLOCK_TIMEOUT_SECONDS", 10u64)?),
+            principal_limits_cache: Duration::from_secs(
+                parse_num(&lookup, "POOLMGR_PRINCIPAL_LIMITS_CACHE_SECONDS", 5u64)?.min(300),
+            ),
             auth: AuthConfig { disabled, tokens },
             flintlock_namespace_prefix: lookup("POOLMGR_FLINTLOCK_NAMESPACE_PREFIX")
                 .filter(|s| !s.is_empty())

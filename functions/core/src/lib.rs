@@ -50,6 +50,7 @@ pub mod domain;
 pub mod error;
 pub mod flintlock;
 pub mod http;
+pub mod limits;
 pub mod metrics;
 pub mod reconcile;
 pub mod rules;

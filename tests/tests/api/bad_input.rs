@@ -51,6 +51,10 @@ fn all_routes(lease_id: &str, vm_id: &str) -> Vec<(Method, String, Option<Value>
         (Method::POST, "/v1/hosts/sim/uncordon".into(), None),
         (Method::GET, "/v1/events".into(), None),
         (Method::GET, "/metrics".into(), None),
+        (Method::GET, "/v1/principals".into(), None),
+        (Method::GET, "/v1/principals/client-a".into(), None),
+        (Method::PUT, "/v1/principals/client-a".into(), Some(json!({"max_live_leases": 1}))),
+        (Method::DELETE, "/v1/principals/client-a".into(), None),
     ]
 }
 
@@ -74,6 +78,12 @@ async fn fixture() -> Fixture {
     app.create_pool("ci", 2).await;
     app.seed_available("ci", 2).await;
     let claim = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    // Limits that limit nothing, so `GET /v1/principals/client-a` has something to read.
+    app.conn()
+        .await
+        .batch_execute("INSERT INTO principal_limits (principal, updated_by) VALUES ('client-a', 'fixture')")
+        .await
+        .unwrap();
     Fixture { app, lease_id: claim.lease.lease_id, vm_id: claim.vm.id }
 }
 
@@ -81,12 +91,18 @@ async fn fixture() -> Fixture {
 async fn snapshot(app: &TestApp) -> Value {
     let conn = app.conn().await;
     let mut out = serde_json::Map::new();
-    for t in ["pools", "hosts", "leases", "vms", "events"] {
+    for t in ["pools", "hosts", "leases", "vms", "events", "principal_limits"] {
         let n: i64 = conn.query_one(&format!("SELECT count(*) FROM {t}"), &[]).await.unwrap().get(0);
         out.insert(format!("{t}_count"), json!(n));
     }
     // The rows themselves, minus columns a background pass may touch.
-    for (t, key) in [("pools", "namespace, name"), ("hosts", "name"), ("leases", "lease_id"), ("vms", "id")] {
+    for (t, key) in [
+        ("pools", "namespace, name"),
+        ("hosts", "name"),
+        ("leases", "lease_id"),
+        ("vms", "id"),
+        ("principal_limits", "principal"),
+    ] {
         let rows: Value = conn
             .query_one(
                 &format!(

@@ -29,6 +29,7 @@
 //! | `monitoring` | `infra/monitoring` against the real `/metrics`, the metrics it reads, `/livez`, `/readyz` |
 //! | `openapi` | `/openapi.json` against the Routers, the SAM template and real answers |
 //! | `pools` | `/v1/pools…` and the delete races |
+//! | `principals` | client scopes and live-lease quotas (`/v1/principals…`), on both claim paths, under races (issue 25) |
 //! | `reconcile` | the reconcile pass |
 //! | `refill` | refill in seconds: wakes, the reconcile loop and its lease, hand-offs (issue 22) |
 //! | `rules` | every request rule of `/openapi.json` against the validators, at its boundaries |
@@ -53,6 +54,7 @@ mod migrations;
 mod monitoring;
 mod openapi;
 mod pools;
+mod principals;
 mod reconcile;
 mod refill;
 mod rollouts;

@@ -45,6 +45,11 @@ const CONTRACT_ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/hosts/{name}/cordon"),
     ("POST", "/v1/hosts/{name}/uncordon"),
     ("GET", "/v1/events"),
+    // Issue 25 item 2: client scopes and quotas (beyond the contract's table).
+    ("GET", "/v1/principals"),
+    ("GET", "/v1/principals/{name}"),
+    ("PUT", "/v1/principals/{name}"),
+    ("DELETE", "/v1/principals/{name}"),
     ("GET", "/metrics"),
     ("GET", "/healthz"),
     // Issue 13: the process probes.

@@ -36,6 +36,7 @@ mod leases;
 pub mod openapi;
 mod ops;
 mod pools;
+mod principals;
 mod shape;
 
 use std::sync::LazyLock;
@@ -145,7 +146,7 @@ pub fn pools_router(state: AppState) -> Router {
 
 /// The hosts function (hosts and VMs).
 pub fn hosts_router(state: AppState) -> Router {
-    finish(hosts::routes(), state)
+    finish(hosts::routes().merge(principals::routes()), state)
 }
 
 /// The events function.
@@ -161,6 +162,7 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .merge(leases::routes())
         .merge(pools::routes())
         .merge(hosts::routes())
+        .merge(principals::routes())
         .merge(events::routes())
         .merge(ops::routes())
         .merge(openapi_routes())
@@ -174,6 +176,7 @@ pub fn router(state: AppState) -> Router {
             .merge(leases::routes())
             .merge(pools::routes())
             .merge(hosts::routes())
+            .merge(principals::routes())
             .merge(events::routes())
             .merge(openapi_routes()),
         state,

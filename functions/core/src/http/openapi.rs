@@ -41,6 +41,7 @@ pub const BEARER: &str = "bearer";
         (name = "leases", description = "Heartbeat, list and release leases (the leases function)"),
         (name = "pools", description = "Pools (the pools function)"),
         (name = "hosts", description = "flintlock hosts and VMs (the hosts function)"),
+        (name = "principals", description = "client principals' pool scopes and live-lease quotas (the hosts function)"),
         (name = "events", description = "The event feed (the events function)"),
         (name = "operations", description = "Probes, health, metrics and this document (every function)"),
     )
@@ -127,7 +128,7 @@ error_responses!(
 
 error_responses!(
     /// The named object does not exist.
-    NotFound { "404" => ("NOT_FOUND: unknown pool, lease, host or VM", false) }
+    NotFound { "404" => ("NOT_FOUND: unknown pool, lease, host, VM or principal limits", false) }
 );
 
 error_responses!(
@@ -143,9 +144,9 @@ error_responses!(
 error_responses!(
     /// The claim's outcomes beyond the common ones.
     ClaimErrors {
-        "404" => ("NOT_FOUND: unknown pool", false),
+        "404" => ("NOT_FOUND: unknown pool, or a pool outside the client principal's scope (answered exactly alike)", false),
         "409" => ("ABORTED: the claim raced a deletion (the replayed lease's VM is DELETING or gone, or the concurrent claim that won the request_id already ended), or a concurrent claim with this request_id is still running its pre-lease hook; retrying is correct", true),
-        "429" => ("RESOURCE_EXHAUSTED: no AVAILABLE VM in the pool", true),
+        "429" => ("RESOURCE_EXHAUSTED: no AVAILABLE VM in the pool (`reason` POOL_EXHAUSTED), or the principal's live-lease quota is used up (`reason` QUOTA_EXCEEDED)", true),
     }
 );
 

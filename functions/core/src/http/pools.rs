@@ -156,11 +156,12 @@ struct ExpectBody {
 )]
 async fn expect_claims(
     State(state): State<AppState>,
-    Consumer(_): Consumer,
+    Consumer(caller): Consumer,
     ApiPath((ns, name)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<ExpectBody>,
 ) -> Result<Response, ApiError> {
     let pool = pool_ref(&ns, &name)?;
+    crate::service::claim::check_scope(&state, &caller, &pool).await?;
     let out = pool::expect(&state, &pool, body.claims, body.within_seconds).await?;
     Ok((StatusCode::ACCEPTED, Json(out)).into_response())
 }

@@ -29,9 +29,13 @@ pub struct ClaimRequest {
     pub request_id: Option<RequestId>,
 }
 
-/// What a claim already did, so each detour happens at most once per request.
+/// What a claim already did, so each detour happens at most once per request (and whether
+/// its principal's live leases are under a quota).
 #[derive(Default)]
 struct Rounds {
+    /// The principal has a live-lease quota: each take runs in a transaction that locks and
+    /// counts it ([`store::principal_quota_lock`]).
+    quota: bool,
     /// It expired its request_id's lease (found expired, not yet swept).
     expired: bool,
     /// It waited for the claims in flight on the pool after finding no VM.
@@ -138,7 +142,14 @@ async fn waited_for_claimers(state: &AppState, req: &ClaimRequest, rounds: &mut 
 pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -> Result<ClaimResponse, ApiError> {
     // Kept for the refusal path only; the key is built there, not on every claim.
     let (pool, request_id) = (req.pool.clone(), req.request_id.clone());
-    let answer = claim_vm(state, principal, req).await;
+    let limits = principal_limits(state, principal).await?;
+    if limits.as_ref().is_some_and(|l| !l.allows(&req.pool)) {
+        // Out of the principal's scope: exactly what an unknown pool answers (no existence
+        // leak), and no demand recorded.
+        return Err(pool_not_found(&req.pool));
+    }
+    let quota = limits.is_some_and(|l| l.max_live_leases.is_some());
+    let answer = claim_vm(state, principal, req, quota).await;
     match &answer {
         Ok(r) if !r.replayed => {
             state.waker.wake("claim").await;
@@ -164,17 +175,78 @@ pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -
     answer
 }
 
-async fn claim_vm(state: &AppState, principal: &Principal, req: ClaimRequest) -> Result<ClaimResponse, ApiError> {
-    let mut rounds = Rounds::default();
+/// The scope and quota of a client principal; `None` for an admin or a client without limits.
+async fn principal_limits(state: &AppState, principal: &Principal) -> Result<Option<crate::limits::Limits>, ApiError> {
+    if principal.role != crate::auth::Role::Client {
+        return Ok(None);
+    }
+    state.limits.of(&state.db, &principal.name).await
+}
+
+/// 404, exactly as for an unknown pool, when a client principal's scope leaves `pool` out
+/// (a demand hint, like a claim).
+pub async fn check_scope(state: &AppState, principal: &Principal, pool: &PoolRef) -> Result<(), ApiError> {
+    match principal_limits(state, principal).await? {
+        Some(l) if !l.allows(pool) => Err(pool_not_found(pool)),
+        _ => Ok(()),
+    }
+}
+
+fn quota_exceeded(state: &AppState, req: &ClaimRequest, principal: &Principal, max: i32) -> ApiError {
+    state.metrics.claim_failure(&req.pool, "quota");
+    ApiError::ResourceExhausted(format!(
+        "principal {} holds {max} live leases, its quota (max_live_leases): release one, or ask an admin to raise the quota, then retry",
+        principal.name
+    ))
+    .reason("QUOTA_EXCEEDED")
+}
+
+/// One claim statement under the principal's quota: in one transaction, the quota's row
+/// locked and its count taken, then the claim — unless the count is at the quota, when only
+/// a replay of the request_id's existing lease is answered.
+async fn claim_under_quota(
+    state: &AppState,
+    principal: &Principal,
+    req: &ClaimRequest,
+    lease_id: &str,
+) -> Result<ClaimOutcome, ApiError> {
+    let rid = req.request_id.as_ref().map(RequestId::as_str);
+    let mut conn = state.conn().await?;
+    let tx = conn.transaction().await?;
+    if let Some((max, live)) = store::principal_quota_lock(&tx, &principal.name).await?
+        && live >= i64::from(max)
+    {
+        if let Some(rid) = rid {
+            let found = store::claim_get_by_request_id(&tx, &principal.name, rid).await?;
+            if let Some(view) = found.existing {
+                return Ok(ClaimOutcome::Existing { view: Box::new(view), db_now: found.db_now });
+            }
+        }
+        return Err(quota_exceeded(state, req, principal, max));
+    }
+    let outcome = store::lease_claim_on(&tx, &req.pool, lease_id, rid, &principal.name).await?;
+    tx.commit().await?;
+    Ok(outcome)
+}
+
+async fn claim_vm(
+    state: &AppState,
+    principal: &Principal,
+    req: ClaimRequest,
+    quota: bool,
+) -> Result<ClaimResponse, ApiError> {
+    let mut rounds = Rounds { quota, ..Rounds::default() };
     if state.config.hooks.claim_verify {
         // The VM is checked with its host before the lease is written (issue 23 finding 1):
         // the two-phase path, whose first transaction also answers replays.
         return claim_with_hook(state, principal, req, rounds).await;
     }
     loop {
-        let outcome = {
+        let lease_id = LeaseId::generate();
+        let outcome = if rounds.quota {
+            claim_under_quota(state, principal, &req, lease_id.as_str()).await?
+        } else {
             let conn = state.conn().await?;
-            let lease_id = LeaseId::generate();
             store::lease_claim(
                 &conn,
                 state.config.db_prepare_claim,
@@ -265,7 +337,8 @@ async fn claim_with_hook(
 ) -> Result<ClaimResponse, ApiError> {
     loop {
         let (st, pr, rq) = (state.clone(), principal.clone(), req.clone());
-        let step = super::detached(async move { take_and_finish(&st, &pr, &rq).await }).await?;
+        let quota = rounds.quota;
+        let step = super::detached(async move { take_and_finish(&st, &pr, &rq, quota).await }).await?;
         match step {
             HookStep::Done(resp) => return Ok(*resp),
             HookStep::PoolNotFound => return Err(pool_not_found(&req.pool)),
@@ -296,9 +369,39 @@ async fn claim_with_hook(
 }
 
 /// Transaction 1, then (when it took a VM) the hook and transaction 2.
-async fn take_and_finish(state: &AppState, principal: &Principal, req: &ClaimRequest) -> Result<HookStep, ApiError> {
+async fn take_and_finish(
+    state: &AppState,
+    principal: &Principal,
+    req: &ClaimRequest,
+    quota: bool,
+) -> Result<HookStep, ApiError> {
     let rid = req.request_id.as_ref().map(RequestId::as_str);
-    let taken = {
+    let taken = if quota {
+        // As `claim_under_quota`: the VM taken counts towards the quota until its lease
+        // replaces it (the count includes claims running their hook).
+        let mut conn = state.conn().await?;
+        let tx = conn.transaction().await?;
+        if let Some((max, live)) = store::principal_quota_lock(&tx, &principal.name).await?
+            && live >= i64::from(max)
+        {
+            if let Some(rid) = rid {
+                let found = store::claim_get_by_request_id(&tx, &principal.name, rid).await?;
+                if let Some(view) = found.existing {
+                    return Ok(HookStep::Existing(Box::new(view), found.db_now));
+                }
+                if let Some(vm) = found.in_flight {
+                    return Ok(HookStep::InFlight(Box::new(vm)));
+                }
+            }
+            return Err(quota_exceeded(state, req, principal, max));
+        }
+        let taken = match store::vm_claim_for_hook(&tx, &req.pool, &principal.name, rid).await {
+            Err(StoreError::UniqueViolation { .. }) => return Ok(HookStep::Raced),
+            other => other?,
+        };
+        tx.commit().await?;
+        taken
+    } else {
         let conn = state.conn().await?;
         match store::vm_claim_for_hook(&conn, &req.pool, &principal.name, rid).await {
             Err(StoreError::UniqueViolation { .. }) => return Ok(HookStep::Raced),

@@ -13,6 +13,7 @@ pub mod host;
 pub mod lease;
 pub mod ops;
 pub mod pool;
+pub mod principal;
 pub mod vm;
 
 use std::future::Future;

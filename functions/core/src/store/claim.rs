@@ -72,14 +72,26 @@ pub async fn lease_claim(
     request_id: Option<&str>,
     principal: &str,
 ) -> Result<ClaimOutcome> {
-    let row = if prepare {
-        let cached = c.wrapper();
-        let stmt = timed(c, || cached.prepare_typed_cached(LEASE_CLAIM_SQL, &[Type::TEXT; 5])).await?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-            [&pool.namespace, &pool.name, &lease_id, &request_id, &principal];
-        timed(c, || c.pg().query_one(&stmt, &params)).await?
-    } else {
-        c.timed_query_one(
+    if !prepare {
+        return lease_claim_on(c, pool, lease_id, request_id, principal).await;
+    }
+    let cached = c.wrapper();
+    let stmt = timed(c, || cached.prepare_typed_cached(LEASE_CLAIM_SQL, &[Type::TEXT; 5])).await?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+        [&pool.namespace, &pool.name, &lease_id, &request_id, &principal];
+    claim_outcome(&timed(c, || c.pg().query_one(&stmt, &params)).await?)
+}
+
+/// [`lease_claim`] on any executor (a transaction: a claim under a quota), never prepared.
+pub async fn lease_claim_on(
+    c: &impl Executor,
+    pool: &PoolRef,
+    lease_id: &str,
+    request_id: Option<&str>,
+    principal: &str,
+) -> Result<ClaimOutcome> {
+    let row = c
+        .timed_query_one(
             LEASE_CLAIM_SQL,
             &[
                 (&pool.namespace, Type::TEXT),
@@ -89,12 +101,15 @@ pub async fn lease_claim(
                 (&principal, Type::TEXT),
             ],
         )
-        .await?
-    };
+        .await?;
+    claim_outcome(&row)
+}
+
+fn claim_outcome(row: &tokio_postgres::Row) -> Result<ClaimOutcome> {
     if !row.try_get::<_, bool>("pool_found")? {
         return Ok(ClaimOutcome::PoolNotFound);
     }
-    if let Some(view) = existing_view(&row)? {
+    if let Some(view) = existing_view(row)? {
         return Ok(ClaimOutcome::Existing { view: Box::new(view), db_now: row.try_get("db_now")? });
     }
     if row.try_get::<_, bool>("has_hooks")? {
@@ -103,10 +118,10 @@ pub async fn lease_claim(
     if row.try_get::<_, Option<String>>("picked")?.is_none() {
         return Ok(ClaimOutcome::NoVmAvailable);
     }
-    if json_col::<LeaseRow>(&row, "lease")?.is_none() {
+    if json_col::<LeaseRow>(row, "lease")?.is_none() {
         return Ok(ClaimOutcome::DuplicateRequestId);
     }
-    Ok(ClaimOutcome::Claimed(Box::new(lease_view(&row)?)))
+    Ok(ClaimOutcome::Claimed(Box::new(lease_view(row)?)))
 }
 
 /// The lease (with its VM and host) in the columns `existing_lease`, `existing_vm` and
