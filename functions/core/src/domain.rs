@@ -683,6 +683,11 @@ pub struct PoolSpec {
     #[serde(default = "default_expiry")]
     #[schema(minimum = 1, default = 120)]
     pub heartbeat_expiry_seconds: i32,
+    /// A lease is never extended past `claimed_at` + this (its claim's first deadline
+    /// included); absent or null: heartbeats extend it for ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 31536000, example = 7200)]
+    pub max_lease_seconds: Option<i32>,
     /// Demand-based sizing; absent or null: `size` is the target, as without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<Autoscaling>,
@@ -690,6 +695,9 @@ pub struct PoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutPolicy>,
 }
+
+/// The longest `max_lease_seconds`: a year.
+pub const MAX_LEASE_SECONDS: i32 = 31_536_000;
 
 /// A pool's VMs counted by phase, as the API's pool status, the pool gauges and the
 /// replenishment strategies count them (reference-behaviour §4.2). Pure data: the store's
@@ -780,6 +788,11 @@ impl PoolSpec {
                 "heartbeat_expiry_seconds must be at least 1 and at least heartbeat_interval_seconds ({})",
                 self.heartbeat_interval_seconds
             ));
+        }
+        if let Some(m) = self.max_lease_seconds
+            && !(1..=MAX_LEASE_SECONDS).contains(&m)
+        {
+            return Err(format!("max_lease_seconds must be 1..={MAX_LEASE_SECONDS} (a year), or null for no bound"));
         }
         if let Some(r) = &self.rollout {
             r.validate()?;

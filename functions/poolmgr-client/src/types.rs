@@ -186,6 +186,9 @@ pub struct PoolSpec {
     pub heartbeat_interval_seconds: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_expiry_seconds: Option<i32>,
+    /// A lease is never extended past `claimed_at` + this; `None`: unbounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lease_seconds: Option<i32>,
     /// Demand-based sizing; `None`: `size` is the target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<Autoscaling>,

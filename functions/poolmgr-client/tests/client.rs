@@ -42,6 +42,7 @@ fn spec(name: &str, size: i32) -> PoolSpec {
         hook_failure_policy: None,
         heartbeat_interval_seconds: None,
         heartbeat_expiry_seconds: None,
+        max_lease_seconds: None,
         autoscaling: None,
         rollout: None,
     }

@@ -714,3 +714,100 @@ async fn heartbeats_racing_a_release_never_fail_and_the_lease_ends() {
     assert_eq!(app.metric(RELEASES_API), 1.0);
     app.heartbeat(CLIENT_A, &lease_id).await.assert_error(404, "NOT_FOUND");
 }
+
+/// Issue 25 item 2: a pool's `max_lease_seconds` bounds a lease's life. Heartbeats extend
+/// it up to `claimed_at` + the bound and no further; past it the lease is expired like any
+/// other; a bound below `heartbeat_expiry_seconds` shortens the claim's first deadline too.
+/// On both claim paths (the one statement and the two-phase claim).
+#[tokio::test]
+async fn heartbeats_never_extend_a_lease_past_max_lease_seconds() {
+    for verify in ["off", "on"] {
+        let app = TestApp::spawn_with(|env| env.push(("POOLMGR_CLAIM_VERIFY".into(), verify.into()))).await;
+        let mut spec = pool_spec("ci", 2);
+        spec["max_lease_seconds"] = json!(200);
+        let created = app.post(ADMIN, "/v1/pools", spec.clone()).await;
+        assert_eq!(created.assert_ok(201)["spec"]["max_lease_seconds"], json!(200), "verify {verify}");
+        app.seed_available("ci", 2).await;
+        let claim = app.claimed(CLIENT_A, "ci", None).await;
+        let id = claim.lease.lease_id.clone();
+        let claimed_at = claim.lease.claimed_at;
+        let bound = claimed_at + chrono::Duration::seconds(200);
+        assert_eq!(claim.lease.expires_at, claimed_at + chrono::Duration::seconds(120), "verify {verify}");
+
+        // 100 s on, a heartbeat would give now + 120 = claimed_at + 220: it gives the bound.
+        app.advance_clock(Duration::from_secs(100));
+        assert_eq!(app.heartbeated(CLIENT_A, &id).await.expires_at, bound, "verify {verify}");
+        app.advance_clock(Duration::from_secs(50));
+        assert_eq!(app.heartbeated(CLIENT_A, &id).await.expires_at, bound, "verify {verify}");
+        assert_eq!(expires_at_in_db(&app, &id).await, bound);
+        // Past the bound the lease has expired: no heartbeat revives it, the pass ends it.
+        app.advance_clock(Duration::from_secs(51));
+        app.heartbeat(CLIENT_A, &id).await.assert_error(404, "NOT_FOUND");
+        assert_eq!(app.pass().await.expired, 1, "verify {verify}");
+
+        // A bound below heartbeat_expiry_seconds shortens the first deadline.
+        app.state.clock.reset();
+        spec["max_lease_seconds"] = json!(60);
+        app.put(ADMIN, "/v1/pools/default/ci", spec.clone()).await.assert_ok(200);
+        let short = app.claimed(CLIENT_B, "ci", None).await;
+        assert_eq!(short.lease.expires_at, short.lease.claimed_at + chrono::Duration::seconds(60), "verify {verify}");
+        // Removing the bound: heartbeats extend by heartbeat_expiry_seconds again.
+        spec.as_object_mut().unwrap().remove("max_lease_seconds");
+        let updated = app.put(ADMIN, "/v1/pools/default/ci", spec.clone()).await;
+        assert!(updated.assert_ok(200)["spec"].get("max_lease_seconds").is_none(), "{}", updated.body);
+        let hb = app.heartbeated(CLIENT_B, &short.lease.lease_id).await;
+        assert!(hb.expires_at > short.lease.claimed_at + chrono::Duration::seconds(60), "verify {verify}");
+    }
+}
+
+#[tokio::test]
+async fn max_lease_seconds_out_of_range_is_refused_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    for bad in [json!(0), json!(-5), json!(31_536_001)] {
+        let mut spec = pool_spec("ci", 1);
+        spec["max_lease_seconds"] = bad.clone();
+        let r = app.post(ADMIN, "/v1/pools", spec).await;
+        r.assert_error(400, "INVALID_ARGUMENT");
+        assert!(r.body["error"]["message"].as_str().unwrap().contains("max_lease_seconds"), "{bad}: {}", r.body);
+    }
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM pools").await, 0);
+}
+
+/// Issue 25 item 4: the lease reads that call no flintlock — get, list, replay lookup,
+/// heartbeat, and the claim itself — never load the host's credentials from the database;
+/// the release, which deletes the VM through flintlock, does.
+#[tokio::test]
+async fn lease_reads_never_load_host_credentials_and_the_release_does() {
+    let app = TestApp::spawn_with(|env| env.push(("POOLMGR_CLAIM_VERIFY".into(), "off".into()))).await;
+    app.create_pool("ci", 2).await;
+    app.seed_available("ci", 2).await;
+    app.conn()
+        .await
+        .execute(
+            "UPDATE hosts SET basic_auth_token = 'secret-token-xyz', key_pem = 'KEY' WHERE name = $1",
+            &[&SIM_HOST],
+        )
+        .await
+        .unwrap();
+    let no_credentials = |what: &str, host: Option<&store::HostRow>| {
+        let h = host.unwrap_or_else(|| panic!("{what}: the lease's host"));
+        assert_eq!(h.name, SIM_HOST, "{what}");
+        assert_eq!((&h.basic_auth_token, &h.key_pem, &h.cert_pem, &h.ca_pem), (&None, &None, &None, &None), "{what}");
+    };
+    // The two-phase claim's second transaction answers with the host too.
+    let claim = app.claimed(CLIENT_A, "ci", Some("r-1")).await;
+    let id = claim.lease.lease_id.as_str();
+    let conn = app.conn().await;
+    no_credentials("get", store::lease_get(&**conn, id, None).await.unwrap().unwrap().host.as_ref());
+    let listed = store::lease_list(&**conn, None, None, "", 10).await.unwrap();
+    no_credentials("list", listed[0].host.as_ref());
+    let replay = store::lease_get_by_request_id(&**conn, "client-a", "r-1").await.unwrap().unwrap();
+    no_credentials("replay lookup", replay.host.as_ref());
+    let hb = store::lease_heartbeat(&**conn, id, None, None).await.unwrap().unwrap();
+    no_credentials("heartbeat", hb.host.as_ref());
+    let found = store::claim_get_by_request_id(&**conn, "client-a", "r-1").await.unwrap();
+    no_credentials("duplicate's lookup", found.existing.unwrap().host.as_ref());
+    // The release calls flintlock with them.
+    let released = store::lease_begin_release(&**conn, id, None).await.unwrap().unwrap();
+    assert_eq!(released.host.unwrap().basic_auth_token.as_deref(), Some("secret-token-xyz"));
+}

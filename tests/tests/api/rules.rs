@@ -557,6 +557,14 @@ fn cases() -> Vec<Case> {
                 vec![json!(0)],
             )
         },
+        // Issue 25 item 2.
+        case(
+            "max_lease_seconds is 1..=MAX_LEASE_SECONDS or null",
+            POOL_BODY,
+            b("/max_lease_seconds"),
+            vec![json!(1), json!(poolmgr_core::domain::MAX_LEASE_SECONDS), json!(null), absent()],
+            vec![json!(0), json!(poolmgr_core::domain::MAX_LEASE_SECONDS + 1)],
+        ),
         // Autoscaling (issue 22).
         case(
             "autoscaling is a block or null",

@@ -193,7 +193,8 @@ pub async fn vm_claim_for_hook(
              SELECT EXISTS (SELECT 1 FROM pool) AS pool_found,
                     coalesce((SELECT pre_lease_commands FROM pool), '{}') AS commands,
                     to_jsonb(upd) AS vm, to_jsonb(h) AS host,
-                    to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm, to_jsonb(ev_h) AS existing_host,
+                    to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm,
+                    to_jsonb(ev_h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token'] AS existing_host,
                     to_jsonb(f) AS in_flight, now() AS db_now
              FROM (SELECT 1) AS one
              LEFT JOIN upd ON true
@@ -236,7 +237,8 @@ pub struct HookClaimState {
 pub async fn claim_get_by_request_id(c: &impl Executor, principal: &str, request_id: &str) -> Result<HookClaimState> {
     let row = c
         .timed_query_one(
-            "SELECT to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm, to_jsonb(ev_h) AS existing_host,
+            "SELECT to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm,
+                    to_jsonb(ev_h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token'] AS existing_host,
                     to_jsonb(f) AS in_flight, now() AS db_now
              FROM (SELECT 1) AS one
              LEFT JOIN leases e ON e.principal = $1 AND e.request_id = $2
@@ -309,7 +311,10 @@ pub async fn lease_insert_after_hook(
                  WHERE v.id = $1 AND v.phase = 'PRE_LEASE_HOOK_RUNNING' AND v.hook_started_at = $5
                  FOR NO KEY UPDATE
              ), pool AS (
-                 SELECT p.heartbeat_expiry_seconds FROM pools p, vm
+                 -- The first deadline, never past max_lease_seconds (V23).
+                 SELECT least(p.heartbeat_expiry_seconds, coalesce(p.max_lease_seconds, p.heartbeat_expiry_seconds))
+                            AS heartbeat_expiry_seconds
+                 FROM pools p, vm
                  WHERE p.namespace = vm.pool_namespace AND p.name = vm.pool_name
              ), ins AS (
                  INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at,
@@ -328,7 +333,9 @@ pub async fn lease_insert_after_hook(
                  SELECT 'VM_CLAIMED', ins.pool_namespace, ins.pool_name, ins.vm_id, ins.lease_id FROM ins
              )
              SELECT EXISTS (SELECT 1 FROM vm) AND EXISTS (SELECT 1 FROM pool) AS vm_ok,
-                    to_jsonb(ins) AS lease, to_jsonb(upd) AS vm, to_jsonb(h) AS host
+                    to_jsonb(ins) AS lease, to_jsonb(upd) AS vm,
+                    -- The answer needs the host's name and address only.
+                    to_jsonb(h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token'] AS host
              FROM (SELECT 1) AS one
              LEFT JOIN ins ON true
              LEFT JOIN upd ON true

@@ -24,7 +24,12 @@ pub(super) fn lease_view(row: &Row) -> Result<LeaseView> {
     Ok(LeaseView { lease: json_req(row, "lease")?, vm: json_col(row, "vm")?, host: json_col(row, "host")? })
 }
 
-const LEASE_VIEW_SELECT: &str = "SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm, to_jsonb(h) AS host
+/// A lease read that calls no flintlock (a get, a list, a replay, a heartbeat) sees its host
+/// without credentials (`ca_pem`, `cert_pem`, `key_pem`, `basic_auth_token` read as absent;
+/// issue 25 item 4): only the reads that call flintlock (a release, a hook claim's take, a
+/// discard, the reconciler) load them.
+const LEASE_VIEW_SELECT: &str = "SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm,
+            to_jsonb(h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token'] AS host
      FROM leases l
      LEFT JOIN vms v ON v.id = l.vm_id
      LEFT JOIN hosts h ON h.name = v.flintlock_host";
@@ -63,7 +68,9 @@ pub async fn lease_heartbeat(
             "WITH l AS (
                  UPDATE leases l
                  -- $2: the clock's now (NULL: the database's), for the check and the new deadline.
-                 SET expires_at = coalesce($2, now()) + make_interval(secs => p.heartbeat_expiry_seconds),
+                 -- Never past claimed_at + the pool's max_lease_seconds (V23).
+                 SET expires_at = least(coalesce($2, now()) + make_interval(secs => p.heartbeat_expiry_seconds),
+                                        l.claimed_at + make_interval(secs => p.max_lease_seconds)),
                      last_heartbeat_at = coalesce($2, now())
                  FROM pools p
                  WHERE l.lease_id = $1 AND l.expires_at > coalesce($2, now())
@@ -75,7 +82,8 @@ pub async fn lease_heartbeat(
                    AND EXISTS (SELECT 1 FROM vms v WHERE v.id = l.vm_id AND v.phase = 'LEASED')
                  RETURNING l.*
              )
-             SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm, to_jsonb(h) AS host
+             SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm,
+                    to_jsonb(h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token'] AS host
              FROM l
              LEFT JOIN vms v ON v.id = l.vm_id
              LEFT JOIN hosts h ON h.name = v.flintlock_host",

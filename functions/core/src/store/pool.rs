@@ -31,6 +31,9 @@ pub struct PoolRow {
     pub hook_failure_policy: HookFailurePolicy,
     pub heartbeat_interval_seconds: i32,
     pub heartbeat_expiry_seconds: i32,
+    /// V23: a lease's longest life (`None`: unbounded).
+    #[serde(default)]
+    pub max_lease_seconds: Option<i32>,
     /// Why the reconciler holds the pool below its target, as last reported in
     /// POOL_SIZE_BELOW_TARGET; `None` while nothing does ([`pool_set_below_target`]).
     #[serde(default)]
@@ -121,6 +124,7 @@ impl PoolRow {
             hook_failure_policy: self.hook_failure_policy,
             heartbeat_interval_seconds: self.heartbeat_interval_seconds,
             heartbeat_expiry_seconds: self.heartbeat_expiry_seconds,
+            max_lease_seconds: self.max_lease_seconds,
             autoscaling: self.autoscaling.clone(),
             rollout: self.rollout.clone(),
         }
@@ -170,8 +174,8 @@ pub async fn pool_insert(c: &impl Executor, spec: &PoolSpec) -> Result<Option<Po
                  INSERT INTO pools AS p (namespace, name, size, flintlock_hosts, strategy, min_size,
                      microvm_template, create_commands, pre_lease_commands, hook_failure_policy,
                      heartbeat_interval_seconds, heartbeat_expiry_seconds, autoscaling, desired_size,
-                     rollout)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $16)
+                     rollout, max_lease_seconds)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $16, $17)
                  ON CONFLICT (namespace, name) DO NOTHING
                  RETURNING *
              ), r AS (
@@ -196,6 +200,7 @@ pub async fn pool_insert(c: &impl Executor, spec: &PoolSpec) -> Result<Option<Po
                 (&desired, Type::INT4),
                 (&spec_json, Type::JSONB),
                 (&rollout, Type::JSONB),
+                (&spec.max_lease_seconds, Type::INT4),
             ],
         )
         .await?;
@@ -265,7 +270,7 @@ pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<PoolUpdat
                                  ELSE revision END,
                  microvm_template = $7, create_commands = $8, pre_lease_commands = $9,
                  hook_failure_policy = $10, heartbeat_interval_seconds = $11,
-                 heartbeat_expiry_seconds = $12, autoscaling = $13,
+                 heartbeat_expiry_seconds = $12, autoscaling = $13, max_lease_seconds = $20,
                  desired_size = CASE WHEN $13::jsonb IS NULL THEN NULL
                                      WHEN desired_size IS NULL OR autoscaling IS NULL THEN $14
                                      ELSE least(greatest(desired_size, $15), $16) END,
@@ -311,6 +316,7 @@ pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<PoolUpdat
                 (&spec_json, Type::JSONB),
                 (&REVISIONS_KEPT, Type::INT4),
                 (&rollout, Type::JSONB),
+                (&spec.max_lease_seconds, Type::INT4),
             ],
         )
         .await?;
