@@ -447,16 +447,22 @@ pub struct LeaseList {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct PoolList {
     pub pools: Vec<Pool>,
+    /// Pass it back as `page_token` for the next page; empty on the last.
+    pub next_page_token: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct HostList {
     pub hosts: Vec<Host>,
+    /// Pass it back as `page_token` for the next page; empty on the last.
+    pub next_page_token: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct VmList {
     pub vms: Vec<VmRecord>,
+    /// Pass it back as `page_token` for the next page; empty on the last.
+    pub next_page_token: String,
 }
 
 /// `GET /v1/events`: events after the cursor, oldest first.

@@ -47,8 +47,11 @@ pub const MAX_BASIC_AUTH_TOKEN_CHARS: usize = 1024;
 pub const MAX_CORDON_REASON_CHARS: usize = 1024;
 /// Longest lease id accepted in a path (ours are 36-character UUIDs).
 pub const MAX_LEASE_ID_CHARS: usize = 64;
-/// A page token is the unpadded base64url of a lease id: at most this long.
-pub const MAX_PAGE_TOKEN_CHARS: usize = (MAX_LEASE_ID_CHARS * 4).div_ceil(3);
+/// The longest key a page ends at: a lease id, a VM id, a host name, or a pool's
+/// `namespace/name` (63 + 1 + 63).
+pub const MAX_PAGE_KEY_CHARS: usize = 128;
+/// A page token is the unpadded base64url of a page's last key: at most this long.
+pub const MAX_PAGE_TOKEN_CHARS: usize = (MAX_PAGE_KEY_CHARS * 4).div_ceil(3);
 pub const DEFAULT_PAGE_SIZE: i64 = 100;
 pub const MAX_PAGE_SIZE: i64 = 1000;
 pub const DEFAULT_EVENTS_LIMIT: i64 = 100;
@@ -152,7 +155,7 @@ pub static NO_CONTROL: Pattern = Pattern::new(|| r"^[^\x00-\x1F\x7F-\x9F]*$".int
 /// A lease id in a path: what a lease id can be (ours are UUIDs).
 pub static LEASE_ID: Pattern = Pattern::new(|| format!("^[A-Za-z0-9-]{{1,{MAX_LEASE_ID_CHARS}}}$"));
 
-/// A `page_token`: unpadded base64url (of a lease id; [`MAX_PAGE_TOKEN_CHARS`] at most), or
+/// A `page_token`: unpadded base64url (of a page's last key; [`MAX_PAGE_TOKEN_CHARS`] at most), or
 /// empty for the first page.
 pub static PAGE_TOKEN: Pattern = Pattern::new(|| format!("^[A-Za-z0-9_-]{{0,{MAX_PAGE_TOKEN_CHARS}}}$"));
 
@@ -377,9 +380,10 @@ mod tests {
     }
 
     #[test]
-    fn the_longest_page_token_encodes_the_longest_lease_id() {
+    fn the_longest_page_token_encodes_the_longest_key() {
         use base64::Engine;
-        let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("a".repeat(MAX_LEASE_ID_CHARS));
+        const { assert!(MAX_PAGE_KEY_CHARS >= MAX_LEASE_ID_CHARS && MAX_PAGE_KEY_CHARS >= 63 + 1 + 63) };
+        let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("a".repeat(MAX_PAGE_KEY_CHARS));
         assert_eq!(token.len(), MAX_PAGE_TOKEN_CHARS);
         assert!(PAGE_TOKEN.is_match(&token));
     }

@@ -490,8 +490,36 @@ impl Client {
         self.call(Call::get_pool(p)).await
     }
 
+    /// Every pool (optionally one namespace's), following the pages.
     pub async fn list_pools(&self, namespace: Option<&str>) -> Result<Vec<Pool>, Error> {
-        Ok(self.call::<PoolList>(Call::list_pools(namespace)).await?.pools)
+        self.all_pages(|| Call::list_pools(namespace), |l: PoolList| (l.pools, l.next_page_token)).await
+    }
+
+    /// Every item of a paginated list: pages of the largest size, each asked with the token the
+    /// last one gave, until one gives none. A server that repeats a token is an error rather
+    /// than a loop.
+    async fn all_pages<L: DeserializeOwned, T>(
+        &self,
+        call: impl Fn() -> Call,
+        split: impl Fn(L) -> (Vec<T>, String),
+    ) -> Result<Vec<T>, Error> {
+        let mut all = Vec::new();
+        let mut token = String::new();
+        loop {
+            let mut c = call().query("page_size", 1000);
+            if !token.is_empty() {
+                c = c.query("page_token", &token);
+            }
+            let (items, next) = split(self.call::<L>(c).await?);
+            all.extend(items);
+            if next.is_empty() {
+                return Ok(all);
+            }
+            if next == token {
+                return Err(Error::Decode(format!("the server repeated page token {next:?}: its list never ends")));
+            }
+            token = next;
+        }
     }
 
     /// Announces `req.claims` claims within `req.within_seconds`: the pool pre-warms for them
@@ -507,7 +535,7 @@ impl Client {
     }
 
     pub async fn list_vms(&self, q: &VmQuery) -> Result<Vec<Vm>, Error> {
-        Ok(self.call::<VmList>(Call::list_vms(q)).await?.vms)
+        self.all_pages(|| Call::list_vms(q), |l: VmList| (l.vms, l.next_page_token)).await
     }
 
     pub async fn get_vm(&self, id: &str) -> Result<Vm, Error> {
@@ -532,7 +560,7 @@ impl Client {
     }
 
     pub async fn list_hosts(&self) -> Result<Vec<Host>, Error> {
-        Ok(self.call::<HostList>(Call::list_hosts()).await?.hosts)
+        self.all_pages(Call::list_hosts, |l: HostList| (l.hosts, l.next_page_token)).await
     }
 
     pub async fn delete_host(&self, name: &str) -> Result<(), Error> {

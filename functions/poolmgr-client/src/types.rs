@@ -511,6 +511,9 @@ pub struct LeaseQuery {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PoolList {
     pub pools: Vec<Pool>,
+    /// Empty on the last page (and from a server that does not paginate).
+    #[serde(default)]
+    pub next_page_token: String,
 }
 
 /// A VM poolmgr manages (the contract's VMRecord).
@@ -540,6 +543,9 @@ fn first_revision() -> i32 {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VmList {
     pub vms: Vec<Vm>,
+    /// Empty on the last page (and from a server that does not paginate).
+    #[serde(default)]
+    pub next_page_token: String,
 }
 
 /// Filters of `GET /v1/vms`: a pool, or a namespace; a phase.
@@ -601,6 +607,9 @@ pub struct Host {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostList {
     pub hosts: Vec<Host>,
+    /// Empty on the last page (and from a server that does not paginate).
+    #[serde(default)]
+    pub next_page_token: String,
 }
 
 /// One event of the feed. `kind` is the contract's `type` (`VM_CLAIMED`, …), kept as text

@@ -750,11 +750,19 @@ async fn malformed_page_tokens_are_invalid_argument_on_every_route_that_takes_on
     ];
     let before = snapshot(app).await;
     for route in &routes {
-        for token in [ADMIN, CLIENT_A] {
+        // A client token reaches only the lease list; the fleet's lists are admin and viewer reads.
+        let callers: &[&str] = if route == "/v1/leases" { &[ADMIN, CLIENT_A] } else { &[ADMIN, VIEWER] };
+        for &token in callers {
             for t in &tokens {
-                for query in
-                    [format!("page_token={t}"), format!("namespace=default&pool=ci&page_size=1&page_token={t}")]
-                {
+                // 65 × "a" is too long for a lease id, a host name or a pool key, but a
+                // well-formed VM id: on /v1/vms it is a key like any other.
+                if route == "/v1/vms" && t.starts_with("YWFh") {
+                    continue;
+                }
+                // Only the lease and VM lists filter by pool.
+                let filter =
+                    if route == "/v1/leases" || route == "/v1/vms" { "namespace=default&pool=ci&" } else { "" };
+                for query in [format!("page_token={t}"), format!("{filter}page_size=1&page_token={t}")] {
                     let path = format!("{route}?{query}");
                     let r = app.get(token, &path).await;
                     assert_invalid(&r, &path);

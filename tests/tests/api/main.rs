@@ -28,6 +28,7 @@
 //! | `migrations` | schema upgrades and version checks |
 //! | `monitoring` | `infra/monitoring` against the real `/metrics`, the metrics it reads, `/livez`, `/readyz` |
 //! | `openapi` | `/openapi.json` against the Routers, the SAM template and real answers |
+//! | `pagination` | the paginated lists of pools, hosts and VMs (issue 25) |
 //! | `pools` | `/v1/pools…` and the delete races |
 //! | `principals` | client scopes and live-lease quotas (`/v1/principals…`), on both claim paths, under races (issue 25) |
 //! | `reconcile` | the reconcile pass |
@@ -53,6 +54,7 @@ mod leases;
 mod migrations;
 mod monitoring;
 mod openapi;
+mod pagination;
 mod pools;
 mod principals;
 mod reconcile;

@@ -19,8 +19,8 @@ use jsonschema::error::ValidationErrorKind;
 use poolmgr_core::domain::Phase;
 use poolmgr_core::rules::{
     MAX_BASIC_AUTH_TOKEN_CHARS, MAX_COMMAND_CHARS, MAX_COMMANDS, MAX_CORDON_REASON_CHARS, MAX_EVENTS_LIMIT,
-    MAX_EVENTS_WAIT_SECONDS, MAX_HOST_ADDRESS_CHARS, MAX_LEASE_ID_CHARS, MAX_PAGE_SIZE, MAX_PAGE_TOKEN_CHARS,
-    MAX_PEM_CHARS, MAX_POOL_SIZE, MAX_REQUEST_ID_BYTES, MEMORY_IN_MB, VCPU,
+    MAX_EVENTS_WAIT_SECONDS, MAX_HOST_ADDRESS_CHARS, MAX_LEASE_ID_CHARS, MAX_PAGE_KEY_CHARS, MAX_PAGE_SIZE,
+    MAX_PAGE_TOKEN_CHARS, MAX_PEM_CHARS, MAX_POOL_SIZE, MAX_REQUEST_ID_BYTES, MEMORY_IN_MB, VCPU,
 };
 use poolmgr_tests::*;
 use serde_json::{Value, json};
@@ -428,7 +428,7 @@ fn volume(source: Value) -> Value {
 }
 
 fn cases() -> Vec<Case> {
-    assert_eq!(base64url(&long_lease()).len(), MAX_PAGE_TOKEN_CHARS, "the longest page token");
+    assert_eq!(base64url(&"a".repeat(MAX_PAGE_KEY_CHARS)).len(), MAX_PAGE_TOKEN_CHARS, "the longest page token");
     let name63 = s(63, 'a');
     let name_rule = |what, ops, at| {
         let mut outside = vec![json!("A"), json!("-a"), json!("a_b"), s(64, 'a')];
@@ -984,7 +984,7 @@ fn cases() -> Vec<Case> {
         },
         case(
             "page_size 1..=MAX_PAGE_SIZE",
-            &[ListLeases],
+            &[ListLeases, ListPools, ListVms],
             At::Query("page_size"),
             vec![json!(1), json!(MAX_PAGE_SIZE)],
             vec![json!(0), json!(MAX_PAGE_SIZE + 1)],
@@ -994,7 +994,21 @@ fn cases() -> Vec<Case> {
             &[ListLeases],
             At::Query("page_token"),
             vec![json!(""), json!(base64url(&long_lease()))],
-            vec![json!(format!("{}A", base64url(&long_lease()))), json!("YWFh+")],
+            vec![json!(format!("{}A", base64url(&"a".repeat(MAX_PAGE_KEY_CHARS)))), json!("YWFh+")],
+        ),
+        case(
+            "a pools page token is base64url of a pool key, at most MAX_PAGE_TOKEN_CHARS",
+            &[ListPools],
+            At::Query("page_token"),
+            vec![json!(""), json!(base64url(&format!("{}/{}", "a".repeat(63), "b".repeat(63))))],
+            vec![json!(format!("{}A", base64url(&"a".repeat(MAX_PAGE_KEY_CHARS)))), json!("YWFh+")],
+        ),
+        case(
+            "a VMs page token is base64url of a VM id, at most MAX_PAGE_TOKEN_CHARS",
+            &[ListVms],
+            At::Query("page_token"),
+            vec![json!(""), json!(base64url(&"a".repeat(MAX_PAGE_KEY_CHARS)))],
+            vec![json!(format!("{}A", base64url(&"a".repeat(MAX_PAGE_KEY_CHARS)))), json!("YWFh+")],
         ),
         case(
             "a phase filter",

@@ -47,14 +47,19 @@ async fn create_host(
     Ok((StatusCode::CREATED, Json(host::create(&state, spec).await?)).into_response())
 }
 
-/// Registered hosts.
+/// Registered hosts by name, one page at a time.
 #[utoipa::path(
     get, path = "/v1/hosts", tag = "hosts", operation_id = "list_hosts",
-    security(("bearer" = [])),
+    security(("bearer" = [])), params(HostListQuery),
     responses((status = 200, description = "The hosts", body = api::HostList), Common, ReadOnly)
 )]
-async fn list_hosts(State(state): State<AppState>, Reader(_): Reader) -> Result<Response, ApiError> {
-    Ok(Json(api::HostList { hosts: host::list(&state).await? }).into_response())
+async fn list_hosts(
+    State(state): State<AppState>,
+    Reader(_): Reader,
+    ApiQuery(q): ApiQuery<HostListQuery>,
+) -> Result<Response, ApiError> {
+    let (hosts, next_page_token) = host::list(&state, q.page_size, q.page_token.as_deref()).await?;
+    Ok(Json(api::HostList { hosts, next_page_token }).into_response())
 }
 
 /// A host.
@@ -163,9 +168,27 @@ struct VmListQuery {
     /// Only VMs in this phase (empty means any).
     #[param(value_type = Option<PhaseFilter>, inline)]
     phase: Option<String>,
+    #[param(value_type = Option<crate::rules::PageSize>, inline)]
+    page_size: Option<i64>,
+    /// A `next_page_token`, passed back unchanged (anything else is INVALID_ARGUMENT); empty
+    /// for the first page.
+    #[param(value_type = Option<crate::rules::PageToken>, inline)]
+    page_token: Option<String>,
 }
 
-/// VMs, optionally filtered.
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct HostListQuery {
+    #[param(value_type = Option<crate::rules::PageSize>, inline)]
+    page_size: Option<i64>,
+    /// A `next_page_token`, passed back unchanged (anything else is INVALID_ARGUMENT); empty
+    /// for the first page.
+    #[param(value_type = Option<crate::rules::PageToken>, inline)]
+    page_token: Option<String>,
+}
+
+/// VMs by id, optionally filtered, one page at a time.
 #[utoipa::path(
     get, path = "/v1/vms", tag = "hosts", operation_id = "list_vms",
     security(("bearer" = [])), params(VmListQuery),
@@ -185,8 +208,9 @@ async fn list_vms(
     };
     let ns = optional_name("namespace", q.namespace)?;
     let pool = optional_name("pool", q.pool)?;
-    let vms = vm::list(&state, ns.as_deref(), pool.as_deref(), phase).await?;
-    Ok(Json(api::VmList { vms }).into_response())
+    let (vms, next_page_token) =
+        vm::list(&state, ns.as_deref(), pool.as_deref(), phase, q.page_size, q.page_token.as_deref()).await?;
+    Ok(Json(api::VmList { vms, next_page_token }).into_response())
 }
 
 /// A VM id in a path.

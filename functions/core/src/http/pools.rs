@@ -51,29 +51,35 @@ async fn create_pool(
 #[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-struct NamespaceQuery {
+struct PoolListQuery {
     /// Only this namespace (empty means every namespace).
     #[param(value_type = Option<NameFilter>, inline)]
     namespace: Option<String>,
+    #[param(value_type = Option<crate::rules::PageSize>, inline)]
+    page_size: Option<i64>,
+    /// A `next_page_token`, passed back unchanged (anything else is INVALID_ARGUMENT); empty
+    /// for the first page.
+    #[param(value_type = Option<crate::rules::PageToken>, inline)]
+    page_token: Option<String>,
 }
 
-/// Pools with their live status.
+/// Pools with their live status, by namespace and name, one page at a time.
 #[utoipa::path(
     get, path = "/v1/pools", tag = "pools", operation_id = "list_pools",
-    security(("bearer" = [])), params(NamespaceQuery),
+    security(("bearer" = [])), params(PoolListQuery),
     responses((status = 200, description = "The pools", body = api::PoolList), Common, ReadOnly)
 )]
 async fn list_pools(
     State(state): State<AppState>,
     Reader(_): Reader,
-    ApiQuery(q): ApiQuery<NamespaceQuery>,
+    ApiQuery(q): ApiQuery<PoolListQuery>,
 ) -> Result<Response, ApiError> {
     let ns = q.namespace.filter(|s| !s.is_empty());
     if let Some(ns) = &ns {
         validate_name("namespace", ns).map_err(ApiError::InvalidArgument)?;
     }
-    let pools = pool::list(&state, ns.as_deref()).await?;
-    Ok(Json(api::PoolList { pools }).into_response())
+    let (pools, next_page_token) = pool::list(&state, ns.as_deref(), q.page_size, q.page_token.as_deref()).await?;
+    Ok(Json(api::PoolList { pools, next_page_token }).into_response())
 }
 
 /// A pool with its live status.

@@ -219,9 +219,19 @@ pub async fn get(state: &AppState, name: &str) -> Result<Host, ApiError> {
     Ok(Host::new(&row, n))
 }
 
-pub async fn list(state: &AppState) -> Result<Vec<Host>, ApiError> {
+/// One page of hosts by name, and the next page's token (empty on the last).
+pub async fn list(
+    state: &AppState,
+    page_size: Option<i64>,
+    page_token: Option<&str>,
+) -> Result<(Vec<Host>, String), ApiError> {
+    let size = super::page_size(page_size)?;
+    let after =
+        super::page_key(page_token, |name| crate::domain::validate_name("name", name).ok().map(|()| name.to_owned()))?;
     let conn = state.conn().await?;
-    Ok(store::host_list(&conn).await?.iter().map(|(h, n)| Host::new(h, *n)).collect())
+    let rows = store::host_list_page(&conn, after.as_deref().unwrap_or(""), size + 1).await?;
+    let (rows, next) = super::page_of(rows, size, |(h, _)| h.name.clone());
+    Ok((rows.iter().map(|(h, n)| Host::new(h, *n)).collect(), next))
 }
 
 /// Cordons (`Some(reason)`) or uncordons (`None`) a host. Idempotent.

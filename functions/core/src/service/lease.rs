@@ -5,8 +5,6 @@
 //! principal's answering exactly as an unknown id ([`Principal::lease_owner`]); an admin
 //! token reaches every lease. Never check ownership apart from the statement that acts.
 
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::Utc;
 
 use crate::api::LeaseRecord;
@@ -18,7 +16,6 @@ use crate::store::{self, VmFinish};
 use crate::teardown::{self, TeardownError};
 
 pub use crate::rules::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
-use crate::rules::{MAX_PAGE_TOKEN_CHARS, PAGE_TOKEN};
 
 fn lease_not_found(id: &LeaseId) -> ApiError {
     ApiError::NotFound(format!("lease {} not found", id.as_str()))
@@ -42,22 +39,9 @@ pub async fn heartbeat(state: &AppState, principal: &Principal, id: &LeaseId) ->
     }
 }
 
-/// The lease id a `page_token` says the previous page ended at. A page token is a
-/// `next_page_token` passed back: the base64url (unpadded) of a lease id. Anything else is
-/// INVALID_ARGUMENT before it reaches SQL: bytes PostgreSQL refuses in text (`AA` is one NUL
-/// byte), bytes that are not UTF-8, or a value no lease id can have.
+/// The lease id a `page_token` says the previous page ended at ([`super::page_key`]).
 fn page_after(page_token: Option<&str>) -> Result<Option<LeaseId>, ApiError> {
-    let Some(token) = page_token.filter(|t| !t.is_empty()) else {
-        return Ok(None);
-    };
-    // The longest lease id encodes to MAX_PAGE_TOKEN_CHARS: no need to decode more.
-    (PAGE_TOKEN.is_match(token) && token.len() <= MAX_PAGE_TOKEN_CHARS)
-        .then(|| URL_SAFE_NO_PAD.decode(token).ok())
-        .flatten()
-        .and_then(|bytes| String::from_utf8(bytes).ok())
-        .and_then(|id| LeaseId::parse(&id).ok())
-        .map(Some)
-        .ok_or_else(|| ApiError::InvalidArgument("page_token is malformed: pass back next_page_token unchanged".into()))
+    super::page_key(page_token, |id| LeaseId::parse(id).ok())
 }
 
 pub struct Page {
@@ -73,22 +57,14 @@ pub async fn list(
     page_size: Option<i64>,
     page_token: Option<&str>,
 ) -> Result<Page, ApiError> {
-    let size = page_size.unwrap_or(DEFAULT_PAGE_SIZE);
-    if !(1..=MAX_PAGE_SIZE).contains(&size) {
-        return Err(ApiError::InvalidArgument(format!("page_size must be between 1 and {MAX_PAGE_SIZE}")));
-    }
+    let size = super::page_size(page_size)?;
     let after = page_after(page_token)?;
     let conn = state.conn().await?;
     // One extra row tells whether another page exists.
-    let mut views =
+    let views =
         store::lease_list(&conn, pool, principal.lease_owner(), after.as_ref().map_or("", LeaseId::as_str), size + 1)
             .await?;
-    let more = views.len() as i64 > size;
-    views.truncate(size as usize);
-    let next_page_token = match (more, views.last()) {
-        (true, Some(last)) => URL_SAFE_NO_PAD.encode(&last.lease.lease_id),
-        _ => String::new(),
-    };
+    let (views, next_page_token) = super::page_of(views, size, |v| v.lease.lease_id.clone());
     Ok(Page { leases: views.iter().map(LeaseRecord::from_view).collect(), next_page_token })
 }
 

@@ -36,3 +36,47 @@ pub async fn detached<T: Send + 'static>(
         Err(e) => Err(ApiError::internal(format!("detached task failed: {e}"))),
     }
 }
+
+/// The key a `page_token` says the previous page ended at, parsed by `parse`. A page token is
+/// a `next_page_token` passed back: the base64url (unpadded) of the last key of a page (a
+/// lease id, a VM id, a host name, a pool's `namespace/name`). Anything else is
+/// INVALID_ARGUMENT before it reaches SQL: bytes PostgreSQL refuses in text (`AA` is one NUL
+/// byte), bytes that are not UTF-8, or a value no key can have.
+pub fn page_key<K>(page_token: Option<&str>, parse: impl Fn(&str) -> Option<K>) -> Result<Option<K>, ApiError> {
+    use crate::rules::{MAX_PAGE_TOKEN_CHARS, PAGE_TOKEN};
+    use base64::Engine;
+    let Some(token) = page_token.filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    // The longest key encodes to MAX_PAGE_TOKEN_CHARS: no need to decode more.
+    (PAGE_TOKEN.is_match(token) && token.len() <= MAX_PAGE_TOKEN_CHARS)
+        .then(|| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).ok())
+        .flatten()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .and_then(|key| parse(&key))
+        .map(Some)
+        .ok_or_else(|| ApiError::InvalidArgument("page_token is malformed: pass back next_page_token unchanged".into()))
+}
+
+/// `page_size` checked (default [`crate::rules::DEFAULT_PAGE_SIZE`]).
+pub fn page_size(page_size: Option<i64>) -> Result<i64, ApiError> {
+    use crate::rules::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE};
+    let size = page_size.unwrap_or(DEFAULT_PAGE_SIZE);
+    if !(1..=MAX_PAGE_SIZE).contains(&size) {
+        return Err(ApiError::InvalidArgument(format!("page_size must be between 1 and {MAX_PAGE_SIZE}")));
+    }
+    Ok(size)
+}
+
+/// A page of `rows`, read with one row more than `size`: the rows to answer and the
+/// `next_page_token` (empty on the last page), the base64url of the last row's `key`.
+pub fn page_of<T>(mut rows: Vec<T>, size: i64, key: impl Fn(&T) -> String) -> (Vec<T>, String) {
+    use base64::Engine;
+    let more = rows.len() as i64 > size;
+    rows.truncate(size as usize);
+    let next = match (more, rows.last()) {
+        (true, Some(last)) => base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key(last)),
+        _ => String::new(),
+    };
+    (rows, next)
+}

@@ -222,9 +222,20 @@ pub async fn revisions(state: &AppState, pool: &PoolRef) -> Result<crate::api::R
     Ok(crate::api::RevisionList { revisions: revs.iter().map(crate::api::Revision::from).collect() })
 }
 
-pub async fn list(state: &AppState, namespace: Option<&str>) -> Result<Vec<Pool>, ApiError> {
+/// One page of pools by key, and the next page's token (empty on the last).
+pub async fn list(
+    state: &AppState,
+    namespace: Option<&str>,
+    page_size: Option<i64>,
+    page_token: Option<&str>,
+) -> Result<(Vec<Pool>, String), ApiError> {
+    let size = super::page_size(page_size)?;
+    let after =
+        super::page_key(page_token, |key| key.split_once('/').and_then(|(ns, name)| PoolRef::parse(ns, name).ok()))?;
     let conn = state.conn().await?;
-    Ok(store::pool_list(&conn, namespace).await?.into_iter().map(|(r, s)| Pool::new(&r, s)).collect())
+    let rows = store::pool_list_page(&conn, namespace, after.as_ref(), size + 1).await?;
+    let (rows, next) = super::page_of(rows, size, |(p, _)| format!("{}/{}", p.namespace, p.name));
+    Ok((rows.into_iter().map(|(r, s)| Pool::new(&r, s)).collect(), next))
 }
 
 /// The rows of a pool delete, in one transaction: committed when the pool was deleted,

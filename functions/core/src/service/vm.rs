@@ -12,15 +12,27 @@ use crate::store::{self, VmDiscard};
 use crate::teardown::{self, TeardownError};
 
 /// VMs, optionally filtered by pool namespace, pool name and phase (`None`: any).
+/// One page of VMs by id, and the next page's token (empty on the last).
 pub async fn list(
     state: &AppState,
     namespace: Option<&str>,
     pool: Option<&str>,
     phase: Option<Phase>,
-) -> Result<Vec<VmRecord>, ApiError> {
+    page_size: Option<i64>,
+    page_token: Option<&str>,
+) -> Result<(Vec<VmRecord>, String), ApiError> {
+    let size = super::page_size(page_size)?;
+    let after = super::page_key(page_token, |id| {
+        // VM ids are `<pool name>-<ulid>`: lowercase letters, digits and `-`.
+        let id_like = id.len() <= crate::rules::MAX_PAGE_KEY_CHARS
+            && id.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        id_like.then(|| id.to_owned())
+    })?;
     let conn = state.conn().await?;
-    let vms = store::vm_list(&conn, namespace, pool, phase).await?;
-    Ok(vms.iter().map(Into::into).collect())
+    let vms = store::vm_list(&conn, namespace, pool, phase, after.as_deref().unwrap_or(""), size + 1).await?;
+    let (vms, next) = super::page_of(vms, size, |v| v.id.clone());
+    Ok((vms.iter().map(Into::into).collect(), next))
 }
 
 pub async fn get(state: &AppState, id: &str) -> Result<VmRecord, ApiError> {

@@ -177,6 +177,15 @@ pub async fn host_list(c: &impl Executor) -> Result<Vec<(HostRow, i64)>> {
     rows.iter().map(host_with_count).collect()
 }
 
+/// One page of hosts by name, after `after` (a page's last name; `""`: from the first), at
+/// most `limit`, with their VM counts.
+pub async fn host_list_page(c: &impl Executor, after: &str, limit: i64) -> Result<Vec<(HostRow, i64)>> {
+    let sql =
+        format!("SELECT to_jsonb(h) AS host, {HOST_VM_COUNT} FROM hosts h WHERE h.name > $1 ORDER BY h.name LIMIT $2");
+    let rows = c.timed_query(&sql, &[(&after, Type::TEXT), (&limit, Type::INT8)]).await?;
+    rows.iter().map(host_with_count).collect()
+}
+
 /// Sets or clears the cordon; `cordoned_at` moves to now on every cordon. `None` if unknown.
 pub async fn host_set_cordon(c: &impl Executor, name: &str, cordon: Option<&str>) -> Result<Option<(HostRow, i64)>> {
     let sql = format!(

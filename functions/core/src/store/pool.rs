@@ -393,6 +393,28 @@ pub async fn pool_list(c: &impl Executor, namespace: Option<&str>) -> Result<Vec
     Ok(pool_list_with_counts(c, namespace).await?.into_iter().map(|(p, n)| (p, n.into())).collect())
 }
 
+/// One page of pools (optionally one namespace's), ordered by key, after `after` (a page's
+/// last pool), at most `limit`, with their status counts.
+pub async fn pool_list_page(
+    c: &impl Executor,
+    namespace: Option<&str>,
+    after: Option<&PoolRef>,
+    limit: i64,
+) -> Result<Vec<(PoolRow, PoolStatus)>> {
+    let sql = format!(
+        "SELECT {POOL_WITH_REVISIONS_P} AS pool, {VM_COUNTS_OF_POOL_P} AS counts FROM pools p
+         WHERE ($1::text IS NULL OR p.namespace = $1)
+           AND ($2::text IS NULL OR (p.namespace, p.name) > ($2, $3))
+         ORDER BY p.namespace, p.name
+         LIMIT $4"
+    );
+    let (ans, aname) = (after.map(|p| p.namespace.as_str()), after.map(|p| p.name.as_str()));
+    let rows = c
+        .timed_query(&sql, &[(&namespace, Type::TEXT), (&ans, Type::TEXT), (&aname, Type::TEXT), (&limit, Type::INT8)])
+        .await?;
+    rows.iter().map(pool_with_counts).map(|r| r.map(|(p, n)| (p, n.into()))).collect()
+}
+
 /// Every pool (optionally one namespace's), ordered by key, with its VMs counted by phase.
 pub async fn pool_list_with_counts(c: &impl Executor, namespace: Option<&str>) -> Result<Vec<(PoolRow, VmCounts)>> {
     let sql = format!(

@@ -73,11 +73,15 @@ pub async fn vm_get(c: &impl Executor, id: &str) -> Result<Option<VmRow>> {
     row.as_ref().map(|r| json_req(r, "vm")).transpose()
 }
 
+/// One page of VMs by id, after `after` (a page's last id; `""`: from the first), at most
+/// `limit`.
 pub async fn vm_list(
     c: &impl Executor,
     namespace: Option<&str>,
     pool: Option<&str>,
     phase: Option<Phase>,
+    after: &str,
+    limit: i64,
 ) -> Result<Vec<VmRow>> {
     let phase = phase.map(Phase::as_str);
     let rows = c
@@ -86,8 +90,16 @@ pub async fn vm_list(
              WHERE ($1::text IS NULL OR v.pool_namespace = $1)
                AND ($2::text IS NULL OR v.pool_name = $2)
                AND ($3::text IS NULL OR v.phase = $3)
-             ORDER BY v.pool_namespace, v.pool_name, v.id",
-            &[(&namespace, Type::TEXT), (&pool, Type::TEXT), (&phase, Type::TEXT)],
+               AND v.id > $4
+             ORDER BY v.id
+             LIMIT $5",
+            &[
+                (&namespace, Type::TEXT),
+                (&pool, Type::TEXT),
+                (&phase, Type::TEXT),
+                (&after, Type::TEXT),
+                (&limit, Type::INT8),
+            ],
         )
         .await?;
     rows.iter().map(|r| json_req(r, "vm")).collect()
