@@ -126,9 +126,10 @@ async fn a_hosts_exec_declaration_is_stored_returned_and_replaced_by_put() {
 }
 
 #[tokio::test]
-async fn create_without_tls_means_a_plaintext_host() {
+async fn create_with_insecure_tls_is_a_plaintext_host() {
     let app = TestApp::spawn().await;
-    let b = app.created_host(json!({"name": "host-a", "address": "flint.example:9090"})).await;
+    let b =
+        app.created_host(json!({"name": "host-a", "address": "flint.example:9090", "tls": {"insecure": true}})).await;
     assert_eq!(b.tls, plaintext());
 }
 
@@ -276,10 +277,14 @@ async fn put_replaces_address_and_tls_and_keeps_the_cordon() {
     app.post(ADMIN, "/v1/hosts", tls_host("host-a", "10.0.0.5:9090")).await.assert_ok(201);
     let cordoned_at = app.cordoned("host-a", Some(json!({"reason": "disk swap"}))).await.cordoned_at;
 
-    // Name omitted from the body: the path names the host.
+    // Name omitted from the body: the path names the host. `tls` omitted: kept (issue 25 item
+    // 7; it used to mean plaintext, a silent downgrade).
+    let kept = app.get_host("host-a").await.tls;
     let b = app.updated_host("host-a", json!({"address": "10.0.0.6:9091"})).await;
     assert_eq!(b.name, "host-a");
     assert_eq!(b.address, "10.0.0.6:9091");
+    assert_eq!(b.tls, kept);
+    let b = app.updated_host("host-a", json!({"address": "10.0.0.6:9091", "tls": {"insecure": true}})).await;
     assert_eq!(b.tls, plaintext());
     assert!(b.cordoned);
     assert_eq!(b.cordoned_reason.as_deref(), Some("disk swap"));
@@ -925,4 +930,65 @@ async fn a_second_host_record_for_the_same_address_is_already_exists() {
     // A freed address can be taken.
     app.updated_host("host-b", json!({"address": "10.0.0.8:9090"})).await;
     app.created_host(plain_host("host-c", "10.0.0.7:9090")).await;
+}
+
+/// Issue 25 item 7: flintlock transport never fails open. A create without `tls` is refused
+/// (plaintext only as `{"insecure": true}`); a PUT that leaves `tls` out keeps the host's
+/// current TLS, its client key included; a basic-auth token over plaintext is refused unless
+/// the address is loopback.
+#[tokio::test]
+async fn host_transport_is_explicit_and_a_put_without_tls_keeps_it() {
+    let app = TestApp::spawn().await;
+    let r = app.post(ADMIN, "/v1/hosts", json!({"name": "plain", "address": "10.0.0.5:9090"})).await;
+    r.assert_error(400, "INVALID_ARGUMENT");
+    let m = r.body["error"]["message"].as_str().unwrap();
+    assert!(m.contains("tls is required") && m.contains("insecure"), "{m}");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM hosts WHERE name = 'plain'").await, 0);
+
+    // mTLS, then a PUT that changes only the exec mode: TLS and key stay.
+    let pem = |what: &str| format!("-----BEGIN {what}-----\nMIIB\n-----END {what}-----\n");
+    let tls = json!({"ca_pem": pem("CERTIFICATE"), "cert_pem": pem("CERTIFICATE"), "key_pem": pem("PRIVATE KEY")});
+    app.post(ADMIN, "/v1/hosts", json!({"name": "mtls", "address": "10.0.0.6:9090", "tls": tls})).await.assert_ok(201);
+    let r = app.put(ADMIN, "/v1/hosts/mtls", json!({"address": "10.0.0.6:9090", "exec": "disabled"})).await;
+    let body = r.assert_ok(200).clone();
+    assert_eq!(body["tls"]["insecure"], json!(false), "{body}");
+    assert_eq!(body["exec"], json!("disabled"));
+    let conn = app.conn().await;
+    let (h, _) = poolmgr_core::store::host_get(&**conn, "mtls").await.unwrap().unwrap();
+    assert_eq!((h.tls_insecure, h.key_pem.as_deref()), (false, Some(pem("PRIVATE KEY").as_str())), "key kept");
+    // An explicit plaintext PUT does change it (the admin said so).
+    app.put(ADMIN, "/v1/hosts/mtls", json!({"address": "10.0.0.6:9090", "tls": {"insecure": true}}))
+        .await
+        .assert_ok(200);
+    let (h, _) = poolmgr_core::store::host_get(&**conn, "mtls").await.unwrap().unwrap();
+    assert_eq!((h.tls_insecure, h.key_pem), (true, None));
+    // A PUT without tls of an unknown host is NOT_FOUND, as any.
+    app.put(ADMIN, "/v1/hosts/ghost", json!({"address": "10.0.0.7:9090"})).await.assert_error(404, "NOT_FOUND");
+
+    // A token over plaintext: refused on a network address, on create and on a PUT that keeps
+    // plaintext; accepted on loopback; accepted over TLS.
+    let token = json!("flintlock-basic-auth-secret");
+    for address in ["10.0.0.8:9090", "flintlock.internal:9090", "[fd00::1]:9090"] {
+        let r = app
+            .post(
+                ADMIN,
+                "/v1/hosts",
+                json!({"name": "tok", "address": address, "tls": {"insecure": true}, "basic_auth_token": token}),
+            )
+            .await;
+        r.assert_error(400, "INVALID_ARGUMENT");
+        let m = r.body["error"]["message"].as_str().unwrap();
+        assert!(
+            m.contains("basic_auth_token") && m.contains("plaintext") && !m.contains("flintlock-basic-auth-secret"),
+            "{m}"
+        );
+    }
+    let r = app.put(ADMIN, "/v1/hosts/mtls", json!({"address": "10.0.0.6:9090", "basic_auth_token": token})).await;
+    r.assert_error(400, "INVALID_ARGUMENT");
+    for (i, address) in ["127.0.0.1:9090", "localhost:9091", "[::1]:9092"].iter().enumerate() {
+        let body = json!({"name": format!("loop-{i}"), "address": address, "tls": {"insecure": true}, "basic_auth_token": token});
+        app.post(ADMIN, "/v1/hosts", body).await.assert_ok(201);
+    }
+    let body = json!({"name": "tok", "address": "10.0.0.9:9090", "tls": {"ca_pem": pem("CERTIFICATE")}, "basic_auth_token": token});
+    app.post(ADMIN, "/v1/hosts", body).await.assert_ok(201);
 }

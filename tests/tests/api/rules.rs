@@ -113,7 +113,7 @@ impl Op {
                 r.body = Some(pool_spec("ci", 1));
             }
             GetPool | DeletePool => r.path = path(&[("namespace", "default"), ("name", "nope")]),
-            PostHost => r.body = Some(json!({"name": "fresh", "address": "127.0.0.2:9"})),
+            PostHost => r.body = Some(json!({"name": "fresh", "address": "127.0.0.2:9", "tls": {"insecure": true}})),
             PutHost => {
                 r.path = path(&[("name", "spare")]);
                 r.body = Some(json!({"address": "127.0.0.1:9"}));
@@ -139,7 +139,14 @@ impl Op {
                     seed_long_lease(app).await;
                 }
             }
-            DeleteHost => drop(app.post(ADMIN, "/v1/hosts", json!({"name": "gone", "address": "127.0.0.3:9"})).await),
+            DeleteHost => drop(
+                app.post(
+                    ADMIN,
+                    "/v1/hosts",
+                    json!({"name": "gone", "address": "127.0.0.3:9", "tls": {"insecure": true}}),
+                )
+                .await,
+            ),
             _ => {}
         }
     }
@@ -887,12 +894,14 @@ fn cases() -> Vec<Case> {
                 absent(),
             ],
         ),
+        // Issue 25 item 7: plaintext is never a default.
+        case("a host needs tls to be created", &[PostHost], b("/tls"), vec![], vec![absent(), json!(null)]),
+        case("a PUT without tls keeps the host's", &[PutHost], b("/tls"), vec![absent(), json!(null)], vec![]),
         case(
             "TLS: insecure, or a CA with an optional certificate and key",
             HOST_BODY,
             b("/tls"),
             vec![
-                json!(null),
                 json!({"insecure": true}),
                 json!({"ca_pem": pem()}),
                 json!({"insecure": false, "ca_pem": pem(), "cert_pem": pem(), "key_pem": pem()}),
@@ -1049,7 +1058,9 @@ async fn fixture() -> TestApp {
     app.create_pool("ev", 1).await;
     app.seed_available("ev", 1).await;
     app.claimed(CLIENT_A, "ev", None).await;
-    app.post(ADMIN, "/v1/hosts", json!({"name": "spare", "address": "127.0.0.1:9"})).await.assert_ok(201);
+    app.post(ADMIN, "/v1/hosts", json!({"name": "spare", "address": "127.0.0.1:9", "tls": {"insecure": true}}))
+        .await
+        .assert_ok(201);
     assert!(!app.events("").await.events.is_empty(), "a long-poll of the feed would wait");
     app
 }

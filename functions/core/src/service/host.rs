@@ -45,7 +45,13 @@ schema_only! {
     /// has none: a PUT's body may leave it out, and one naming another host is refused.)
     HostCreate [HostSpec] = AllOfBuilder::new()
         .item(reference::<HostSpec>())
-        .item(ObjectBuilder::new().property("name", string().pattern(Some(NAME_PATTERN))).required("name"))
+        .item(
+            ObjectBuilder::new()
+                .property("name", string().pattern(Some(NAME_PATTERN)))
+                .required("name")
+                .property("tls", reference::<HostTls>())
+                .required("tls"),
+        )
         .examples([serde_json::json!({"name": "spare", "address": "127.0.0.1:9", "tls": {"insecure": true}})]);
 }
 
@@ -63,7 +69,8 @@ fn tls_way(insecure: bool, ca: bool, cert_and_key: bool) -> ObjectBuilder {
     way
 }
 
-/// A host as written by a client. `tls` omitted means a plaintext (`--insecure`) flintlockd.
+/// A host as written by a client. `tls` is required to create one (plaintext only as
+/// `{"insecure": true}`); a PUT that leaves it out keeps the host's current TLS.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"address": "127.0.0.1:9", "tls": {"insecure": true}}))]
@@ -74,7 +81,9 @@ pub struct HostSpec {
     pub name: Option<String>,
     #[schema(value_type = HostAddress)]
     pub address: String,
-    /// Omitted or null: a plaintext (`--insecure`) flintlockd.
+    /// Required on create: `{"insecure": true}` for a plaintext (`--insecure`) flintlockd, or
+    /// a CA (and optionally a client certificate and key). On update, omitted or null keeps
+    /// the host's current TLS, its key included.
     #[serde(default)]
     #[schema(value_type = Option<TlsRules>, inline)]
     pub tls: Option<HostTls>,
@@ -90,7 +99,9 @@ pub struct HostSpec {
 }
 
 impl HostSpec {
-    fn validate(&self) -> Result<HostTls, ApiError> {
+    /// Checks the spec and gives the TLS it asks for: its own `tls`, else `current` (a PUT of a
+    /// host that has one), else it is refused: plaintext is never a default.
+    fn validate(&self, current: Option<&HostTls>) -> Result<HostTls, ApiError> {
         let bad = |m: String| ApiError::InvalidArgument(m);
         if !HOST_ADDRESS.is_match(&self.address) || self.address.len() > MAX_HOST_ADDRESS_CHARS {
             return Err(bad(format!(
@@ -98,7 +109,9 @@ impl HostSpec {
                 self.address
             )));
         }
-        let tls = self.tls.clone().unwrap_or(HostTls { insecure: true, ..Default::default() });
+        let tls = self.tls.clone().or_else(|| current.cloned()).ok_or_else(|| {
+            bad("tls is required: {\"insecure\": true} for a plaintext (--insecure) flintlockd, or {\"ca_pem\": …} (with cert_pem and key_pem for mTLS) for TLS".into())
+        })?;
         for (field, v) in [("tls.ca_pem", &tls.ca_pem), ("tls.cert_pem", &tls.cert_pem), ("tls.key_pem", &tls.key_pem)]
         {
             if let Some(v) = v {
@@ -127,8 +140,21 @@ impl HostSpec {
                 "basic_auth_token must be 1-{MAX_BASIC_AUTH_TOKEN_CHARS} characters without control characters"
             )));
         }
+        if self.basic_auth_token.is_some() && tls.insecure && !is_loopback(&self.address) {
+            return Err(bad(format!(
+                "basic_auth_token over plaintext would send the token in the clear to {}: give the host TLS (tls.ca_pem), or drop the token (plaintext with a token is allowed only on a loopback address)",
+                self.address
+            )));
+        }
         Ok(tls)
     }
+}
+
+/// `localhost`, `127.x.x.x` or `[::1]` (with its port): a token to it never crosses a network.
+fn is_loopback(address: &str) -> bool {
+    let host = address.rsplit_once(':').map_or(address, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 fn not_found(name: &str) -> ApiError {
@@ -170,7 +196,7 @@ async fn address_taken(state: &AppState, e: StoreError, address: &str) -> ApiErr
 pub async fn create(state: &AppState, spec: HostSpec) -> Result<Host, ApiError> {
     let name = spec.name.clone().ok_or_else(|| ApiError::InvalidArgument("name is required".into()))?;
     validate_name("name", &name).map_err(ApiError::InvalidArgument)?;
-    let tls = spec.validate()?;
+    let tls = spec.validate(None)?;
     // The connection goes back before `address_taken` takes one (a pool may have only one).
     let inserted = store::host_insert(&state.conn().await?, &write(&name, &spec, &tls)).await;
     let inserted = match inserted {
@@ -193,7 +219,20 @@ pub async fn update(state: &AppState, name: &str, spec: HostSpec) -> Result<Host
             "the body names host {body_name} but the path names {name}: hosts cannot be renamed"
         )));
     }
-    let tls = spec.validate()?;
+    // A PUT without `tls` keeps the host's: never a silent downgrade to plaintext.
+    let current = match &spec.tls {
+        Some(_) => None,
+        None => store::host_get(&state.conn().await?, name).await?.map(|(h, _)| HostTls {
+            insecure: h.tls_insecure,
+            ca_pem: h.ca_pem,
+            cert_pem: h.cert_pem,
+            key_pem: h.key_pem,
+        }),
+    };
+    if spec.tls.is_none() && current.is_none() {
+        return Err(not_found(name));
+    }
+    let tls = spec.validate(current.as_ref())?;
     let updated = store::host_update(&state.conn().await?, &write(name, &spec, &tls)).await;
     let updated = match updated {
         Ok(r) => r,
