@@ -324,7 +324,7 @@ async fn a_dead_hosts_rows_stop_counting_the_pool_refills_elsewhere_and_its_vms_
 async fn claims_racing_a_dead_hosts_retirement_get_each_vm_at_most_once_and_never_a_retired_one() {
     let app = Arc::new(TestApp::spawn().await);
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    app.created_host(serde_json::json!({"name": "silent", "address": silent.local_addr().unwrap().to_string()})).await;
+    app.created_host(serde_json::json!({"name": "silent", "address": silent.local_addr().unwrap().to_string(), "tls": {"insecure": true}})).await;
     let mut spec = pool_spec("ci", 0);
     spec["flintlock_hosts"] = serde_json::json!(["silent"]);
     app.created_pool(spec).await;

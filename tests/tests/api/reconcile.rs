@@ -570,7 +570,10 @@ async fn a_host_that_never_answers_costs_one_timeout_and_does_not_stall_replenis
     .await;
     assert_eq!(app.state.config.flintlock_timeout, Duration::from_secs(3));
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    app.created_host(json!({"name": "silent", "address": silent.local_addr().unwrap().to_string()})).await;
+    app.created_host(
+        json!({"name": "silent", "address": silent.local_addr().unwrap().to_string(), "tls": {"insecure": true}}),
+    )
+    .await;
     let mut on_silent = vec![];
     for pool in ["a", "b"] {
         let mut spec = pool_spec(pool, 2);
@@ -618,7 +621,8 @@ async fn two_deployments_sharing_a_host_never_delete_each_others_vms() {
     let a = TestApp::spawn().await;
     let b = TestApp::spawn().await;
     // B registers A's simulator as its host `shared`.
-    b.created_host(json!({"name": "shared", "address": a.sim_server.addr.to_string()})).await;
+    b.created_host(json!({"name": "shared", "address": a.sim_server.addr.to_string(), "tls": {"insecure": true}}))
+        .await;
     a.create_pool("ci", 2).await;
     let mut spec = pool_spec("ci", 2);
     spec["flintlock_hosts"] = json!(["shared"]);
