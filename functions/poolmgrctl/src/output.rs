@@ -1,6 +1,12 @@
 //! Printing: aligned tables, the API's JSON re-indented (key order kept) or as YAML, and
 //! the manual pages.
+//!
+//! Must never print a value as raw terminal input: a `request_id` or a cordon reason is any
+//! text a client or admin chose, and an escape sequence in it would clear the screen, retitle
+//! the window or rewrite what the table shows. Every value in human-readable output (table
+//! cells, the feed's lines, messages, errors) goes through [`printable`].
 
+use std::borrow::Cow;
 use std::io::Write;
 
 use serde_json::Value;
@@ -73,9 +79,10 @@ impl Table {
         Table { headers: headers.to_vec(), rows: Vec::new() }
     }
 
+    /// A row; each cell is made [`printable`] (a control character would break the row).
     pub fn row(&mut self, cells: Vec<String>) {
         debug_assert_eq!(cells.len(), self.headers.len());
-        self.rows.push(cells);
+        self.rows.push(cells.into_iter().map(|c| printable(&c).into_owned()).collect());
     }
 
     /// The rows, after the header line when `headers`.
@@ -145,19 +152,51 @@ pub fn man_pages(cmd: clap::Command, dir: Option<&std::path::Path>) -> Result<()
     Ok(())
 }
 
-/// A cell: strings as they are, null and empty as `<none>`, anything else as JSON.
+/// A cell: strings as they are ([`printable`]), null and empty as `<none>`, anything else as
+/// JSON.
 pub fn cell(v: &Value) -> String {
     match v {
         Value::Null => "<none>".into(),
         Value::String(s) if s.is_empty() => "<none>".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+        Value::String(s) => printable(s).into_owned(),
+        other => printable(&other.to_string()).into_owned(),
     }
 }
 
 /// `namespace/name` of a PoolRef object.
 pub fn pool_cell(v: &Value) -> String {
-    format!("{}/{}", v["namespace"].as_str().unwrap_or("?"), v["name"].as_str().unwrap_or("?"))
+    let part = |k: &str| printable(v[k].as_str().unwrap_or("?")).into_owned();
+    format!("{}/{}", part("namespace"), part("name"))
+}
+
+/// `s` with what a terminal would act on instead of showing written out as escapes: the C0
+/// controls (`\t`, `\n`, `\r`, else `\x1b` and the like), DEL (`\x7f`), the C1 controls
+/// (`\u{9b}`: a terminal may read U+009B as the start of a sequence, as ESC `[`) and the
+/// bidirectional embeddings, overrides, isolates and marks (`\u{202e}`), which reorder what
+/// follows them on the line. A backslash stays as it is: this is for reading, not parsing.
+pub fn printable(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(needs_escape) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_ascii_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// C0, DEL, C1, and the bidirectional formatting characters (U+061C, U+200E, U+200F,
+/// U+202A–U+202E, U+2066–U+2069).
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 #[cfg(test)]
@@ -194,5 +233,24 @@ mod tests {
         assert_eq!(cell(&json!("x")), "x");
         assert_eq!(cell(&json!(3)), "3");
         assert_eq!(pool_cell(&json!({"namespace": "default", "name": "ci"})), "default/ci");
+    }
+
+    #[test]
+    fn control_and_bidi_characters_are_written_out() {
+        assert!(matches!(printable("job-1 é ✓ \\x1b"), Cow::Borrowed("job-1 é ✓ \\x1b")));
+        assert_eq!(printable("\x1b[2J\x07\0"), "\\x1b[2J\\x07\\x00");
+        assert_eq!(printable("a\tb\nc\rd\x7f"), "a\\tb\\nc\\rd\\x7f");
+        assert_eq!(printable("\u{9b}31m\u{85}"), "\\u{9b}31m\\u{85}");
+        assert_eq!(printable("\u{202e}gpj.exe\u{2066}\u{200f}\u{61c}"), "\\u{202e}gpj.exe\\u{2066}\\u{200f}\\u{61c}");
+        // Escaping twice changes nothing: the escapes are printable.
+        let once = printable("\x1b]0;title\x07\u{202e}").into_owned();
+        assert_eq!(printable(&once), once);
+        // In cells and rows alike, and the width counts what is shown.
+        assert_eq!(cell(&json!("\x1b[2J")), "\\x1b[2J");
+        assert_eq!(cell(&json!(["\u{7f}"])), "[\"\\x7f\"]");
+        assert_eq!(pool_cell(&json!({"namespace": "a\x1b", "name": "b"})), "a\\x1b/b");
+        let mut t = Table::new(&["A", "B"]);
+        t.row(vec!["\x1b[2J".into(), "x".into()]);
+        assert_eq!(t.render(true), "A        B\n\\x1b[2J  x\n");
     }
 }

@@ -669,6 +669,56 @@ async fn leases_vms_and_events() {
     s.ctl_as(CLIENT, &["vm", "delete", leased]).await.fails(1, "permission_denied");
 }
 
+/// Issue 25 item 11: text a client or admin chose (a `request_id`, a cordon reason) reaches
+/// the terminal written out, never as the escape sequences, controls and bidi overrides it
+/// holds; JSON keeps it exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_controls_in_request_ids_and_reasons_are_written_out_in_tables() {
+    const HOSTILE: &str = "job\x1b[2J\x1b]0;owned\x07\u{9b}31m\x7f\u{202e}txt.exe\n\rFAKE";
+    const SHOWN: &str = r"job\x1b[2J\x1b]0;owned\x07\u{9b}31m\x7f\u{202e}txt.exe\n\rFAKE";
+    #[track_caller]
+    fn assert_inert(o: &Out) {
+        let bad: Vec<char> = o
+            .stdout
+            .chars()
+            .filter(|c| (c.is_control() && *c != '\n') || ('\u{202a}'..='\u{202e}').contains(c))
+            .collect();
+        assert!(bad.is_empty(), "raw {bad:?} on stdout: {o:#?}");
+    }
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    s.create_pool("ci", 1).await;
+    s.wait_available("ci", 1).await;
+    let claim = json!({"pool": {"namespace": "default", "name": "ci"}, "request_id": HOSTILE});
+    let r = s.http.post(format!("{}/v1/claims", s.endpoint)).bearer_auth(CLIENT).json(&claim).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let lease: Value = r.json().await.unwrap();
+    let lease_id = lease["lease"]["lease_id"].as_str().unwrap().to_owned();
+    let (status, body) = s.api(reqwest::Method::POST, "/v1/hosts/sim/cordon", Some(json!({"reason": HOSTILE}))).await;
+    assert_eq!(status, 200, "{body}");
+
+    for args in [&["lease", "list"][..], &["lease", "get", &lease_id]] {
+        let o = s.ctl(args).await.ok();
+        assert_inert(&o);
+        let t = o.table();
+        assert_eq!(t.len(), 2, "one header, one row: {o:#?}");
+        assert_eq!(t[1][4], SHOWN, "{o:#?}");
+    }
+    let o = s.ctl_as(CLIENT, &["lease", "claim", "--pool", "ci", "--request-id", HOSTILE]).await.ok();
+    assert_inert(&o);
+    assert_eq!(o.table()[1][5..], [SHOWN, "true"]);
+    for args in [&["host", "list"][..], &["host", "get", "sim"]] {
+        let o = s.ctl(args).await.ok();
+        assert_inert(&o);
+        let t = o.table();
+        assert_eq!(t.len(), 2, "{o:#?}");
+        assert_eq!(t[1][6], SHOWN, "{o:#?}");
+    }
+    // JSON carries the value itself.
+    let j = s.ctl(&["-o", "json", "lease", "get", &lease_id]).await.json();
+    assert_eq!(j["request_id"], json!(HOSTILE));
+}
+
 // ---------------------------------------------------------------------------------------
 // The safe scripted claim
 // ---------------------------------------------------------------------------------------
