@@ -10,6 +10,7 @@ use std::borrow::Cow;
 use std::io::Write;
 
 use serde_json::Value;
+use serde_json::ser::{CompactFormatter, Formatter, PrettyFormatter};
 
 use crate::cli::Format;
 use crate::error::CliError;
@@ -28,7 +29,7 @@ pub fn emit(text: &str) -> Result<(), CliError> {
 pub fn pretty_json(raw: &[u8]) -> Result<String, CliError> {
     let mut out = Vec::with_capacity(raw.len() * 2);
     let mut de = serde_json::Deserializer::from_slice(raw);
-    let mut ser = serde_json::Serializer::pretty(&mut out);
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, Inert(PrettyFormatter::new()));
     serde_transcode::transcode(&mut de, &mut ser).map_err(|e| bad_json(&e))?;
     let mut s = String::from_utf8(out).map_err(|e| bad_json(&e))?;
     s.push('\n');
@@ -39,14 +40,63 @@ pub fn pretty_json(raw: &[u8]) -> Result<String, CliError> {
 pub fn compact_json(raw: &[u8]) -> Result<String, CliError> {
     let mut out = Vec::with_capacity(raw.len());
     let mut de = serde_json::Deserializer::from_slice(raw);
-    let mut ser = serde_json::Serializer::new(&mut out);
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, Inert(CompactFormatter));
     serde_transcode::transcode(&mut de, &mut ser).map_err(|e| bad_json(&e))?;
     let mut s = String::from_utf8(out).map_err(|e| bad_json(&e))?;
     s.push('\n');
     Ok(s)
 }
 
-/// JSON text as a YAML document, keys in the order the server sent them.
+/// A JSON formatter that also writes DEL, the C1 controls and the bidirectional formatting
+/// characters as `\uXXXX` escapes (serde_json escapes only C0), so `-o json` on a terminal is
+/// as inert as a table. The same JSON value: a parser reads the characters back.
+struct Inert<F>(F);
+
+impl<F: Formatter> Formatter for Inert<F> {
+    fn write_string_fragment<W: ?Sized + Write>(&mut self, w: &mut W, fragment: &str) -> std::io::Result<()> {
+        let mut rest = fragment;
+        while let Some((i, c)) = rest.char_indices().find(|&(_, c)| needs_escape(c)) {
+            w.write_all(&rest.as_bytes()[..i])?;
+            // Every such character is in the Basic Multilingual Plane: one escape.
+            write!(w, "\\u{:04x}", c as u32)?;
+            rest = &rest[i + c.len_utf8()..];
+        }
+        w.write_all(rest.as_bytes())
+    }
+
+    // The layout is the wrapped formatter's (PrettyFormatter overrides these).
+    fn begin_array<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_array(w)
+    }
+    fn end_array<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array(w)
+    }
+    fn begin_array_value<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        self.0.begin_array_value(w, first)
+    }
+    fn end_array_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array_value(w)
+    }
+    fn begin_object<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object(w)
+    }
+    fn end_object<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object(w)
+    }
+    fn begin_object_key<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        self.0.begin_object_key(w, first)
+    }
+    fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object_value(w)
+    }
+    fn end_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object_value(w)
+    }
+}
+
+/// JSON text as a YAML document, keys in the order the server sent them. The emitter
+/// double-quotes and escapes C0, DEL and C1; bidirectional formatting characters are
+/// printable to YAML and stay as they are.
 pub fn yaml(raw: &[u8]) -> Result<String, CliError> {
     let mut out = Vec::with_capacity(raw.len() * 2);
     let mut de = serde_json::Deserializer::from_slice(raw);
@@ -224,6 +274,19 @@ mod tests {
         assert!(y.starts_with("z: 1\n"), "{y}");
         let back: Value = yaml_serde::from_str(&y).unwrap();
         assert_eq!(back, json!({"z": 1, "a": {"y": null, "b": [1, 2]}}));
+    }
+
+    #[test]
+    fn json_escapes_what_a_terminal_would_act_on_and_keeps_the_value() {
+        let v = json!({"k\u{202e}": ["x\u{1b}[2J\u{7f}\u{9b}\u{2066}é✓"]});
+        let raw = serde_json::to_vec(&v).unwrap();
+        for text in [pretty_json(&raw).unwrap(), compact_json(&raw).unwrap()] {
+            assert!(!text.chars().any(|c| c != '\n' && needs_escape(c)), "{text:?}");
+            assert!(text.contains(r"x\u001b[2J\u007f\u009b\u2066é✓") && text.contains(r"k\u202e"), "{text}");
+            assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), v);
+        }
+        assert_eq!(compact_json(br#"{"a":[1,{"b":"c"}]}"#).unwrap(), "{\"a\":[1,{\"b\":\"c\"}]}\n");
+        assert!(yaml(&raw).unwrap().contains(r"\e[2J\x7F\x9B"));
     }
 
     #[test]

@@ -671,7 +671,7 @@ async fn leases_vms_and_events() {
 
 /// Issue 25 item 11: text a client or admin chose (a `request_id`, a cordon reason) reaches
 /// the terminal written out, never as the escape sequences, controls and bidi overrides it
-/// holds; JSON keeps it exactly.
+/// holds; JSON keeps it exactly, as escapes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminal_controls_in_request_ids_and_reasons_are_written_out_in_tables() {
     const HOSTILE: &str = "job\x1b[2J\x1b]0;owned\x07\u{9b}31m\x7f\u{202e}txt.exe\n\rFAKE";
@@ -714,9 +714,12 @@ async fn terminal_controls_in_request_ids_and_reasons_are_written_out_in_tables(
         assert_eq!(t.len(), 2, "{o:#?}");
         assert_eq!(t[1][6], SHOWN, "{o:#?}");
     }
-    // JSON carries the value itself.
-    let j = s.ctl(&["-o", "json", "lease", "get", &lease_id]).await.json();
-    assert_eq!(j["request_id"], json!(HOSTILE));
+    // JSON carries the value itself, escaped (serde_json alone leaves DEL, C1 and U+202E raw).
+    for args in [&["-o", "json", "lease", "get", &lease_id][..], &["-o", "json", "lease", "list"]] {
+        let o = s.ctl(args).await;
+        assert_inert(&o);
+        assert!(o.json().to_string().contains(&json!(HOSTILE).to_string()), "{o:#?}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------
