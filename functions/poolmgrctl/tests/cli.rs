@@ -186,6 +186,14 @@ impl Stack {
         p.to_string_lossy().into_owned()
     }
 
+    /// A file with permissions `mode` (a token file must be 0600 or stricter).
+    fn write_mode(&self, name: &str, text: &str, mode: u32) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let p = self.write(name, text);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    }
+
     /// Registers the simulator as host `sim` through the CLI.
     async fn add_sim_host(&self) -> Out {
         let addr = self.server.sim_server.addr.to_string();
@@ -775,7 +783,7 @@ async fn contexts_give_endpoint_and_token_and_flags_then_environment_win() {
     let s = Stack::start().await;
     s.add_sim_host().await;
     let home = s.dir.join("config-home");
-    let admin_file = s.write("admin.token", &format!("{ADMIN}\n"));
+    let admin_file = s.write_mode("admin.token", &format!("{ADMIN}\n"), 0o600);
     let wrong = "wrong-token-0123456789";
     let closed = closed_endpoint();
     let ep = s.endpoint.as_str();
@@ -827,6 +835,20 @@ async fn contexts_give_endpoint_and_token_and_flags_then_environment_win() {
     assert!(o.stderr.contains("it has: broken, local") && o.stderr.contains("context set nope"), "{o:#?}");
     bare(&home, &[], &["--context", "nope", "host", "list"]).await.fails(2, "invalid_argument");
     bare(&home, &[], &["context", "use", "local"]).await.ok();
+    // A token file other users may read is refused, with the command that fixes it, however
+    // it is named (the context's file, --token-file, POOLMGR_TOKEN_FILE).
+    s.write_mode("admin.token", &format!("{ADMIN}\n"), 0o644);
+    for o in [
+        bare(&home, &[], &["host", "list"]).await,
+        bare(&home, &[], &["--token-file", &admin_file, "host", "list"]).await,
+        bare(&home, &[("POOLMGR_TOKEN_FILE", &admin_file), env_ep[0]], &["host", "list"]).await,
+    ] {
+        o.fails(2, "invalid_argument");
+        assert!(o.stderr.contains(&format!("(mode 0644): run `chmod 600 {admin_file}`")), "{o:#?}");
+        assert!(!o.stderr.contains(ADMIN), "{o:#?}");
+    }
+    s.write_mode("admin.token", &format!("{ADMIN}\n"), 0o600);
+    bare(&home, &[], &["host", "list"]).await.ok();
     // An unreadable token file is a usage error naming it.
     std::fs::remove_file(&admin_file).unwrap();
     let o = bare(&home, &[], &["host", "list"]).await;
