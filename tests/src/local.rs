@@ -17,6 +17,18 @@ use tokio::process::{Child, Command};
 
 use crate::{ADMIN, CLIENT_A, TestDb};
 
+/// Bytes of the server's log kept: all of a trace-level run of a test or two (one that scans
+/// the log for secrets must see every line: [`LocalServer::full_log`]).
+const KEPT_LOG_BYTES: usize = 32 * 1024 * 1024;
+
+/// What the server wrote on standard error.
+#[derive(Default)]
+struct Log {
+    text: String,
+    /// Lines dropped because the log outgrew [`KEPT_LOG_BYTES`].
+    dropped: u64,
+}
+
 /// `poolmgr-local`, built next to the running test binary (`target/<profile>/`).
 pub fn server_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -56,7 +68,7 @@ pub fn server_bin() -> &'static Path {
 pub struct LocalServer {
     // Fields drop in order: the server goes before its database.
     pub server: Child,
-    log: Arc<Mutex<String>>,
+    log: Arc<Mutex<Log>>,
     pub db: TestDb,
     pub sim_server: SimServer,
     pub sim: Sim,
@@ -112,16 +124,18 @@ impl LocalServer {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn poolmgr-local");
-        let log = Arc::new(Mutex::new(String::new()));
+        let log = Arc::new(Mutex::new(Log::default()));
         {
             let log = log.clone();
             let mut err = BufReader::new(server.stderr.take().unwrap()).lines();
             tokio::spawn(async move {
                 while let Ok(Some(l)) = err.next_line().await {
                     let mut log = log.lock().unwrap();
-                    if log.len() < 256 * 1024 {
-                        log.push_str(&l);
-                        log.push('\n');
+                    if log.text.len() + l.len() < KEPT_LOG_BYTES {
+                        log.text.push_str(&l);
+                        log.text.push('\n');
+                    } else {
+                        log.dropped += 1;
                     }
                 }
             });
@@ -140,7 +154,7 @@ impl LocalServer {
         .await
         .ok()
         .flatten()
-        .unwrap_or_else(|| panic!("poolmgr-local did not start; its log:\n{}", log.lock().unwrap()));
+        .unwrap_or_else(|| panic!("poolmgr-local did not start; its log:\n{}", log.lock().unwrap().text));
         tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
         let endpoint = line.rsplit("listening on ").next().unwrap().trim().to_owned();
         let http = reqwest::Client::new();
@@ -155,8 +169,15 @@ impl LocalServer {
         LocalServer { server, log, db, sim_server, sim, endpoint }
     }
 
-    /// What the server wrote on standard error so far (JSON log lines).
+    /// What the server wrote on standard error so far (JSON log lines), up to 32 MiB.
     pub fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.log.lock().unwrap().text.clone()
+    }
+
+    /// Every line the server wrote on standard error so far, or `None` if some were
+    /// dropped (more than 32 MiB).
+    pub fn full_log(&self) -> Option<String> {
+        let log = self.log.lock().unwrap();
+        (log.dropped == 0).then(|| log.text.clone())
     }
 }

@@ -56,6 +56,9 @@ pub const ACCOUNT: &str = "123456789012";
 pub const REGION: &str = "eu-west-1";
 /// Lines of a function's stderr kept for failure messages.
 const KEPT_LINES: usize = 400;
+/// Bytes of a function's stderr kept whole for [`Function::full_stderr`] (a test that scans
+/// every line of a trace-level run for a secret needs all of them, not the last few).
+const KEPT_BYTES: usize = 32 * 1024 * 1024;
 /// An invocation's deadline unless the environment was started with another.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -443,11 +446,23 @@ impl Emulator {
         let started = Instant::now();
         let mut child = cmd.spawn()?;
         let output = Arc::new(Mutex::new(Vec::new()));
+        let transcript = Arc::new(Mutex::new(Some(String::new())));
         let stderr = child.stderr.take().expect("stderr is piped");
-        let lines = output.clone();
+        let (lines, all) = (output.clone(), transcript.clone());
         tokio::spawn(async move {
             let mut reader = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = reader.next_line().await {
+                {
+                    let mut all = all.lock().unwrap();
+                    if let Some(text) = all.as_mut() {
+                        if text.len() + line.len() < KEPT_BYTES {
+                            text.push_str(&line);
+                            text.push('\n');
+                        } else {
+                            *all = None;
+                        }
+                    }
+                }
                 let mut lines = lines.lock().unwrap();
                 if lines.len() == KEPT_LINES {
                     lines.remove(0);
@@ -455,7 +470,7 @@ impl Emulator {
                 lines.push(line);
             }
         });
-        Ok(Function { child, started, output, runtime: self.runtime.shared.clone() })
+        Ok(Function { child, started, output, transcript, runtime: self.runtime.shared.clone() })
     }
 }
 
@@ -464,6 +479,8 @@ pub struct Function {
     child: tokio::process::Child,
     started: Instant,
     output: Arc<Mutex<Vec<String>>>,
+    /// Everything written to stderr, or `None` once it outgrew [`KEPT_BYTES`].
+    transcript: Arc<Mutex<Option<String>>>,
     runtime: Arc<RuntimeShared>,
 }
 
@@ -511,6 +528,12 @@ impl Function {
     /// The last lines the function wrote to stderr (its logs).
     pub fn stderr(&self) -> String {
         self.output.lock().unwrap().join("\n")
+    }
+
+    /// Every line the function wrote to stderr so far, or `None` if that was more than
+    /// 32 MiB (then no line is missing from an answer that is `Some`).
+    pub fn full_stderr(&self) -> Option<String> {
+        self.transcript.lock().unwrap().clone()
     }
 
     /// Whether the process is still running.

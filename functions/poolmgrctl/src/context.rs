@@ -6,7 +6,7 @@ use serde_json::json;
 use crate::cli::{ContextCmd, Format, Global};
 use crate::config::{self, Context, Env};
 use crate::error::CliError;
-use crate::output::{Table, emit, emit_document};
+use crate::output::{Table, emit, emit_document, printable};
 
 pub fn run(g: &Global, format: Format, cmd: ContextCmd) -> Result<(), CliError> {
     let env = Env::process();
@@ -64,7 +64,7 @@ pub fn run(g: &Global, format: Format, cmd: ContextCmd) -> Result<(), CliError> 
             cfg.current_context = Some(name.clone());
             config::save(&path, &cfg)?;
             if format == Format::Table {
-                emit(&format!("current context: {name} ({endpoint})\n"))?;
+                emit(&format!("current context: {} ({})\n", printable(&name), printable(&endpoint)))?;
             }
             Ok(())
         }
@@ -93,7 +93,7 @@ pub fn run(g: &Global, format: Format, cmd: ContextCmd) -> Result<(), CliError> 
             }
             config::save(&path, &cfg)?;
             if format == Format::Table {
-                emit(&format!("context {name} saved in {}\n", path.display()))?;
+                emit(&format!("context {} saved in {}\n", printable(&name), printable(&path.display().to_string())))?;
             }
             Ok(())
         }

@@ -5,6 +5,8 @@ use std::fmt;
 
 use poolmgr_client::Error;
 
+use crate::output::printable;
+
 /// An error: the contract's status in snake_case (`not_found`, `aborted`, …) and a message.
 #[derive(Debug, Clone)]
 pub struct CliError {
@@ -61,9 +63,11 @@ impl From<Error> for CliError {
     }
 }
 
+/// `status: message`, the message [`printable`]: it may quote what a client or admin chose
+/// (a `request_id`, a reason) or what a server sent.
 impl fmt::Display for CliError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.status, self.message)
+        write!(f, "{}: {}", printable(&self.status), printable(&self.message))
     }
 }
 
@@ -100,5 +104,6 @@ mod tests {
             CliError::new("aborted", "lease x is being released, retry").to_string(),
             "aborted: lease x is being released, retry"
         );
+        assert_eq!(CliError::new("aborted", "request_id \"\x1b[2J\"").to_string(), "aborted: request_id \"\\x1b[2J\"");
     }
 }

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use crate::Ctx;
 use crate::cli::{Format, HostArgs, HostCmd};
 use crate::error::CliError;
-use crate::output::{Table, cell, emit, emit_document};
+use crate::output::{Table, cell, emit, emit_document, printable};
 
 pub async fn run(ctx: &Ctx, cmd: HostCmd) -> Result<(), CliError> {
     match cmd {
@@ -17,7 +17,7 @@ pub async fn run(ctx: &Ctx, cmd: HostCmd) -> Result<(), CliError> {
         HostCmd::Remove { name } => {
             ctx.send(Call::delete_host(&name)).await?;
             if ctx.format == Format::Table {
-                emit(&format!("host {name} removed\n"))?;
+                emit(&format!("host {} removed\n", printable(&name)))?;
             }
             Ok(())
         }

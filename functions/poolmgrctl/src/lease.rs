@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 
 use crate::cli::{Format, LeaseCmd};
 use crate::error::CliError;
-use crate::output::{Table, cell, emit, emit_document, pool_cell};
+use crate::output::{Table, cell, emit, emit_document, pool_cell, printable};
 use crate::{Ctx, parse_pool_ref};
 
 /// Transient failures of an idempotent claim are retried this long when --wait is not given.
@@ -33,7 +33,7 @@ pub async fn run(ctx: &Ctx, cmd: LeaseCmd) -> Result<(), CliError> {
         LeaseCmd::Release { lease_id } => {
             ctx.send(Call::release(&lease_id)).await?;
             if ctx.format == Format::Table {
-                emit(&format!("lease {lease_id} released\n"))?;
+                emit(&format!("lease {} released\n", printable(&lease_id)))?;
             }
             Ok(())
         }

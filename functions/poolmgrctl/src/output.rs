@@ -1,9 +1,16 @@
 //! Printing: aligned tables, the API's JSON re-indented (key order kept) or as YAML, and
 //! the manual pages.
+//!
+//! Must never print a value as raw terminal input: a `request_id` or a cordon reason is any
+//! text a client or admin chose, and an escape sequence in it would clear the screen, retitle
+//! the window or rewrite what the table shows. Every value in human-readable output (table
+//! cells, the feed's lines, messages, errors) goes through [`printable`].
 
+use std::borrow::Cow;
 use std::io::Write;
 
 use serde_json::Value;
+use serde_json::ser::{CompactFormatter, Formatter, PrettyFormatter};
 
 use crate::cli::Format;
 use crate::error::CliError;
@@ -22,7 +29,7 @@ pub fn emit(text: &str) -> Result<(), CliError> {
 pub fn pretty_json(raw: &[u8]) -> Result<String, CliError> {
     let mut out = Vec::with_capacity(raw.len() * 2);
     let mut de = serde_json::Deserializer::from_slice(raw);
-    let mut ser = serde_json::Serializer::pretty(&mut out);
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, Inert(PrettyFormatter::new()));
     serde_transcode::transcode(&mut de, &mut ser).map_err(|e| bad_json(&e))?;
     let mut s = String::from_utf8(out).map_err(|e| bad_json(&e))?;
     s.push('\n');
@@ -33,14 +40,63 @@ pub fn pretty_json(raw: &[u8]) -> Result<String, CliError> {
 pub fn compact_json(raw: &[u8]) -> Result<String, CliError> {
     let mut out = Vec::with_capacity(raw.len());
     let mut de = serde_json::Deserializer::from_slice(raw);
-    let mut ser = serde_json::Serializer::new(&mut out);
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, Inert(CompactFormatter));
     serde_transcode::transcode(&mut de, &mut ser).map_err(|e| bad_json(&e))?;
     let mut s = String::from_utf8(out).map_err(|e| bad_json(&e))?;
     s.push('\n');
     Ok(s)
 }
 
-/// JSON text as a YAML document, keys in the order the server sent them.
+/// A JSON formatter that also writes DEL, the C1 controls and the bidirectional formatting
+/// characters as `\uXXXX` escapes (serde_json escapes only C0), so `-o json` on a terminal is
+/// as inert as a table. The same JSON value: a parser reads the characters back.
+struct Inert<F>(F);
+
+impl<F: Formatter> Formatter for Inert<F> {
+    fn write_string_fragment<W: ?Sized + Write>(&mut self, w: &mut W, fragment: &str) -> std::io::Result<()> {
+        let mut rest = fragment;
+        while let Some((i, c)) = rest.char_indices().find(|&(_, c)| needs_escape(c)) {
+            w.write_all(&rest.as_bytes()[..i])?;
+            // Every such character is in the Basic Multilingual Plane: one escape.
+            write!(w, "\\u{:04x}", c as u32)?;
+            rest = &rest[i + c.len_utf8()..];
+        }
+        w.write_all(rest.as_bytes())
+    }
+
+    // The layout is the wrapped formatter's (PrettyFormatter overrides these).
+    fn begin_array<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_array(w)
+    }
+    fn end_array<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array(w)
+    }
+    fn begin_array_value<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        self.0.begin_array_value(w, first)
+    }
+    fn end_array_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array_value(w)
+    }
+    fn begin_object<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object(w)
+    }
+    fn end_object<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object(w)
+    }
+    fn begin_object_key<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        self.0.begin_object_key(w, first)
+    }
+    fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object_value(w)
+    }
+    fn end_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object_value(w)
+    }
+}
+
+/// JSON text as a YAML document, keys in the order the server sent them. The emitter
+/// double-quotes and escapes C0, DEL and C1; bidirectional formatting characters are
+/// printable to YAML and stay as they are.
 pub fn yaml(raw: &[u8]) -> Result<String, CliError> {
     let mut out = Vec::with_capacity(raw.len() * 2);
     let mut de = serde_json::Deserializer::from_slice(raw);
@@ -73,9 +129,10 @@ impl Table {
         Table { headers: headers.to_vec(), rows: Vec::new() }
     }
 
+    /// A row; each cell is made [`printable`] (a control character would break the row).
     pub fn row(&mut self, cells: Vec<String>) {
         debug_assert_eq!(cells.len(), self.headers.len());
-        self.rows.push(cells);
+        self.rows.push(cells.into_iter().map(|c| printable(&c).into_owned()).collect());
     }
 
     /// The rows, after the header line when `headers`.
@@ -145,19 +202,51 @@ pub fn man_pages(cmd: clap::Command, dir: Option<&std::path::Path>) -> Result<()
     Ok(())
 }
 
-/// A cell: strings as they are, null and empty as `<none>`, anything else as JSON.
+/// A cell: strings as they are ([`printable`]), null and empty as `<none>`, anything else as
+/// JSON.
 pub fn cell(v: &Value) -> String {
     match v {
         Value::Null => "<none>".into(),
         Value::String(s) if s.is_empty() => "<none>".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+        Value::String(s) => printable(s).into_owned(),
+        other => printable(&other.to_string()).into_owned(),
     }
 }
 
 /// `namespace/name` of a PoolRef object.
 pub fn pool_cell(v: &Value) -> String {
-    format!("{}/{}", v["namespace"].as_str().unwrap_or("?"), v["name"].as_str().unwrap_or("?"))
+    let part = |k: &str| printable(v[k].as_str().unwrap_or("?")).into_owned();
+    format!("{}/{}", part("namespace"), part("name"))
+}
+
+/// `s` with what a terminal would act on instead of showing written out as escapes: the C0
+/// controls (`\t`, `\n`, `\r`, else `\x1b` and the like), DEL (`\x7f`), the C1 controls
+/// (`\u{9b}`: a terminal may read U+009B as the start of a sequence, as ESC `[`) and the
+/// bidirectional embeddings, overrides, isolates and marks (`\u{202e}`), which reorder what
+/// follows them on the line. A backslash stays as it is: this is for reading, not parsing.
+pub fn printable(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(needs_escape) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_ascii_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// C0, DEL, C1, and the bidirectional formatting characters (U+061C, U+200E, U+200F,
+/// U+202A–U+202E, U+2066–U+2069).
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 #[cfg(test)]
@@ -188,11 +277,43 @@ mod tests {
     }
 
     #[test]
+    fn json_escapes_what_a_terminal_would_act_on_and_keeps_the_value() {
+        let v = json!({"k\u{202e}": ["x\u{1b}[2J\u{7f}\u{9b}\u{2066}é✓"]});
+        let raw = serde_json::to_vec(&v).unwrap();
+        for text in [pretty_json(&raw).unwrap(), compact_json(&raw).unwrap()] {
+            assert!(!text.chars().any(|c| c != '\n' && needs_escape(c)), "{text:?}");
+            assert!(text.contains(r"x\u001b[2J\u007f\u009b\u2066é✓") && text.contains(r"k\u202e"), "{text}");
+            assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), v);
+        }
+        assert_eq!(compact_json(br#"{"a":[1,{"b":"c"}]}"#).unwrap(), "{\"a\":[1,{\"b\":\"c\"}]}\n");
+        assert!(yaml(&raw).unwrap().contains(r"\e[2J\x7F\x9B"));
+    }
+
+    #[test]
     fn cells() {
         assert_eq!(cell(&json!(null)), "<none>");
         assert_eq!(cell(&json!("")), "<none>");
         assert_eq!(cell(&json!("x")), "x");
         assert_eq!(cell(&json!(3)), "3");
         assert_eq!(pool_cell(&json!({"namespace": "default", "name": "ci"})), "default/ci");
+    }
+
+    #[test]
+    fn control_and_bidi_characters_are_written_out() {
+        assert!(matches!(printable("job-1 é ✓ \\x1b"), Cow::Borrowed("job-1 é ✓ \\x1b")));
+        assert_eq!(printable("\x1b[2J\x07\0"), "\\x1b[2J\\x07\\x00");
+        assert_eq!(printable("a\tb\nc\rd\x7f"), "a\\tb\\nc\\rd\\x7f");
+        assert_eq!(printable("\u{9b}31m\u{85}"), "\\u{9b}31m\\u{85}");
+        assert_eq!(printable("\u{202e}gpj.exe\u{2066}\u{200f}\u{61c}"), "\\u{202e}gpj.exe\\u{2066}\\u{200f}\\u{61c}");
+        // Escaping twice changes nothing: the escapes are printable.
+        let once = printable("\x1b]0;title\x07\u{202e}").into_owned();
+        assert_eq!(printable(&once), once);
+        // In cells and rows alike, and the width counts what is shown.
+        assert_eq!(cell(&json!("\x1b[2J")), "\\x1b[2J");
+        assert_eq!(cell(&json!(["\u{7f}"])), "[\"\\x7f\"]");
+        assert_eq!(pool_cell(&json!({"namespace": "a\x1b", "name": "b"})), "a\\x1b/b");
+        let mut t = Table::new(&["A", "B"]);
+        t.row(vec!["\x1b[2J".into(), "x".into()]);
+        assert_eq!(t.render(true), "A        B\n\\x1b[2J  x\n");
     }
 }

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::cli::{Format, VmCmd};
 use crate::error::CliError;
-use crate::output::{Table, cell, emit, emit_document, pool_cell};
+use crate::output::{Table, cell, emit, emit_document, pool_cell, printable};
 use crate::{Ctx, parse_pool_ref};
 
 pub async fn run(ctx: &Ctx, cmd: VmCmd) -> Result<(), CliError> {
@@ -32,7 +32,7 @@ pub async fn run(ctx: &Ctx, cmd: VmCmd) -> Result<(), CliError> {
         VmCmd::Delete { id } => {
             ctx.send(Call::delete_vm(&id)).await?;
             if ctx.format == Format::Table {
-                emit(&format!("vm {id} deleted\n"))?;
+                emit(&format!("vm {} deleted\n", printable(&id)))?;
             }
             Ok(())
         }

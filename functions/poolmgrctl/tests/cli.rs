@@ -186,6 +186,14 @@ impl Stack {
         p.to_string_lossy().into_owned()
     }
 
+    /// A file with permissions `mode` (a token file must be 0600 or stricter).
+    fn write_mode(&self, name: &str, text: &str, mode: u32) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let p = self.write(name, text);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    }
+
     /// Registers the simulator as host `sim` through the CLI.
     async fn add_sim_host(&self) -> Out {
         let addr = self.server.sim_server.addr.to_string();
@@ -669,6 +677,59 @@ async fn leases_vms_and_events() {
     s.ctl_as(CLIENT, &["vm", "delete", leased]).await.fails(1, "permission_denied");
 }
 
+/// Issue 25 item 11: text a client or admin chose (a `request_id`, a cordon reason) reaches
+/// the terminal written out, never as the escape sequences, controls and bidi overrides it
+/// holds; JSON keeps it exactly, as escapes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_controls_in_request_ids_and_reasons_are_written_out_in_tables() {
+    const HOSTILE: &str = "job\x1b[2J\x1b]0;owned\x07\u{9b}31m\x7f\u{202e}txt.exe\n\rFAKE";
+    const SHOWN: &str = r"job\x1b[2J\x1b]0;owned\x07\u{9b}31m\x7f\u{202e}txt.exe\n\rFAKE";
+    #[track_caller]
+    fn assert_inert(o: &Out) {
+        let bad: Vec<char> = o
+            .stdout
+            .chars()
+            .filter(|c| (c.is_control() && *c != '\n') || ('\u{202a}'..='\u{202e}').contains(c))
+            .collect();
+        assert!(bad.is_empty(), "raw {bad:?} on stdout: {o:#?}");
+    }
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    s.create_pool("ci", 1).await;
+    s.wait_available("ci", 1).await;
+    let claim = json!({"pool": {"namespace": "default", "name": "ci"}, "request_id": HOSTILE});
+    let r = s.http.post(format!("{}/v1/claims", s.endpoint)).bearer_auth(CLIENT).json(&claim).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let lease: Value = r.json().await.unwrap();
+    let lease_id = lease["lease"]["lease_id"].as_str().unwrap().to_owned();
+    let (status, body) = s.api(reqwest::Method::POST, "/v1/hosts/sim/cordon", Some(json!({"reason": HOSTILE}))).await;
+    assert_eq!(status, 200, "{body}");
+
+    for args in [&["lease", "list"][..], &["lease", "get", &lease_id]] {
+        let o = s.ctl(args).await.ok();
+        assert_inert(&o);
+        let t = o.table();
+        assert_eq!(t.len(), 2, "one header, one row: {o:#?}");
+        assert_eq!(t[1][4], SHOWN, "{o:#?}");
+    }
+    let o = s.ctl_as(CLIENT, &["lease", "claim", "--pool", "ci", "--request-id", HOSTILE]).await.ok();
+    assert_inert(&o);
+    assert_eq!(o.table()[1][5..], [SHOWN, "true"]);
+    for args in [&["host", "list"][..], &["host", "get", "sim"]] {
+        let o = s.ctl(args).await.ok();
+        assert_inert(&o);
+        let t = o.table();
+        assert_eq!(t.len(), 2, "{o:#?}");
+        assert_eq!(t[1][6], SHOWN, "{o:#?}");
+    }
+    // JSON carries the value itself, escaped (serde_json alone leaves DEL, C1 and U+202E raw).
+    for args in [&["-o", "json", "lease", "get", &lease_id][..], &["-o", "json", "lease", "list"]] {
+        let o = s.ctl(args).await;
+        assert_inert(&o);
+        assert!(o.json().to_string().contains(&json!(HOSTILE).to_string()), "{o:#?}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // The safe scripted claim
 // ---------------------------------------------------------------------------------------
@@ -722,7 +783,7 @@ async fn contexts_give_endpoint_and_token_and_flags_then_environment_win() {
     let s = Stack::start().await;
     s.add_sim_host().await;
     let home = s.dir.join("config-home");
-    let admin_file = s.write("admin.token", &format!("{ADMIN}\n"));
+    let admin_file = s.write_mode("admin.token", &format!("{ADMIN}\n"), 0o600);
     let wrong = "wrong-token-0123456789";
     let closed = closed_endpoint();
     let ep = s.endpoint.as_str();
@@ -774,6 +835,20 @@ async fn contexts_give_endpoint_and_token_and_flags_then_environment_win() {
     assert!(o.stderr.contains("it has: broken, local") && o.stderr.contains("context set nope"), "{o:#?}");
     bare(&home, &[], &["--context", "nope", "host", "list"]).await.fails(2, "invalid_argument");
     bare(&home, &[], &["context", "use", "local"]).await.ok();
+    // A token file other users may read is refused, with the command that fixes it, however
+    // it is named (the context's file, --token-file, POOLMGR_TOKEN_FILE).
+    s.write_mode("admin.token", &format!("{ADMIN}\n"), 0o644);
+    for o in [
+        bare(&home, &[], &["host", "list"]).await,
+        bare(&home, &[], &["--token-file", &admin_file, "host", "list"]).await,
+        bare(&home, &[("POOLMGR_TOKEN_FILE", &admin_file), env_ep[0]], &["host", "list"]).await,
+    ] {
+        o.fails(2, "invalid_argument");
+        assert!(o.stderr.contains(&format!("(mode 0644): run `chmod 600 {admin_file}`")), "{o:#?}");
+        assert!(!o.stderr.contains(ADMIN), "{o:#?}");
+    }
+    s.write_mode("admin.token", &format!("{ADMIN}\n"), 0o600);
+    bare(&home, &[], &["host", "list"]).await.ok();
     // An unreadable token file is a usage error naming it.
     std::fs::remove_file(&admin_file).unwrap();
     let o = bare(&home, &[], &["host", "list"]).await;

@@ -16,12 +16,12 @@ use poolmgr_tests::{ADMIN, CLIENT_A, CLIENT_B, TestApp};
 use serde_json::{Value, json};
 
 const DB_ARN: &str = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/db-AbCdEf";
-const TOKENS_ARN: &str = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/tokens-XyZ123";
+pub(crate) const TOKENS_ARN: &str = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/tokens-XyZ123";
 /// Generous: debug binaries on a busy 2-core machine.
 const ANSWER_WITHIN: Duration = Duration::from_secs(30);
 
 /// A function binary next to this test binary (`target/debug/deps/api-…` → `target/debug/`).
-fn function_bin(name: &str) -> PathBuf {
+pub(crate) fn function_bin(name: &str) -> PathBuf {
     let dir = match std::env::var_os("POOLMGR_FUNCTION_BIN_DIR") {
         Some(d) => PathBuf::from(d),
         None => {
@@ -68,13 +68,13 @@ fn lambda_setup(app: &TestApp) -> (String, Vec<(String, String)>) {
     (secret.to_string(), env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
 }
 
-fn tokens_secret() -> String {
+pub(crate) fn tokens_secret() -> String {
     json!({"admin_tokens": format!("admin:{ADMIN}"), "client_tokens": [format!("client-a:{CLIENT_A}"), format!("client-b:{CLIENT_B}")]})
         .to_string()
 }
 
 /// One invocation's outcome; panics (with the function's log) if it never answered.
-async fn invoke(f: &mut Function, payload: impl Into<Bytes>) -> Outcome {
+pub(crate) async fn invoke(f: &mut Function, payload: impl Into<Bytes>) -> Outcome {
     match f.invoke(payload, ANSWER_WITHIN).await {
         Ok(answer) => answer.outcome,
         Err(e) => panic!("{e}"),
@@ -82,14 +82,14 @@ async fn invoke(f: &mut Function, payload: impl Into<Bytes>) -> Outcome {
 }
 
 /// An API Gateway response: status, headers, and the body as JSON.
-fn http_answer(outcome: &Outcome) -> (u64, Value, Value) {
+pub(crate) fn http_answer(outcome: &Outcome) -> (u64, Value, Value) {
     let resp = outcome.json();
     let status = resp["statusCode"].as_u64().unwrap_or_else(|| panic!("not an API Gateway response: {resp}"));
     let body = serde_json::from_str(resp["body"].as_str().unwrap_or("null")).unwrap_or(Value::Null);
     (status, resp["headers"].clone(), body)
 }
 
-fn claim_event(request_id: &str) -> Vec<u8> {
+pub(crate) fn claim_event(request_id: &str) -> Vec<u8> {
     let body = json!({"pool": {"namespace": "default", "name": "ci"}, "request_id": request_id}).to_string();
     let auth = format!("Bearer {CLIENT_A}");
     http_event("POST", "/v1/claims", &[("authorization", &auth)], Some(&body)).to_string().into_bytes()
@@ -97,7 +97,7 @@ fn claim_event(request_id: &str) -> Vec<u8> {
 
 /// Pool default/ci with `vms` AVAILABLE VMs, and the claims function's emulated environment
 /// with the database secret in its extension (the tokens secret is the test's to add).
-async fn claims_setup(vms: usize) -> (TestApp, Emulator, Vec<(String, String)>) {
+pub(crate) async fn claims_setup(vms: usize) -> (TestApp, Emulator, Vec<(String, String)>) {
     let app = TestApp::spawn().await;
     app.create_pool("ci", vms as i32).await;
     app.seed_available("ci", vms).await;

@@ -17,6 +17,7 @@
 //! | `claims` | `POST /v1/claims` and its races |
 //! | `db_resilience` | dead connections, an unreachable database, schema mismatch, EMF |
 //! | `db_tls` | TLS to PostgreSQL: each `sslmode`, the CA, the host name (a TLS-only server) |
+//! | `debug_logs` | trace-level logs of real processes carry no bearer token and no host secret (issue 25) |
 //! | `events_metrics` | `GET /v1/events`, `GET /metrics`, `/healthz` |
 //! | `faults` | vanished microVMs, dead and hung hosts, network blips in hooks, cleanup under load (issue 23) |
 //! | `flintlock_client` | the flintlock client against flintlock-sim over gRPC |
@@ -43,6 +44,7 @@ mod bad_input;
 mod claims;
 mod db_resilience;
 mod db_tls;
+mod debug_logs;
 mod events_metrics;
 mod faults;
 mod flintlock_client;
