@@ -327,7 +327,16 @@ impl TestApp {
         )
         .await
         .assert_ok(201);
+        // Each test starts with an empty feed: the registration's HOST_REGISTERED is the
+        // harness's, not the test's.
+        app.conn().await.batch_execute("DELETE FROM events").await.expect("clear the harness's events");
         app
+    }
+
+    /// Forgets every event so far (the setup's audit events, issue 25 item 3), for a test that
+    /// reads the feed of what follows.
+    pub async fn forget_events(&self) {
+        self.conn().await.batch_execute("DELETE FROM events").await.expect("forget the events");
     }
 
     /// The same app with `waker` behind its Router (claims, releases and hints wake it).

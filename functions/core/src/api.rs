@@ -398,12 +398,24 @@ impl Host {
     }
 }
 
+/// An event's pool (schema only): a PoolRef, or both names empty for an event of no pool (a
+/// host's or a principal's change, issue 25 item 3).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct EventPool {
+    #[schema(example = "default")]
+    namespace: String,
+    #[schema(example = "ci")]
+    name: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct Event {
     pub id: i64,
     #[serde(rename = "type")]
     #[schema(value_type = crate::domain::EventType)]
     pub kind: String,
+    #[schema(value_type = EventPool)]
     pub pool: PoolRef,
     #[schema(required)]
     pub vm_id: Option<String>,

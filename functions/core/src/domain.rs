@@ -267,8 +267,27 @@ string_enum!(
         RolloutHalted => "ROLLOUT_HALTED",
         RolloutRolledBack => "ROLLOUT_ROLLED_BACK",
         PoolRolloutCompleted => "POOL_ROLLOUT_COMPLETED",
+        // Issue 25 item 3: an admin's change, with `by` (the principal) in the payload. Host
+        // and principal events belong to no pool: their `pool` is empty.
+        PoolCreated => "POOL_CREATED",
+        PoolUpdated => "POOL_UPDATED",
+        PoolDeleted => "POOL_DELETED",
+        RolloutPaused => "ROLLOUT_PAUSED",
+        RolloutResumed => "ROLLOUT_RESUMED",
+        HostRegistered => "HOST_REGISTERED",
+        HostUpdated => "HOST_UPDATED",
+        HostRemoved => "HOST_REMOVED",
+        HostCordoned => "HOST_CORDONED",
+        HostUncordoned => "HOST_UNCORDONED",
+        PrincipalLimitsSet => "PRINCIPAL_LIMITS_SET",
+        PrincipalLimitsRemoved => "PRINCIPAL_LIMITS_REMOVED",
     }
 );
+
+/// The pool of an event that belongs to none (a host's, a principal's): empty.
+pub fn no_pool() -> PoolRef {
+    PoolRef { namespace: String::new(), name: String::new() }
+}
 
 string_enum!(
     /// Where a pool's rollout stands (`status.rollout.state`).

@@ -138,7 +138,7 @@ pub async fn start_sim(state: &AppState, name: &str, config: SimConfig) -> anyho
     let sim = Sim::new(config);
     let server = sim.serve("127.0.0.1:0".parse()?).await?;
     let host = json!({"address": server.addr.to_string(), "name": name, "tls": {"insecure": true}});
-    service::host::create(state, serde_json::from_value(host)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    service::host::create(state, serde_json::from_value(host)?, "bench").await.map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok((sim, server))
 }
 
@@ -160,7 +160,7 @@ pub async fn run(pools: usize, vms: i32, hosts: usize, max_passes: usize, out: O
     let host_names: Vec<&str> = sims.iter().map(|(n, ..)| n.as_str()).collect();
     eprintln!("==> creating {pools} pools of {vms} VMs on {} hosts", host_names.len());
     for i in 0..pools {
-        service::pool::create(&state, bench_pool(&format!("p{i}"), vms, &host_names, &[])?)
+        service::pool::create(&state, bench_pool(&format!("p{i}"), vms, &host_names, &[])?, "bench")
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         if (i + 1) % 1000 == 0 {
@@ -380,7 +380,7 @@ pub async fn settled(pools: usize, vms: i32, hosts: usize, passes: usize) -> any
         servers.push(start_sim(&state, &format!("sim{i}"), SimConfig::default()).await?.1);
     }
     let host_names: Vec<String> = (0..hosts.max(1)).map(|i| format!("sim{i}")).collect();
-    service::pool::create(&state, bench_pool("p0", vms, &host_names, &[])?)
+    service::pool::create(&state, bench_pool("p0", vms, &host_names, &[])?, "bench")
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let t = Instant::now();

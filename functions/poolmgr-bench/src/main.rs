@@ -303,7 +303,7 @@ async fn hook_claims(clients: usize, per_client: usize, hook_ms: u64) -> anyhow:
     // the two-phase path) or, with POOLMGR_CLAIM_VERIFY=off, the one-statement claim.
     let commands: &[&str] = if hook_ms == 0 { &[] } else { &["prepare --for-job"] };
     let spec = growth::bench_pool("hook", total as i32, &["sim"], commands)?;
-    service::pool::create(&state, spec).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    service::pool::create(&state, spec, "bench").await.map_err(|e| anyhow::anyhow!("{e}"))?;
     eprintln!("==> filling pool default/hook with {total} VMs");
     for _ in 0..200 {
         reconcile::run_pass(&state).await?;

@@ -158,7 +158,9 @@ async fn setup(
     let mut cfg = growth::bench_sim_config();
     cfg.boot_delay = boot;
     let (sim, server) = growth::start_sim(&state, "sim", cfg).await?;
-    service::pool::create(&state, spec("ghcr.io/x/runner:1", preference)?).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    service::pool::create(&state, spec("ghcr.io/x/runner:1", preference)?, "bench")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     for _ in 0..200 {
         reconcile::run_pass(&state).await?;
         if available(&state).await? >= i64::from(SIZE) {

@@ -51,6 +51,7 @@ async fn events_come_in_id_order_with_the_contract_shape() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
     app.seed_available("ci", 2).await;
+    app.forget_events().await;
     let first = app.claimed(CLIENT_A, "ci", None).await;
     let second = app.claimed(CLIENT_A, "ci", None).await;
     app.release(CLIENT_A, &first.lease.lease_id).await.assert_ok(204);
@@ -97,6 +98,7 @@ async fn the_after_cursor_and_limit_page_through_the_feed() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 5).await;
     app.seed_available("ci", 5).await;
+    app.forget_events().await;
     let mut leases = Vec::new();
     for _ in 0..5 {
         leases.push(Some(app.claimed(CLIENT_A, "ci", None).await.lease.lease_id));
@@ -140,6 +142,7 @@ async fn namespace_and_pool_filter_the_feed() {
     for (ns, pool) in [("default", "ci"), ("default", "other"), ("team-a", "ci")] {
         seed_row(&app, ns, pool, Phase::Available).await;
     }
+    app.forget_events().await;
     let ci = claim_in(&app, "default", "ci").await;
     let other = claim_in(&app, "default", "other").await;
     let team = claim_in(&app, "team-a", "ci").await;
@@ -172,6 +175,7 @@ async fn limit_and_wait_seconds_are_bounded() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 2).await;
     app.seed_available("ci", 2).await;
+    app.forget_events().await;
     app.claim(CLIENT_A, "ci", None).await.assert_ok(200);
     app.claim(CLIENT_A, "ci", None).await.assert_ok(200);
     for q in ["limit=0", "limit=1001", "limit=-1", "limit=ten", "wait_seconds=21", "wait_seconds=-1", "after=x"] {
@@ -547,4 +551,69 @@ async fn healthz_needs_no_token() {
     // A token, even an unknown one, does not change that.
     assert_eq!(app.get(CLIENT_A, "/healthz").await.status.as_u16(), 200);
     assert_eq!(app.get("wrong", "/healthz").await.status.as_u16(), 200);
+}
+
+/// Issue 25 item 3: every change an admin makes to a pool, a host, a VM or a principal's
+/// limits records who made it: an event with `by` (the admin token's name), written in the
+/// change's transaction. Host and principal events belong to no pool (an empty `pool`).
+#[tokio::test]
+async fn every_admin_change_records_who_made_it() {
+    let app = TestApp::spawn().await;
+    let mut spec = pool_spec("ci", 1);
+    spec["rollout"] = json!({});
+    app.post(ADMIN, "/v1/pools", spec.clone()).await.assert_ok(201);
+    spec["size"] = json!(2);
+    app.put(ADMIN, "/v1/pools/default/ci", spec.clone()).await.assert_ok(200);
+    app.post(ADMIN, "/v1/hosts", json!({"name": "spare", "address": "127.0.0.1:9", "tls": {"insecure": true}}))
+        .await
+        .assert_ok(201);
+    app.put(ADMIN, "/v1/hosts/spare", json!({"address": "127.0.0.1:10"})).await.assert_ok(200);
+    app.post(ADMIN, "/v1/hosts/spare/cordon", json!({"reason": "disk"})).await.assert_ok(200);
+    app.post(ADMIN, "/v1/hosts/spare/uncordon", json!({})).await.assert_ok(200);
+    app.delete(ADMIN, "/v1/hosts/spare").await.assert_ok(204);
+    app.put(ADMIN, "/v1/principals/client-a", json!({"max_live_leases": 3})).await.assert_ok(201);
+    app.delete(ADMIN, "/v1/principals/client-a").await.assert_ok(204);
+    let vm = app.seed_available("ci", 1).await.remove(0);
+    app.delete(ADMIN, &format!("/v1/vms/{}", vm.id)).await.assert_ok(204);
+    app.delete(ADMIN, "/v1/pools/default/ci").await.assert_ok(204);
+    // A refused change records nothing.
+    app.delete(ADMIN, "/v1/hosts/ghost").await.assert_error(404, "NOT_FOUND");
+
+    let events = app.get(VIEWER, "/v1/events?limit=1000").await.assert_ok(200).clone();
+    let by_admin: Vec<(String, serde_json::Value)> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["payload"].get("by").is_some())
+        .map(|e| (e["type"].as_str().unwrap().to_owned(), e.clone()))
+        .collect();
+    let kinds: Vec<&str> = by_admin.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "POOL_CREATED",
+            "POOL_UPDATED",
+            "HOST_REGISTERED",
+            "HOST_UPDATED",
+            "HOST_CORDONED",
+            "HOST_UNCORDONED",
+            "HOST_REMOVED",
+            "PRINCIPAL_LIMITS_SET",
+            "PRINCIPAL_LIMITS_REMOVED",
+            "VM_DISCARDED",
+            "POOL_DELETED",
+        ],
+        "{events}"
+    );
+    for (kind, e) in &by_admin {
+        assert_eq!(e["payload"]["by"], json!("admin"), "{kind}: {e}");
+        if kind.starts_with("HOST_") {
+            assert_eq!((&e["pool"]["namespace"], &e["payload"]["host"]), (&json!(""), &json!("spare")), "{e}");
+        }
+        if kind.starts_with("POOL_") {
+            assert_eq!(e["pool"], json!({"namespace": "default", "name": "ci"}), "{e}");
+        }
+    }
+    // Nothing secret in them.
+    assert!(!events.to_string().contains("key_pem"), "{events}");
 }

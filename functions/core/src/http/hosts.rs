@@ -41,10 +41,10 @@ struct HostPath {
 )]
 async fn create_host(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Admin(admin): Admin,
     ApiJson(spec): ApiJson<host::HostSpec>,
 ) -> Result<Response, ApiError> {
-    Ok((StatusCode::CREATED, Json(host::create(&state, spec).await?)).into_response())
+    Ok((StatusCode::CREATED, Json(host::create(&state, spec, &admin.name).await?)).into_response())
 }
 
 /// Registered hosts by name, one page at a time.
@@ -85,11 +85,11 @@ async fn get_host(
 )]
 async fn update_host(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Admin(admin): Admin,
     ApiPath(name): ApiPath<String>,
     ApiJson(spec): ApiJson<host::HostSpec>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(host::update(&state, &name, spec).await?).into_response())
+    Ok(Json(host::update(&state, &name, spec, &admin.name).await?).into_response())
 }
 
 /// Removes a host; refused (FAILED_PRECONDITION) while a pool names it or it has VMs.
@@ -100,10 +100,10 @@ async fn update_host(
 )]
 async fn delete_host(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Admin(admin): Admin,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    host::remove(&state, &name).await?;
+    host::remove(&state, &name, &admin.name).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -127,7 +127,7 @@ struct CordonBody {
 )]
 async fn cordon_host(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Admin(admin): Admin,
     ApiPath(name): ApiPath<String>,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -138,7 +138,7 @@ async fn cordon_host(
     if reason.chars().count() > MAX_CORDON_REASON_CHARS {
         return Err(ApiError::InvalidArgument(format!("reason is longer than {MAX_CORDON_REASON_CHARS} characters")));
     }
-    Ok(Json(host::set_cordon(&state, &name, Some(&reason)).await?).into_response())
+    Ok(Json(host::set_cordon(&state, &name, Some(&reason), &admin.name).await?).into_response())
 }
 
 /// Uncordons a host.
@@ -149,10 +149,10 @@ async fn cordon_host(
 )]
 async fn uncordon_host(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Admin(admin): Admin,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(host::set_cordon(&state, &name, None).await?).into_response())
+    Ok(Json(host::set_cordon(&state, &name, None, &admin.name).await?).into_response())
 }
 
 #[derive(Deserialize, IntoParams)]

@@ -42,10 +42,10 @@ struct PoolPath {
 )]
 async fn create_pool(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Admin(admin): Admin,
     ApiJson(spec): ApiJson<PoolSpec>,
 ) -> Result<Response, ApiError> {
-    Ok((StatusCode::CREATED, Json(pool::create(&state, spec).await?)).into_response())
+    Ok((StatusCode::CREATED, Json(pool::create(&state, spec, &admin.name).await?)).into_response())
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -130,11 +130,11 @@ struct DeletePoolQuery {
 )]
 async fn delete_pool(
     State(state): State<AppState>,
-    Admin(_): Admin,
+    Admin(admin): Admin,
     ApiPath((ns, name)): ApiPath<(String, String)>,
     ApiQuery(q): ApiQuery<DeletePoolQuery>,
 ) -> Result<Response, ApiError> {
-    pool::delete(&state, &pool_ref(&ns, &name)?, q.force).await?;
+    pool::delete(&state, &pool_ref(&ns, &name)?, q.force, &admin.name).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -7,7 +7,7 @@ use utoipa::openapi::schema::{AllOfBuilder, OneOfBuilder};
 
 use crate::api::Host;
 use crate::app::AppState;
-use crate::domain::{HostExec, NAME_PATTERN, Name, validate_name};
+use crate::domain::{EventType, HostExec, NAME_PATTERN, Name, validate_name};
 use crate::error::ApiError;
 use crate::rules::{
     BasicAuthToken, HOST_ADDRESS, HostAddress, MAX_BASIC_AUTH_TOKEN_CHARS, MAX_HOST_ADDRESS_CHARS, MAX_PEM_CHARS,
@@ -193,12 +193,45 @@ async fn address_taken(state: &AppState, e: StoreError, address: &str) -> ApiErr
     }
 }
 
-pub async fn create(state: &AppState, spec: HostSpec) -> Result<Host, ApiError> {
+/// Records an admin's change of a host (issue 25 item 3): an event without a pool, `by` and
+/// the host in its payload, in the change's transaction.
+async fn audit(
+    tx: &impl store::Executor,
+    kind: EventType,
+    host: &str,
+    by: &str,
+    mut payload: serde_json::Value,
+) -> store::Result<()> {
+    payload["by"] = serde_json::json!(by);
+    payload["host"] = serde_json::json!(host);
+    store::event_insert(tx, kind, &crate::domain::no_pool(), None, None, &payload).await.map(drop)
+}
+
+/// `write` and its audit event in one transaction; the connection goes back before the
+/// caller's error handling takes one (`address_taken`: a pool may have only one).
+async fn write_audited(
+    state: &AppState,
+    kind: EventType,
+    by: &str,
+    w: &HostWrite<'_>,
+    insert: bool,
+) -> store::Result<Option<(store::HostRow, i64)>> {
+    let mut conn = state.db.get().await?;
+    let tx = conn.transaction().await?;
+    let written = if insert { store::host_insert(&tx, w).await? } else { store::host_update(&tx, w).await? };
+    if let Some((row, _)) = &written {
+        let payload = serde_json::json!({"address": row.address, "tls_insecure": row.tls_insecure, "exec": row.exec});
+        audit(&tx, kind, w.name, by, payload).await?;
+        tx.commit().await?;
+    }
+    Ok(written)
+}
+
+pub async fn create(state: &AppState, spec: HostSpec, by: &str) -> Result<Host, ApiError> {
     let name = spec.name.clone().ok_or_else(|| ApiError::InvalidArgument("name is required".into()))?;
     validate_name("name", &name).map_err(ApiError::InvalidArgument)?;
     let tls = spec.validate(None)?;
-    // The connection goes back before `address_taken` takes one (a pool may have only one).
-    let inserted = store::host_insert(&state.conn().await?, &write(&name, &spec, &tls)).await;
+    let inserted = write_audited(state, EventType::HostRegistered, by, &write(&name, &spec, &tls), true).await;
     let inserted = match inserted {
         Ok(r) => r,
         Err(e) => return Err(address_taken(state, e, &spec.address).await),
@@ -206,11 +239,11 @@ pub async fn create(state: &AppState, spec: HostSpec) -> Result<Host, ApiError> 
     let (row, n) = inserted.ok_or_else(|| {
         ApiError::AlreadyExists(format!("host {name} already exists: use PUT /v1/hosts/{name} to change it"))
     })?;
-    tracing::info!(host = %name, address = %row.address, exec = %row.exec, "host registered");
+    tracing::info!(host = %name, address = %row.address, exec = %row.exec, by, "host registered");
     Ok(Host::new(&row, n))
 }
 
-pub async fn update(state: &AppState, name: &str, spec: HostSpec) -> Result<Host, ApiError> {
+pub async fn update(state: &AppState, name: &str, spec: HostSpec, by: &str) -> Result<Host, ApiError> {
     validate_name("name", name).map_err(ApiError::InvalidArgument)?;
     if let Some(body_name) = &spec.name
         && body_name != name
@@ -233,7 +266,7 @@ pub async fn update(state: &AppState, name: &str, spec: HostSpec) -> Result<Host
         return Err(not_found(name));
     }
     let tls = spec.validate(current.as_ref())?;
-    let updated = store::host_update(&state.conn().await?, &write(name, &spec, &tls)).await;
+    let updated = write_audited(state, EventType::HostUpdated, by, &write(name, &spec, &tls), false).await;
     let updated = match updated {
         Ok(r) => r,
         Err(e) => return Err(address_taken(state, e, &spec.address).await),
@@ -248,7 +281,7 @@ pub async fn update(state: &AppState, name: &str, spec: HostSpec) -> Result<Host
             )),
         });
     };
-    tracing::info!(host = %name, address = %row.address, exec = %row.exec, "host updated");
+    tracing::info!(host = %name, address = %row.address, exec = %row.exec, by, "host updated");
     Ok(Host::new(&row, n))
 }
 
@@ -274,14 +307,18 @@ pub async fn list(
 }
 
 /// Cordons (`Some(reason)`) or uncordons (`None`) a host. Idempotent.
-pub async fn set_cordon(state: &AppState, name: &str, reason: Option<&str>) -> Result<Host, ApiError> {
-    let conn = state.conn().await?;
-    let (row, n) = store::host_set_cordon(&conn, name, reason).await?.ok_or_else(|| not_found(name))?;
-    tracing::info!(host = %name, cordoned = row.cordoned, "host cordon changed");
+pub async fn set_cordon(state: &AppState, name: &str, reason: Option<&str>, by: &str) -> Result<Host, ApiError> {
+    let mut conn = state.conn().await?;
+    let tx = conn.transaction().await?;
+    let (row, n) = store::host_set_cordon(&tx, name, reason).await?.ok_or_else(|| not_found(name))?;
+    let kind = if reason.is_some() { EventType::HostCordoned } else { EventType::HostUncordoned };
+    audit(&tx, kind, name, by, serde_json::json!({"reason": reason})).await?;
+    tx.commit().await?;
+    tracing::info!(host = %name, cordoned = row.cordoned, by, "host cordon changed");
     Ok(Host::new(&row, n))
 }
 
-pub async fn remove(state: &AppState, name: &str) -> Result<(), ApiError> {
+pub async fn remove(state: &AppState, name: &str, by: &str) -> Result<(), ApiError> {
     let mut conn = state.conn().await?;
     let tx = conn.transaction().await?;
     // Lock the host row in a statement of its own first. Under READ COMMITTED the in-use
@@ -298,7 +335,9 @@ pub async fn remove(state: &AppState, name: &str) -> Result<(), ApiError> {
             pools.join(", ")
         ))),
         HostDelete::Deleted => {
+            audit(&tx, EventType::HostRemoved, name, by, serde_json::json!({})).await?;
             tx.commit().await?;
+            tracing::info!(host = %name, by, "host removed");
             Ok(())
         }
     }

@@ -6,7 +6,7 @@ use futures::StreamExt;
 
 use crate::api::{self, Pool};
 use crate::app::AppState;
-use crate::domain::{HostExec, PoolRef, PoolSpec};
+use crate::domain::{EventType, HostExec, PoolRef, PoolSpec};
 use crate::error::ApiError;
 use crate::store::{self, PoolDelete, PoolStatus};
 
@@ -110,7 +110,7 @@ async fn check_hosts_can_exec(state: &AppState, spec: &PoolSpec) -> Result<(), A
     }
 }
 
-pub async fn create(state: &AppState, spec: PoolSpec) -> Result<Pool, ApiError> {
+pub async fn create(state: &AppState, spec: PoolSpec, by: &str) -> Result<Pool, ApiError> {
     validated(&spec)?;
     check_hosts_can_exec(state, &spec).await?;
     let mut conn = state.conn().await?;
@@ -119,8 +119,10 @@ pub async fn create(state: &AppState, spec: PoolSpec) -> Result<Pool, ApiError> 
     let row = store::pool_insert(&tx, &spec).await?.ok_or_else(|| {
         ApiError::AlreadyExists(format!("pool {} already exists: use PUT to change it", spec.pool_ref()))
     })?;
+    let audit = serde_json::json!({"by": by, "revision": row.revision});
+    store::event_insert(&tx, EventType::PoolCreated, &spec.pool_ref(), None, None, &audit).await?;
     tx.commit().await?;
-    tracing::info!(pool = %spec.pool_ref(), size = spec.size, "pool created");
+    tracing::info!(pool = %spec.pool_ref(), size = spec.size, by, "pool created");
     state.waker.wake("pool created").await;
     Ok(Pool::new(&row, PoolStatus::default()))
 }
@@ -149,8 +151,10 @@ pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec, by: &str) 
         }
     };
     let (row, status) = store::pool_get(&tx, path).await?.ok_or_else(|| not_found(path))?;
+    let audit = serde_json::json!({"by": by, "revision": revision, "new_revision": bumped});
+    store::event_insert(&tx, EventType::PoolUpdated, path, None, None, &audit).await?;
     tx.commit().await?;
-    tracing::info!(pool = %path, size = spec.size, revision, new_revision = bumped, "pool updated");
+    tracing::info!(pool = %path, size = spec.size, revision, new_revision = bumped, by, "pool updated");
     state.waker.wake("pool updated").await;
     Ok(Pool::new(&row, status))
 }
@@ -174,6 +178,8 @@ pub async fn rollout_pause(state: &AppState, pool: &PoolRef, pause: bool, by: &s
             format!("pool {pool} has no paused rollout to resume ({now})")
         }));
     }
+    let kind = if pause { EventType::RolloutPaused } else { EventType::RolloutResumed };
+    store::event_insert(&conn, kind, pool, None, None, &serde_json::json!({"by": by})).await?;
     tracing::info!(pool = %pool, by, paused = pause, "rollout {}", if pause { "paused" } else { "resumed" });
     if !pause {
         state.waker.wake("rollout resumed").await;
@@ -240,11 +246,13 @@ pub async fn list(
 
 /// The rows of a pool delete, in one transaction: committed when the pool was deleted,
 /// rolled back (dropped) when it was refused or not found.
-async fn delete_rows(state: &AppState, pool: &PoolRef, force: bool) -> store::Result<PoolDelete> {
+async fn delete_rows(state: &AppState, pool: &PoolRef, force: bool, by: &str) -> store::Result<PoolDelete> {
     let mut conn = state.db.get().await?;
     let tx = conn.transaction().await?;
     let outcome = store::pool_delete_and_mark_vms(&tx, pool, force).await?;
-    if matches!(outcome, PoolDelete::Deleted { .. }) {
+    if let PoolDelete::Deleted { vms, leases } = &outcome {
+        let audit = serde_json::json!({"by": by, "force": force, "vms": vms.len(), "leases": leases.len()});
+        store::event_insert(&tx, EventType::PoolDeleted, pool, None, None, &audit).await?;
         tx.commit().await?;
     }
     Ok(outcome)
@@ -267,11 +275,12 @@ const POOL_DELETE_IN_FLIGHT: usize = 16;
 /// The transaction runs a second time when the database rolled it back for a deadlock or a
 /// serialization failure (nothing of it was kept, and nothing outside the database happened
 /// yet); a second such failure answers 503 with Retry-After.
-pub async fn delete(state: &AppState, pool: &PoolRef, force: bool) -> Result<(), ApiError> {
+pub async fn delete(state: &AppState, pool: &PoolRef, force: bool, by: &str) -> Result<(), ApiError> {
     let state = state.clone();
     let pool = pool.clone();
+    let by = by.to_owned();
     super::detached(async move {
-        let (vms, leases) = match store::retry_once(|| delete_rows(&state, &pool, force)).await? {
+        let (vms, leases) = match store::retry_once(|| delete_rows(&state, &pool, force, &by)).await? {
             PoolDelete::NotFound => return Err(not_found(&pool)),
             PoolDelete::HasLeasedVms(n) => {
                 return Err(ApiError::FailedPrecondition(format!(
@@ -284,7 +293,7 @@ pub async fn delete(state: &AppState, pool: &PoolRef, force: bool) -> Result<(),
         for l in &leases {
             state.metrics.release(&pool, "pool_delete", Some((now - l.claimed_at).as_seconds_f64()));
         }
-        tracing::info!(%pool, vms = vms.len(), leases = leases.len(), force, "pool deleted");
+        tracing::info!(%pool, vms = vms.len(), leases = leases.len(), force, by, "pool deleted");
 
         let hosts: HashMap<String, store::HostRow> = {
             let conn = state.conn().await?;

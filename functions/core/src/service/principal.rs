@@ -36,6 +36,9 @@ pub async fn set(
     crate::limits::validate(principal, pools.as_deref(), max_live_leases)?;
     let conn = state.conn().await?;
     let (row, created) = store::principal_limits_put(&conn, principal, pools.as_deref(), max_live_leases, by).await?;
+    let payload = serde_json::json!({"by": by, "principal": principal, "pools": row.pools, "max_live_leases": row.max_live_leases});
+    let no_pool = crate::domain::no_pool();
+    store::event_insert(&conn, crate::domain::EventType::PrincipalLimitsSet, &no_pool, None, None, &payload).await?;
     let live = store::principal_limits_get(&conn, principal).await?.map_or(0, |(_, live)| live);
     state.limits.invalidate().await;
     tracing::info!(principal, pools = ?row.pools, max_live_leases = ?row.max_live_leases, by, "principal limits set");
@@ -47,6 +50,10 @@ pub async fn remove(state: &AppState, principal: &str, by: &str) -> Result<(), A
     if !store::principal_limits_delete(&conn, principal).await? {
         return Err(not_found(principal));
     }
+    let payload = serde_json::json!({"by": by, "principal": principal});
+    let no_pool = crate::domain::no_pool();
+    store::event_insert(&conn, crate::domain::EventType::PrincipalLimitsRemoved, &no_pool, None, None, &payload)
+        .await?;
     state.limits.invalidate().await;
     tracing::info!(principal, by, "principal limits removed");
     Ok(())

@@ -592,7 +592,7 @@ async fn passes(a: PassesArgs) -> anyhow::Result<bool> {
         }))?)
     };
     for i in 0..a.pools {
-        service::pool::create(admin, spec(i, a.size)?)
+        service::pool::create(admin, spec(i, a.size)?, "chaos")
             .await
             .map_err(|e| anyhow!("creating pool {}-{i}: {e} (is host {} registered?)", a.pool_prefix, a.host))?;
     }
