@@ -201,6 +201,32 @@ fn quota_exceeded(state: &AppState, req: &ClaimRequest, principal: &Principal, m
     .reason("QUOTA_EXCEEDED")
 }
 
+/// Locks and counts the principal's quota in the caller's transaction
+/// ([`store::principal_quota_lock`]). `None`: below it, the claim may take a VM. At it, a
+/// claim whose request_id already has a lease (or, with `in_flight`, a hook claim running)
+/// gets that to replay or wait for; any other is refused with QUOTA_EXCEEDED.
+async fn check_quota(
+    state: &AppState,
+    tx: &impl store::Executor,
+    principal: &Principal,
+    req: &ClaimRequest,
+    in_flight: bool,
+) -> Result<Option<store::HookClaimState>, ApiError> {
+    let Some((max, live)) = store::principal_quota_lock(tx, &principal.name).await? else {
+        return Ok(None);
+    };
+    if live < i64::from(max) {
+        return Ok(None);
+    }
+    if let Some(rid) = &req.request_id {
+        let found = store::claim_get_by_request_id(tx, &principal.name, rid.as_str()).await?;
+        if found.existing.is_some() || (in_flight && found.in_flight.is_some()) {
+            return Ok(Some(found));
+        }
+    }
+    Err(quota_exceeded(state, req, principal, max))
+}
+
 /// One claim statement under the principal's quota: in one transaction, the quota's row
 /// locked and its count taken, then the claim — unless the count is at the quota, when only
 /// a replay of the request_id's existing lease is answered.
@@ -213,16 +239,9 @@ async fn claim_under_quota(
     let rid = req.request_id.as_ref().map(RequestId::as_str);
     let mut conn = state.conn().await?;
     let tx = conn.transaction().await?;
-    if let Some((max, live)) = store::principal_quota_lock(&tx, &principal.name).await?
-        && live >= i64::from(max)
-    {
-        if let Some(rid) = rid {
-            let found = store::claim_get_by_request_id(&tx, &principal.name, rid).await?;
-            if let Some(view) = found.existing {
-                return Ok(ClaimOutcome::Existing { view: Box::new(view), db_now: found.db_now });
-            }
-        }
-        return Err(quota_exceeded(state, req, principal, max));
+    if let Some(found) = check_quota(state, &tx, principal, req, false).await? {
+        let view = found.existing.ok_or_else(|| ApiError::internal("check_quota answered without the lease"))?;
+        return Ok(ClaimOutcome::Existing { view: Box::new(view), db_now: found.db_now });
     }
     let outcome = store::lease_claim_on(&tx, &req.pool, lease_id, rid, &principal.name).await?;
     tx.commit().await?;
@@ -381,19 +400,12 @@ async fn take_and_finish(
         // replaces it (the count includes claims running their hook).
         let mut conn = state.conn().await?;
         let tx = conn.transaction().await?;
-        if let Some((max, live)) = store::principal_quota_lock(&tx, &principal.name).await?
-            && live >= i64::from(max)
-        {
-            if let Some(rid) = rid {
-                let found = store::claim_get_by_request_id(&tx, &principal.name, rid).await?;
-                if let Some(view) = found.existing {
-                    return Ok(HookStep::Existing(Box::new(view), found.db_now));
-                }
-                if let Some(vm) = found.in_flight {
-                    return Ok(HookStep::InFlight(Box::new(vm)));
-                }
-            }
-            return Err(quota_exceeded(state, req, principal, max));
+        if let Some(found) = check_quota(state, &tx, principal, req, true).await? {
+            return Ok(match (found.existing, found.in_flight) {
+                (Some(view), _) => HookStep::Existing(Box::new(view), found.db_now),
+                (None, Some(vm)) => HookStep::InFlight(Box::new(vm)),
+                (None, None) => return Err(ApiError::internal("check_quota answered without a claim")),
+            });
         }
         let taken = match store::vm_claim_for_hook(&tx, &req.pool, &principal.name, rid).await {
             Err(StoreError::UniqueViolation { .. }) => return Ok(HookStep::Raced),

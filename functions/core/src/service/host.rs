@@ -193,20 +193,6 @@ async fn address_taken(state: &AppState, e: StoreError, address: &str) -> ApiErr
     }
 }
 
-/// Records an admin's change of a host (issue 25 item 3): an event without a pool, `by` and
-/// the host in its payload, in the change's transaction.
-async fn audit(
-    tx: &impl store::Executor,
-    kind: EventType,
-    host: &str,
-    by: &str,
-    mut payload: serde_json::Value,
-) -> store::Result<()> {
-    payload["by"] = serde_json::json!(by);
-    payload["host"] = serde_json::json!(host);
-    store::event_insert(tx, kind, &crate::domain::no_pool(), None, None, &payload).await.map(drop)
-}
-
 /// `write` and its audit event in one transaction; the connection goes back before the
 /// caller's error handling takes one (`address_taken`: a pool may have only one).
 async fn write_audited(
@@ -221,7 +207,7 @@ async fn write_audited(
     let written = if insert { store::host_insert(&tx, w).await? } else { store::host_update(&tx, w).await? };
     if let Some((row, _)) = &written {
         let payload = serde_json::json!({"address": row.address, "tls_insecure": row.tls_insecure, "exec": row.exec});
-        audit(&tx, kind, w.name, by, payload).await?;
+        super::audit_fleet(&tx, kind, ("host", w.name), by, payload).await?;
         tx.commit().await?;
     }
     Ok(written)
@@ -312,7 +298,7 @@ pub async fn set_cordon(state: &AppState, name: &str, reason: Option<&str>, by: 
     let tx = conn.transaction().await?;
     let (row, n) = store::host_set_cordon(&tx, name, reason).await?.ok_or_else(|| not_found(name))?;
     let kind = if reason.is_some() { EventType::HostCordoned } else { EventType::HostUncordoned };
-    audit(&tx, kind, name, by, serde_json::json!({"reason": reason})).await?;
+    super::audit_fleet(&tx, kind, ("host", name), by, serde_json::json!({"reason": reason})).await?;
     tx.commit().await?;
     tracing::info!(host = %name, cordoned = row.cordoned, by, "host cordon changed");
     Ok(Host::new(&row, n))
@@ -335,7 +321,7 @@ pub async fn remove(state: &AppState, name: &str, by: &str) -> Result<(), ApiErr
             pools.join(", ")
         ))),
         HostDelete::Deleted => {
-            audit(&tx, EventType::HostRemoved, name, by, serde_json::json!({})).await?;
+            super::audit_fleet(&tx, EventType::HostRemoved, ("host", name), by, serde_json::json!({})).await?;
             tx.commit().await?;
             tracing::info!(host = %name, by, "host removed");
             Ok(())

@@ -80,3 +80,18 @@ pub fn page_of<T>(mut rows: Vec<T>, size: i64, key: impl Fn(&T) -> String) -> (V
     };
     (rows, next)
 }
+
+/// Records an admin's change of something that belongs to no pool (a host, a principal's
+/// limits; issue 25 item 3): an event with an empty pool, `by` and `subject` (its key and
+/// name, e.g. `("host", "spare")`) in its payload, in the caller's transaction.
+pub(crate) async fn audit_fleet(
+    tx: &impl crate::store::Executor,
+    kind: crate::domain::EventType,
+    subject: (&str, &str),
+    by: &str,
+    mut payload: serde_json::Value,
+) -> crate::store::Result<()> {
+    payload["by"] = serde_json::json!(by);
+    payload[subject.0] = serde_json::json!(subject.1);
+    crate::store::event_insert(tx, kind, &crate::domain::no_pool(), None, None, &payload).await.map(drop)
+}

@@ -4,6 +4,7 @@
 
 use crate::api::{PrincipalLimits, PrincipalLimitsList};
 use crate::app::AppState;
+use crate::domain::EventType;
 use crate::error::ApiError;
 use crate::store;
 
@@ -34,26 +35,27 @@ pub async fn set(
     by: &str,
 ) -> Result<(PrincipalLimits, bool), ApiError> {
     crate::limits::validate(principal, pools.as_deref(), max_live_leases)?;
-    let conn = state.conn().await?;
-    let (row, created) = store::principal_limits_put(&conn, principal, pools.as_deref(), max_live_leases, by).await?;
-    let payload = serde_json::json!({"by": by, "principal": principal, "pools": row.pools, "max_live_leases": row.max_live_leases});
-    let no_pool = crate::domain::no_pool();
-    store::event_insert(&conn, crate::domain::EventType::PrincipalLimitsSet, &no_pool, None, None, &payload).await?;
-    let live = store::principal_limits_get(&conn, principal).await?.map_or(0, |(_, live)| live);
+    let mut conn = state.conn().await?;
+    let tx = conn.transaction().await?;
+    let (row, live, created) =
+        store::principal_limits_put(&tx, principal, pools.as_deref(), max_live_leases, by).await?;
+    let payload = serde_json::json!({"pools": row.pools, "max_live_leases": row.max_live_leases});
+    super::audit_fleet(&tx, EventType::PrincipalLimitsSet, ("principal", principal), by, payload).await?;
+    tx.commit().await?;
     state.limits.invalidate().await;
     tracing::info!(principal, pools = ?row.pools, max_live_leases = ?row.max_live_leases, by, "principal limits set");
     Ok((PrincipalLimits::new(&row, live), created))
 }
 
 pub async fn remove(state: &AppState, principal: &str, by: &str) -> Result<(), ApiError> {
-    let conn = state.conn().await?;
-    if !store::principal_limits_delete(&conn, principal).await? {
+    let mut conn = state.conn().await?;
+    let tx = conn.transaction().await?;
+    if !store::principal_limits_delete(&tx, principal).await? {
         return Err(not_found(principal));
     }
-    let payload = serde_json::json!({"by": by, "principal": principal});
-    let no_pool = crate::domain::no_pool();
-    store::event_insert(&conn, crate::domain::EventType::PrincipalLimitsRemoved, &no_pool, None, None, &payload)
+    super::audit_fleet(&tx, EventType::PrincipalLimitsRemoved, ("principal", principal), by, serde_json::json!({}))
         .await?;
+    tx.commit().await?;
     state.limits.invalidate().await;
     tracing::info!(principal, by, "principal limits removed");
     Ok(())

@@ -46,26 +46,30 @@ pub async fn principal_limits_get(c: &impl Executor, principal: &str) -> Result<
     row.map(|r| Ok((json_req(&r, "p")?, r.try_get("live")?))).transpose()
 }
 
-/// Sets a principal's limits (creating its row); `true` if it had none before.
+/// Sets a principal's limits (creating its row): the row, what its quota counts now, and
+/// `true` if it had none before.
 pub async fn principal_limits_put(
     c: &impl Executor,
     principal: &str,
     pools: Option<&[String]>,
     max_live_leases: Option<i32>,
     by: &str,
-) -> Result<(PrincipalLimitsRow, bool)> {
+) -> Result<(PrincipalLimitsRow, i64, bool)> {
     let pools: Option<Vec<String>> = pools.map(<[String]>::to_vec);
+    let sql = format!(
+        "INSERT INTO principal_limits AS p (principal, pools, max_live_leases, updated_by)
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (principal) DO UPDATE
+             SET pools = $2, max_live_leases = $3, updated_by = $4, updated_at = now()
+         RETURNING to_jsonb(p) AS p, {LIVE_COUNT} AS live, (xmax = 0) AS created"
+    );
     let row = c
         .timed_query_one(
-            "INSERT INTO principal_limits AS p (principal, pools, max_live_leases, updated_by)
-             VALUES ($1, $2, $3, $4)
-             ON CONFLICT (principal) DO UPDATE
-                 SET pools = $2, max_live_leases = $3, updated_by = $4, updated_at = now()
-             RETURNING to_jsonb(p) AS p, (xmax = 0) AS created",
+            &sql,
             &[(&principal, Type::TEXT), (&pools, Type::TEXT_ARRAY), (&max_live_leases, Type::INT4), (&by, Type::TEXT)],
         )
         .await?;
-    Ok((json_req(&row, "p")?, row.try_get("created")?))
+    Ok((json_req(&row, "p")?, row.try_get("live")?, row.try_get("created")?))
 }
 
 /// Removes a principal's limits; `false` if it had none.
