@@ -268,6 +268,32 @@ fn with_query(path: &str, query: &str) -> String {
     if query.is_empty() { path.to_owned() } else { format!("{path}?{query}") }
 }
 
+/// The harness's configuration of an app on `testdb`, with `extra` applied on top.
+fn test_config(testdb: &TestDb, extra: impl Fn(&mut Vec<(String, String)>)) -> Config {
+    let mut env: Vec<(String, String)> = vec![
+        ("DATABASE_URL".into(), testdb.app_url.clone()),
+        ("POOLMGR_ADMIN_TOKENS".into(), format!("admin:{ADMIN}")),
+        ("POOLMGR_VIEWER_TOKENS".into(), format!("viewer:{VIEWER}")),
+        ("POOLMGR_CLIENT_TOKENS".into(), format!("client-a:{CLIENT_A},client-b:{CLIENT_B}")),
+        ("POOLMGR_DB_POOL_SIZE".into(), "40".into()),
+        ("POOLMGR_FLINTLOCK_TIMEOUT_SECONDS".into(), "3".into()),
+        // Fast retries and an orphan scan on every pass keep reconcile tests short.
+        ("POOLMGR_RECONCILE_BACKOFF_MS".into(), "10".into()),
+        ("POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS".into(), "1".into()),
+        ("POOLMGR_ORPHAN_SCAN_SECONDS".into(), "0".into()),
+        // Reconcile loops (`reconcile::run_loop`) pass often and give up soon in tests.
+        ("POOLMGR_RECONCILE_LOOP_INTERVAL_MS".into(), "50".into()),
+        ("POOLMGR_RECONCILE_LINGER_MS".into(), "300".into()),
+    ];
+    if through_pooler() {
+        // As configured in production behind a transaction pooler: PgBouncer before 1.21
+        // (Debian 12 ships 1.18) cannot keep a named prepared statement.
+        env.push(("POOLMGR_DB_PREPARE_CLAIM".into(), "false".into()));
+    }
+    extra(&mut env);
+    Config::from_lookup(|k| env.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone())).expect("test config")
+}
+
 impl TestApp {
     pub async fn spawn() -> TestApp {
         Self::spawn_with(|_| {}).await
@@ -282,29 +308,7 @@ impl TestApp {
     pub async fn spawn_on(testdb: TestDb, extra: impl Fn(&mut Vec<(String, String)>)) -> TestApp {
         let mut client = testdb.client().await;
         db::migrate(&mut client, None).await.expect("migrate test database");
-        let mut env: Vec<(String, String)> = vec![
-            ("DATABASE_URL".into(), testdb.app_url.clone()),
-            ("POOLMGR_ADMIN_TOKENS".into(), format!("admin:{ADMIN}")),
-            ("POOLMGR_VIEWER_TOKENS".into(), format!("viewer:{VIEWER}")),
-            ("POOLMGR_CLIENT_TOKENS".into(), format!("client-a:{CLIENT_A},client-b:{CLIENT_B}")),
-            ("POOLMGR_DB_POOL_SIZE".into(), "40".into()),
-            ("POOLMGR_FLINTLOCK_TIMEOUT_SECONDS".into(), "3".into()),
-            // Fast retries and an orphan scan on every pass keep reconcile tests short.
-            ("POOLMGR_RECONCILE_BACKOFF_MS".into(), "10".into()),
-            ("POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS".into(), "1".into()),
-            ("POOLMGR_ORPHAN_SCAN_SECONDS".into(), "0".into()),
-            // Reconcile loops (`reconcile::run_loop`) pass often and give up soon in tests.
-            ("POOLMGR_RECONCILE_LOOP_INTERVAL_MS".into(), "50".into()),
-            ("POOLMGR_RECONCILE_LINGER_MS".into(), "300".into()),
-        ];
-        if through_pooler() {
-            // As configured in production behind a transaction pooler: PgBouncer before 1.21
-            // (Debian 12 ships 1.18) cannot keep a named prepared statement.
-            env.push(("POOLMGR_DB_PREPARE_CLAIM".into(), "false".into()));
-        }
-        extra(&mut env);
-        let cfg = Config::from_lookup(|k| env.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone()))
-            .expect("test config");
+        let cfg = test_config(&testdb, extra);
         let pool = db::pool_from_config(&cfg).expect("pool");
         // An adjustable clock: tests move time with `advance_clock` instead of rewriting rows.
         let state = AppState::new(&cfg, pool).with_clock(poolmgr_core::clock::Clock::adjustable());
@@ -331,6 +335,16 @@ impl TestApp {
         // harness's, not the test's.
         app.conn().await.batch_execute("DELETE FROM events").await.expect("clear the harness's events");
         app
+    }
+
+    /// The same database and flintlock-sim behind a redeployed app: the harness's configuration
+    /// again with `extra` on top, as when an operator changes a setting and the data stays.
+    pub fn redeployed(mut self, extra: impl Fn(&mut Vec<(String, String)>)) -> TestApp {
+        let cfg = test_config(&self.db, extra);
+        let pool = db::pool_from_config(&cfg).expect("pool");
+        self.state = AppState::new(&cfg, pool).with_clock(poolmgr_core::clock::Clock::adjustable());
+        self.router = http::router(self.state.clone());
+        self
     }
 
     /// Forgets every event so far (the setup's audit events, issue 25 item 3), for a test that

@@ -66,6 +66,8 @@ pub struct Config {
     /// Set it only to choose a readable id; every reconcile function of the deployment must
     /// then use the same one.
     pub deployment_id: Option<String>,
+    /// What a pool's template may ask of a host (`POOLMGR_POLICY_*`, [`crate::policy`]).
+    pub spec_policy: crate::policy::SpecPolicy,
     pub reconcile: ReconcileConfig,
     pub hooks: HookConfig,
     pub wake: WakeConfig,
@@ -441,6 +443,7 @@ impl Config {
                 }
             },
             hooks,
+            spec_policy: crate::policy::SpecPolicy::from_lookup(&lookup)?,
             wake: WakeConfig {
                 lambda_function: lookup("POOLMGR_WAKE_LAMBDA_FUNCTION")
                     .map(|s| s.trim().to_owned())

@@ -52,6 +52,7 @@ pub mod flintlock;
 pub mod http;
 pub mod limits;
 pub mod metrics;
+pub mod policy;
 pub mod reconcile;
 pub mod rules;
 pub mod secrets;

@@ -36,6 +36,7 @@
 //! | `refill` | refill in seconds: wakes, the reconcile loop and its lease, hand-offs (issue 22) |
 //! | `rules` | every request rule of `/openapi.json` against the validators, at its boundaries |
 //! | `selection` | which pools a pass steps (issue 15), overlapping passes over them, creates across hosts |
+//! | `spec_policy` | the deployment's spec policy: host directories, bridges, image prefixes (issue 25) |
 //! | `statement_timeout` | the client-side statement timeout and its server-side cancel |
 //! | `template` | `infra/template.yaml`: what cfn-lint cannot judge (TLS, concurrency, alarms, …) |
 
@@ -64,5 +65,6 @@ mod refill;
 mod rollouts;
 mod rules;
 mod selection;
+mod spec_policy;
 mod statement_timeout;
 mod template;

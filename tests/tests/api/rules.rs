@@ -765,7 +765,7 @@ fn cases() -> Vec<Case> {
             vec![
                 json!({}),
                 json!({"container_source": " "}),
-                json!({"container_source": "img", "virtiofs_source": "tag"}),
+                json!({"container_source": "img", "virtiofs_source": "/srv/share"}),
             ],
         ),
         case(
@@ -783,13 +783,13 @@ fn cases() -> Vec<Case> {
                 b("/microvm_template/additional_volumes"),
                 vec![
                     json!([volume(json!({"container_source": "img"}))]),
-                    json!([volume(json!({"virtiofs_source": "tag", "container_source": null}))]),
+                    json!([volume(json!({"virtiofs_source": "/srv/share", "container_source": null}))]),
                 ],
                 vec![
                     json!([volume(json!({}))]),
                     json!([volume(json!({"container_source": "\t"}))]),
                     json!([volume(json!({"virtiofs_source": " "}))]),
-                    json!([volume(json!({"container_source": "img", "virtiofs_source": "tag"}))]),
+                    json!([volume(json!({"container_source": "img", "virtiofs_source": "/srv/share"}))]),
                     json!([{"id": "data"}]),
                 ],
             )
@@ -813,7 +813,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             given: &[(At::Body("/microvm_template/additional_volumes"), || {
-                json!([volume(json!({"virtiofs_source": "tag"}))])
+                json!([volume(json!({"virtiofs_source": "/srv/share"}))])
             })],
             ..case(
                 "virtiofs needs a provider other than firecracker",
@@ -1053,7 +1053,12 @@ fn base64url(s: &str) -> String {
 /// the longest id (one per lease route that ends it) and an event, so a long-poll answers at
 /// once.
 async fn fixture() -> TestApp {
-    let app = TestApp::spawn().await;
+    // The spec policy (issue 25) allows what the template's rules accept; `spec_policy` tests it.
+    let app = TestApp::spawn_with(|env| {
+        env.push(("POOLMGR_POLICY_VIRTIOFS_PATHS".into(), "/srv/share".into()));
+        env.push(("POOLMGR_POLICY_BRIDGES".into(), "br0".into()));
+    })
+    .await;
     app.create_pool("ci", 1).await;
     app.create_pool("ev", 1).await;
     app.seed_available("ev", 1).await;

@@ -92,6 +92,14 @@ pub(super) async fn replenish(
         tracing::debug!(pool = %pref, quarantined = counts.quarantined, "replenishment held back by quarantined VMs");
         return below_target(db, pool, Some(BELOW_TARGET_QUARANTINE_FULL), counts).await;
     }
+    if want > 0
+        && let Err(why) = pass.state.config.spec_policy.check(&pool.microvm_template)
+    {
+        // Stored before the policy was tightened: no VM of it is created until the spec or
+        // the policy changes (the refusal is the pool's POOL_SIZE_BELOW_TARGET reason).
+        tracing::warn!(pool = %pref, refused = %why, "no VM created: the pool's spec is outside the spec policy");
+        return below_target(db, pool, Some(&why), counts).await;
+    }
     if pool.microvm_template.has_static_network() {
         // A static MAC or address may exist once: only when the pool has no VM row at all.
         want = if counts.rows == 0 { want.min(1) } else { 0 };

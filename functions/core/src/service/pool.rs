@@ -29,9 +29,21 @@ async fn check_hosts(tx: &crate::db::Tx<'_>, spec: &PoolSpec) -> Result<(), ApiE
     }
 }
 
-fn validated(spec: &PoolSpec) -> Result<(), ApiError> {
-    spec.validate().map_err(ApiError::InvalidArgument)
+/// The spec's own rules, then the deployment's spec policy (a 400 with reason `SPEC_POLICY`).
+fn validated(state: &AppState, spec: &PoolSpec) -> Result<(), ApiError> {
+    spec.validate().map_err(ApiError::InvalidArgument)?;
+    within_policy(state, spec)
 }
+
+fn within_policy(state: &AppState, spec: &PoolSpec) -> Result<(), ApiError> {
+    state.config.spec_policy.check(&spec.microvm_template).map_err(|msg| {
+        tracing::warn!(pool = %spec.pool_ref(), refused = %msg, "spec outside the spec policy refused");
+        ApiError::InvalidArgument(msg).reason(SPEC_POLICY)
+    })
+}
+
+/// The `reason` of a spec refused by the deployment's spec policy.
+pub const SPEC_POLICY: &str = "SPEC_POLICY";
 
 /// Hooks run through flintlock's guest agent: a pool with commands may only name hosts
 /// that can exec. A host's `exec` decides: `enabled` / `disabled` is an admin's declaration,
@@ -111,7 +123,7 @@ async fn check_hosts_can_exec(state: &AppState, spec: &PoolSpec) -> Result<(), A
 }
 
 pub async fn create(state: &AppState, spec: PoolSpec, by: &str) -> Result<Pool, ApiError> {
-    validated(&spec)?;
+    validated(state, &spec)?;
     check_hosts_can_exec(state, &spec).await?;
     let mut conn = state.conn().await?;
     let tx = conn.transaction().await?;
@@ -136,7 +148,7 @@ pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec, by: &str) 
             spec.pool_ref()
         )));
     }
-    validated(&spec)?;
+    validated(state, &spec)?;
     check_hosts_can_exec(state, &spec).await?;
     let mut conn = state.conn().await?;
     let tx = conn.transaction().await?;
@@ -198,21 +210,22 @@ pub async fn rollout_undo(state: &AppState, pool: &PoolRef, to: Option<i32>, by:
             "pool {pool} has no rollout policy: add a `rollout` block to its spec to undo through a rollout"
         )));
     }
-    let kept: Vec<i32> =
-        store::pool_revisions(&conn, pool).await?.unwrap_or_default().iter().map(|r| r.revision).collect();
+    let revs = store::pool_revisions(&conn, pool).await?.unwrap_or_default();
     let to = match to {
         Some(t) => t,
-        None => *kept.iter().find(|r| **r < row.revision).ok_or_else(|| {
+        None => revs.iter().map(|r| r.revision).find(|r| *r < row.revision).ok_or_else(|| {
             ApiError::FailedPrecondition(format!("pool {pool} keeps no revision before {}", row.revision))
         })?,
     };
     if to == row.revision {
         return Err(ApiError::FailedPrecondition(format!("pool {pool} is on revision {to} already")));
     }
-    if !kept.contains(&to) {
-        let list = kept.iter().map(i32::to_string).collect::<Vec<_>>().join(", ");
+    let Some(target) = revs.iter().find(|r| r.revision == to) else {
+        let list = revs.iter().map(|r| r.revision.to_string()).collect::<Vec<_>>().join(", ");
         return Err(ApiError::InvalidArgument(format!("revision {to} of pool {pool} is not kept (kept: {list})")));
-    }
+    };
+    // A kept revision from before the policy was tightened is not a way around it.
+    within_policy(state, &target.spec)?;
     if !store::rollout_undo(&conn, pool, row.revision, to, by).await? {
         return Err(ApiError::Aborted(format!("pool {pool} changed meanwhile; look at it again and retry")));
     }
