@@ -17,8 +17,8 @@ pub struct ConfigError(pub String);
 pub struct Config {
     /// PostgreSQL URL (`DATABASE_URL`).
     pub database_url: String,
-    /// TLS to PostgreSQL: the `sslmode` of a URL that names none (`POOLMGR_DATABASE_SSLMODE`,
-    /// `prefer`) and the CA to trust (`POOLMGR_DATABASE_CA_PEM`, else the compiled-in roots).
+    /// TLS to PostgreSQL: the `sslmode` of a URL that names none (`POOLMGR_DATABASE_SSLMODE`;
+    /// unset: `prefer` on loopback or a Unix socket, else `verify-full`) and the CA to trust (`POOLMGR_DATABASE_CA_PEM`, else the compiled-in roots).
     pub db_tls: DbTls,
     /// Connections per process (`POOLMGR_DB_POOL_SIZE`). A Lambda instance serves one request
     /// at a time and needs 1-2; the local server shares one pool across all routes.

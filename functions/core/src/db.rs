@@ -409,8 +409,9 @@ pub async fn connect_one(url: &str, tls: &DbTls) -> Result<tokio_postgres::Clien
 fn connect_error(e: tokio_postgres::Error, mode: SslMode) -> DbError {
     let cause = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| format!("{e}: {s}"));
     let hint = if cause.contains("not valid for name") || cause.contains("NotValidForName") {
-        "the certificate is not issued for the host name in DATABASE_URL: connect by the name the certificate \
-         carries (RDS Proxy: its endpoint), or use sslmode=verify-ca to check the chain only"
+        "the certificate is not issued for the host name in DATABASE_URL: connect by a name the certificate \
+         carries (RDS Proxy: its endpoint; your own server: a subjectAltName of its certificate), or re-issue \
+         the server's certificate for the name you connect by"
     } else if cause.contains("invalid peer certificate") {
         "the server's certificate does not chain to a trusted root: set POOLMGR_DATABASE_CA_PEM to the CA that \
          signed it (PEM text or a file path)"

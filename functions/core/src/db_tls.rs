@@ -10,16 +10,20 @@
 //! | `sslmode` | TLS | the server's certificate |
 //! |---|---|---|
 //! | `disable` | never | — |
-//! | `prefer` (default) | if the server offers it, else plaintext | not checked; with `POOLMGR_DATABASE_CA_PEM` its chain is |
+//! | `prefer` (default for a loopback host or a Unix socket) | if the server offers it, else plaintext | not checked; with `POOLMGR_DATABASE_CA_PEM` its chain is |
 //! | `require` | always | as `prefer` |
-//! | `verify-ca` | always | chain to a trusted root (the CA PEM, else the compiled-in roots); any host name |
-//! | `verify-full` | always | as `verify-ca`, and issued for the host name of the URL |
+//! | `verify-ca` | always | chain to the CA of `POOLMGR_DATABASE_CA_PEM` (refused without one); any host name |
+//! | `verify-full` (default for any other host) | always | chain to a trusted root (the CA PEM, else the compiled-in roots), and issued for the host name of the URL |
 //!
 //! That is libpq's table, with `POOLMGR_DATABASE_CA_PEM` in the place of libpq's root
 //! certificate file (whose presence makes libpq check the chain under `prefer` and `require`
-//! too). A URL without `sslmode` gets `POOLMGR_DATABASE_SSLMODE`, default `prefer`; the AWS
-//! template sets `verify-full`. `allow` (plaintext first) is refused: tokio-postgres cannot
-//! do it.
+//! too). A URL without `sslmode` gets `POOLMGR_DATABASE_SSLMODE`; unset, `verify-full` unless
+//! every host of the URL is loopback (`localhost`, 127.0.0.0/8, `::1`) or a Unix socket, where
+//! `prefer` keeps a local server working without certificates: a server reached over a
+//! network is never downgradable by default. Two departures from libpq, both to fail closed:
+//! `verify-ca` without `POOLMGR_DATABASE_CA_PEM` is refused (against the compiled-in public
+//! roots it would accept any certificate any public CA issued, for any name), and `allow`
+//! (plaintext first) is refused: tokio-postgres cannot do it.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -84,16 +88,17 @@ impl SslMode {
 /// anchors. Cheap to clone.
 #[derive(Clone)]
 pub struct DbTls {
-    /// `POOLMGR_DATABASE_SSLMODE`: the mode of a URL without `sslmode`.
-    default_mode: SslMode,
+    /// `POOLMGR_DATABASE_SSLMODE`: the mode of a URL without `sslmode`; `None`: by its hosts
+    /// ([`DbTls::mode_for`]).
+    default_mode: Option<SslMode>,
     /// `POOLMGR_DATABASE_CA_PEM`, parsed; `None`: the compiled-in roots.
     ca: Option<Arc<RootCertStore>>,
 }
 
 impl Default for DbTls {
-    /// `prefer`, no private CA: libpq's defaults.
+    /// The mode by the URL's hosts, no private CA.
     fn default() -> Self {
-        DbTls { default_mode: SslMode::Prefer, ca: None }
+        DbTls { default_mode: None, ca: None }
     }
 }
 
@@ -112,7 +117,7 @@ impl DbTls {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<DbTls, String> {
         let mut tls = DbTls::default();
         if let Some(mode) = lookup("POOLMGR_DATABASE_SSLMODE").filter(|s| !s.trim().is_empty()) {
-            tls.default_mode = SslMode::parse(&mode).map_err(|e| format!("POOLMGR_DATABASE_SSLMODE: {e}"))?;
+            tls.default_mode = Some(SslMode::parse(&mode).map_err(|e| format!("POOLMGR_DATABASE_SSLMODE: {e}"))?);
         }
         if let Some(ca) = lookup("POOLMGR_DATABASE_CA_PEM").filter(|s| !s.trim().is_empty()) {
             let pem = if ca.trim_start().starts_with("-----BEGIN") {
@@ -154,11 +159,30 @@ impl DbTls {
 
     /// The mode of URLs that name no `sslmode`.
     pub fn with_default_mode(self, mode: SslMode) -> DbTls {
-        DbTls { default_mode: mode, ..self }
+        DbTls { default_mode: Some(mode), ..self }
     }
 
-    pub fn default_mode(&self) -> SslMode {
+    /// `POOLMGR_DATABASE_SSLMODE`; `None`: chosen per URL by [`DbTls::mode_for`].
+    pub fn default_mode(&self) -> Option<SslMode> {
         self.default_mode
+    }
+
+    /// The mode of a URL that names no `sslmode`, for a URL with these hosts: the configured
+    /// one, else `prefer` when every host is on this machine (loopback or a Unix socket) and
+    /// `verify-full` otherwise.
+    fn mode_for(&self, hosts: &[tokio_postgres::config::Host]) -> SslMode {
+        use tokio_postgres::config::Host;
+        self.default_mode.unwrap_or_else(|| {
+            let local = |h: &Host| match h {
+                Host::Unix(_) => true,
+                Host::Tcp(name) => {
+                    let name = name.trim_start_matches('[').trim_end_matches(']');
+                    name.eq_ignore_ascii_case("localhost")
+                        || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+                }
+            };
+            if !hosts.is_empty() && hosts.iter().all(local) { SslMode::Prefer } else { SslMode::VerifyFull }
+        })
     }
 
     /// Parses `url` (a `postgres://` URL or `key=value` pairs) with its `sslmode` taken out
@@ -166,7 +190,6 @@ impl DbTls {
     /// Returns the mode too, for messages.
     pub fn connect_config(&self, url: &str) -> Result<(tokio_postgres::Config, MakeRustlsConnect, SslMode), String> {
         let (rest, mode) = split_sslmode(url)?;
-        let mode = mode.unwrap_or(self.default_mode);
         let mut pg: tokio_postgres::Config = rest.parse().map_err(|e: tokio_postgres::Error| {
             let mut msg = e.to_string();
             if rest.contains("sslrootcert") {
@@ -174,11 +197,20 @@ impl DbTls {
             }
             msg
         })?;
+        let mode = mode.unwrap_or_else(|| self.mode_for(pg.get_hosts()));
+        if mode == SslMode::VerifyCa && self.ca.is_none() {
+            return Err("sslmode=verify-ca checks only that the server's certificate chains to a trusted CA, and \
+                        without POOLMGR_DATABASE_CA_PEM those are the public roots compiled in: any certificate \
+                        any public CA issued, for any name, would pass. Set POOLMGR_DATABASE_CA_PEM to the CA \
+                        that signed your server's certificate, or use sslmode=verify-full"
+                .into());
+        }
         pg.ssl_mode(mode.wire());
         let verifier = Arc::new(PgServerVerifier {
             roots: match mode {
                 SslMode::Disable => None,
                 SslMode::Prefer | SslMode::Require => self.ca.clone(),
+                // verify-ca has a CA (checked above).
                 SslMode::VerifyCa | SslMode::VerifyFull => {
                     Some(self.ca.clone().unwrap_or_else(|| WEBPKI_ROOTS.clone()))
                 }
@@ -355,7 +387,48 @@ mod tests {
         let (pg, _, mode) = tls.connect_config("postgres://u@h/d?sslmode=disable").unwrap();
         assert_eq!(mode, SslMode::Disable);
         assert_eq!(pg.get_ssl_mode(), tokio_postgres::config::SslMode::Disable);
-        assert_eq!(DbTls::default().connect_config("host=h").unwrap().2, SslMode::Prefer);
+        // Without POOLMGR_DATABASE_SSLMODE a remote host gets verify-full.
+        assert_eq!(DbTls::default().connect_config("host=h").unwrap().2, SslMode::VerifyFull);
+    }
+
+    #[test]
+    fn without_a_configured_mode_only_a_server_on_this_machine_gets_prefer() {
+        let mode = |url: &str| DbTls::default().connect_config(url).unwrap().2;
+        for local in [
+            "postgres://u@localhost/d",
+            "postgres://u@LocalHost:5433/d",
+            "postgres://u@127.0.0.1/d",
+            "postgres://u@127.9.8.7/d",
+            "postgres://u@[::1]:5433/d",
+            "host=/var/run/postgresql dbname=d",
+            "host=localhost,127.0.0.1 dbname=d",
+        ] {
+            assert_eq!(mode(local), SslMode::Prefer, "{local}");
+        }
+        for remote in [
+            "postgres://u@db.example/d",
+            "postgres://u@10.0.0.5/d",
+            "postgres://u@[2001:db8::1]/d",
+            "postgres://u@localhost.example/d",
+            // One remote host among local ones: the whole URL is remote.
+            "host=localhost,db.example dbname=d",
+            // The name is what TLS checks, whatever address it is reached at.
+            "host=db.example hostaddr=127.0.0.1 dbname=d",
+        ] {
+            assert_eq!(mode(remote), SslMode::VerifyFull, "{remote}");
+        }
+        // A configured mode applies to every host.
+        let tls = DbTls::default().with_default_mode(SslMode::Require);
+        assert_eq!(tls.connect_config("postgres://u@localhost/d").unwrap().2, SslMode::Require);
+        assert_eq!(tls.connect_config("postgres://u@db.example/d").unwrap().2, SslMode::Require);
+    }
+
+    #[test]
+    fn verify_ca_without_a_ca_of_its_own_is_refused_with_what_to_set() {
+        let err = DbTls::default().connect_config("postgres://u@db.example/d?sslmode=verify-ca").err().unwrap();
+        assert!(err.contains("POOLMGR_DATABASE_CA_PEM") && err.contains("verify-full"), "{err}");
+        let err = DbTls::default().with_default_mode(SslMode::VerifyCa).connect_config("host=h").err().unwrap();
+        assert!(err.contains("POOLMGR_DATABASE_CA_PEM"), "{err}");
     }
 
     #[test]

@@ -75,18 +75,38 @@ async fn verify_full_without_that_ca_is_refused_and_says_to_set_the_ca() {
 }
 
 #[tokio::test]
-async fn verify_full_refuses_a_host_name_the_certificate_is_not_for_and_verify_ca_accepts_it() {
+async fn verify_full_refuses_a_host_name_the_certificate_is_not_for_and_verify_ca_needs_a_ca_of_its_own() {
     let by_address = url("127.0.0.1", "postgres", Some("verify-full"));
     let err = refused(db::connect_one(&by_address, &trusting_the_test_ca()).await);
     assert!(err.contains("not valid for name \"127.0.0.1\""), "{err}");
-    assert!(err.contains("verify-ca"), "the hint names the alternative: {err}");
+    // The hint says how to fix the name, not how to stop checking it.
+    assert!(err.contains("subjectAltName") && err.contains("re-issue"), "{err}");
+    assert!(!err.contains("verify-ca"), "the hint must not suggest a weaker mode: {err}");
 
     // verify-ca checks the chain only: the same address is fine with the right CA…
     let c = db::connect_one(&url("127.0.0.1", "postgres", Some("verify-ca")), &trusting_the_test_ca()).await.unwrap();
     assert!(encrypted(&c).await);
-    // …and refused without it.
+    // …and refused before connecting without one: the public roots would take any certificate.
     let err = refused(db::connect_one(&url("127.0.0.1", "postgres", Some("verify-ca")), &DbTls::default()).await);
+    assert!(err.contains("Set POOLMGR_DATABASE_CA_PEM"), "{err}");
+}
+
+/// With neither `sslmode` in the URL nor `POOLMGR_DATABASE_SSLMODE`, a server reached by a
+/// name that is not loopback is verified in full; one on this machine gets `prefer`.
+#[tokio::test]
+async fn without_any_sslmode_a_remote_name_is_verified_in_full_and_a_loopback_one_is_not() {
+    // `db.example`, reached at 127.0.0.1, is not a name the certificate carries: only
+    // verify-full looks at names, so this refusal proves that is the mode chosen.
+    let err = refused(db::connect_one(&url("db.example", "postgres", None), &trusting_the_test_ca()).await);
+    assert!(err.contains("sslmode=verify-full") && err.contains("not valid for name \"db.example\""), "{err}");
+    // And without the CA the chain is checked against the public roots.
+    let err = refused(db::connect_one(&url("db.example", "postgres", None), &DbTls::default()).await);
     assert!(err.contains("UnknownIssuer"), "{err}");
+
+    // 127.0.0.1, which the certificate is not for either, connects: prefer, still encrypted
+    // because this server offers TLS.
+    let c = db::connect_one(&url("127.0.0.1", "postgres", None), &DbTls::default()).await.unwrap();
+    assert!(encrypted(&c).await);
 }
 
 #[tokio::test]

@@ -252,6 +252,6 @@ fn the_proxy_requires_tls_and_the_functions_accept_the_settings_the_template_giv
     vars.insert("AWS_LAMBDA_FUNCTION_NAME".into(), "claims".into());
     let cfg =
         Config::from_lookup(|k| vars.get(k).cloned()).expect("the template's environment is a valid configuration");
-    assert_eq!(cfg.db_tls.default_mode(), SslMode::VerifyFull);
+    assert_eq!(cfg.db_tls.default_mode(), Some(SslMode::VerifyFull));
     assert_eq!(cfg.metrics_namespace, "poolmgr/stack-a");
 }
