@@ -284,6 +284,9 @@ fn test_config(testdb: &TestDb, extra: impl Fn(&mut Vec<(String, String)>)) -> C
         // Reconcile loops (`reconcile::run_loop`) pass often and give up soon in tests.
         ("POOLMGR_RECONCILE_LOOP_INTERVAL_MS".into(), "50".into()),
         ("POOLMGR_RECONCILE_LINGER_MS".into(), "300".into()),
+        // Probes check on every call, so tests that change the schema see it at once;
+        // `monitoring::` tests the cache.
+        ("POOLMGR_HEALTH_CACHE_SECONDS".into(), "0".into()),
     ];
     if through_pooler() {
         // As configured in production behind a transaction pooler: PgBouncer before 1.21

@@ -39,6 +39,8 @@ pub struct AppState {
     pub waker: Waker,
     /// Client scopes and quotas ([`crate::limits`]).
     pub limits: Arc<crate::limits::LimitsCache>,
+    /// The last `/readyz` answer ([`crate::service::ops::HealthCache`]).
+    pub health: Arc<crate::service::ops::HealthCache>,
     /// This deployment's namespaces, once known ([`AppState::deployment`]).
     deployment: Arc<tokio::sync::OnceCell<Deployment>>,
 }
@@ -63,6 +65,7 @@ impl AppState {
             clock: Clock::system(),
             waker: Waker::from_config(&cfg.wake),
             limits: Arc::new(crate::limits::LimitsCache::new(cfg.principal_limits_cache)),
+            health: Arc::new(crate::service::ops::HealthCache::new(cfg.health_cache)),
             deployment: Arc::default(),
         }
     }
@@ -101,6 +104,22 @@ impl AppState {
     /// A pooled connection; an unreachable database is UNAVAILABLE (503, retry). A connection
     /// that died while idle (a Lambda thaw, a database restart) is replaced here, transparently:
     /// see [`crate::db::connect_pool`].
+    /// Wakes the reconciler ([`Waker::wake`]): on Lambda a running loop is asked to go on
+    /// (one statement) instead of invoking another; a failed ask invokes.
+    pub async fn wake(&self, why: &'static str) -> bool {
+        let linger = self.config.reconcile.linger.as_secs_f64();
+        let ask = async {
+            match self.db.get().await {
+                Ok(c) => crate::store::loop_ask(&c, linger).await.unwrap_or_else(|e| {
+                    tracing::debug!(error = %e, "could not ask a running reconcile loop; invoking");
+                    false
+                }),
+                Err(_) => false,
+            }
+        };
+        self.waker.wake(why, ask).await
+    }
+
     pub async fn conn(&self) -> Result<Conn, ApiError> {
         Ok(self.db.get().await?)
     }

@@ -55,6 +55,11 @@ pub struct Config {
     /// How long an instance keeps the principals' scopes and quotas before it reads them
     /// again (`POOLMGR_PRINCIPAL_LIMITS_CACHE_SECONDS`, 5): how soon an admin's change applies.
     pub principal_limits_cache: Duration,
+    /// How long an instance answers `/readyz` and `/healthz` from its last check
+    /// (`POOLMGR_HEALTH_CACHE_SECONDS`, 2; 0 checks on every probe): the unauthenticated
+    /// probes cost the database at most one query per instance per period, however hard
+    /// they are hit.
+    pub health_cache: Duration,
     pub auth: AuthConfig,
     /// flintlock namespaces poolmgr owns start with this
     /// (`POOLMGR_FLINTLOCK_NAMESPACE_PREFIX`, `poolmgr-`); a deployment's are
@@ -429,6 +434,7 @@ impl Config {
             principal_limits_cache: Duration::from_secs(
                 parse_num(&lookup, "POOLMGR_PRINCIPAL_LIMITS_CACHE_SECONDS", 5u64)?.min(300),
             ),
+            health_cache: Duration::from_secs(parse_num(&lookup, "POOLMGR_HEALTH_CACHE_SECONDS", 2u64)?.min(60)),
             auth: AuthConfig { disabled, tokens },
             flintlock_namespace_prefix: lookup("POOLMGR_FLINTLOCK_NAMESPACE_PREFIX")
                 .filter(|s| !s.is_empty())

@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 /// Seconds a client should wait before retrying a 409 ABORTED, a 429 or a 503.
 pub const RETRY_AFTER_SECONDS: u64 = 1;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("{0}")]
     InvalidArgument(String),

@@ -102,7 +102,14 @@ impl Waker {
 
     /// Asks for a reconcile pass soon; `why` is logged. Never fails: a wake is a hint.
     /// Returns whether a wake went out (not debounced, not off, and accepted).
-    pub async fn wake(&self, why: &'static str) -> bool {
+    ///
+    /// On Lambda, `ask_holder` runs first (after the debounce): it asks a running loop to go
+    /// on (`store::loop_ask`, [`crate::app::AppState::wake`]) and answers whether one was
+    /// there. Then no invoke is sent: the holder's next pass sees the work, and an invocation
+    /// started now would only join it, or, with the reconcile function's concurrency
+    /// reserved (the template reserves 1), be throttled and retried by Lambda for minutes
+    /// and end in the dead-letter queue. Elsewhere `ask_holder` is never polled.
+    pub async fn wake(&self, why: &'static str, ask_holder: impl Future<Output = bool>) -> bool {
         match &self.target {
             Target::Off => false,
             Target::Local(n) => {
@@ -117,6 +124,10 @@ impl Waker {
                         return false;
                     }
                     *last = Some(now);
+                }
+                if ask_holder.await {
+                    tracing::debug!(why, "a reconcile loop is running: asked it to go on instead of invoking");
+                    return true;
                 }
                 let outcome = match tokio::time::timeout(INVOKE_TIMEOUT, invoke.invoke_event(why)).await {
                     Ok(Ok(())) => {
@@ -372,8 +383,8 @@ mod tests {
     #[tokio::test]
     async fn a_local_waker_signals_and_an_off_one_does_nothing() {
         let n = Arc::new(Notify::new());
-        assert!(Waker::local(n.clone()).wake("test").await);
+        assert!(Waker::local(n.clone()).wake("test", async { panic!("a local waker asks nobody") }).await);
         tokio::time::timeout(Duration::from_secs(1), n.notified()).await.expect("notified");
-        assert!(!Waker::off().wake("test").await);
+        assert!(!Waker::off().wake("test", async { panic!("an off waker asks nobody") }).await);
     }
 }

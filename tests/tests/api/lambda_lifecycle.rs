@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use lambda_emu::{Bytes, Emulator, ExtensionCalls, Function, Outcome, http_event};
+use poolmgr_core::store;
 use poolmgr_tests::{ADMIN, CLIENT_A, CLIENT_B, TestApp};
 use serde_json::{Value, json};
 
@@ -217,20 +218,13 @@ async fn the_reconcile_function_reads_its_secrets_in_the_invoke_phase_and_accept
     assert!(reconcile.is_running(), "{}", reconcile.stderr());
 }
 
-/// Issue 22 item 1 on the deployed shape: the claims function, as Lambda runs it, wakes the
-/// reconcile function with an asynchronous Invoke (`X-Amz-Invocation-Type: Event`) signed
-/// with its role's credentials, before it answers (a frozen environment would never send
-/// it); the signature is checked here against SigV4 recomputed from what arrived. A second
-/// claim within the debounce sends no second invoke.
-#[tokio::test]
-async fn a_claim_on_lambda_wakes_the_reconcile_function_with_a_signed_asynchronous_invoke() {
+/// A stand-in for Lambda's Invoke API: every invoke (function name, headers, payload) is sent
+/// on the channel and answered 202.
+async fn lambda_invoke_api()
+-> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<(String, axum::http::HeaderMap, Bytes)>) {
     use axum::extract::Path as UrlPath;
     use axum::http::{HeaderMap, StatusCode};
-    use poolmgr_core::wake::{Credentials, Request, authorization, sha256_hex};
-
-    let (_app, emu, mut env) = claims_setup(2).await;
-    emu.extension.put_secret(TOKENS_ARN, &tokens_secret());
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, HeaderMap, Bytes)>();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(String, HeaderMap, Bytes)>();
     let api = axum::Router::new().route(
         "/2015-03-31/functions/{name}/invocations",
         axum::routing::post(move |UrlPath(name): UrlPath<String>, headers: HeaderMap, body: Bytes| {
@@ -241,6 +235,21 @@ async fn a_claim_on_lambda_wakes_the_reconcile_function_with_a_signed_asynchrono
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, api).await });
+    (addr, rx)
+}
+
+/// Issue 22 item 1 on the deployed shape: the claims function, as Lambda runs it, wakes the
+/// reconcile function with an asynchronous Invoke (`X-Amz-Invocation-Type: Event`) signed
+/// with its role's credentials, before it answers (a frozen environment would never send
+/// it); the signature is checked here against SigV4 recomputed from what arrived. A second
+/// claim within the debounce sends no second invoke.
+#[tokio::test]
+async fn a_claim_on_lambda_wakes_the_reconcile_function_with_a_signed_asynchronous_invoke() {
+    use poolmgr_core::wake::{Credentials, Request, authorization, sha256_hex};
+
+    let (_app, emu, mut env) = claims_setup(2).await;
+    emu.extension.put_secret(TOKENS_ARN, &tokens_secret());
+    let (addr, mut rx) = lambda_invoke_api().await;
     // The session token stays the emulator's: the secrets extension checks it.
     let creds = Credentials {
         access_key_id: "ASIATESTWAKE".into(),
@@ -287,6 +296,40 @@ async fn a_claim_on_lambda_wakes_the_reconcile_function_with_a_signed_asynchrono
     let (status, _, body) = http_answer(&invoke(&mut claims, claim_event("job-2")).await);
     assert_eq!(status, 200, "{body}");
     assert!(rx.try_recv().is_err(), "a second invoke within the debounce");
+}
+
+/// Issue 25 item 10: the reconcile function's concurrency is reserved (1), so an invoke while
+/// a loop runs would be throttled, retried by Lambda for minutes and end in the dead-letter
+/// queue. A claim that finds the loop lease held asks its holder to go on (one statement) and
+/// invokes nothing; once no loop runs, the next claim invokes.
+#[tokio::test]
+async fn a_claim_on_lambda_asks_a_running_loop_to_go_on_instead_of_invoking_another() {
+    let (app, emu, mut env) = claims_setup(2).await;
+    emu.extension.put_secret(TOKENS_ARN, &tokens_secret());
+    let (addr, mut rx) = lambda_invoke_api().await;
+    env.extend([
+        ("POOLMGR_WAKE_LAMBDA_FUNCTION".to_owned(), "poolmgr-reconcile".to_owned()),
+        ("POOLMGR_LAMBDA_ENDPOINT".to_owned(), format!("http://{addr}")),
+        ("POOLMGR_WAKE_DEBOUNCE_MS".to_owned(), "0".to_owned()),
+        ("AWS_ACCESS_KEY_ID".to_owned(), "ASIATESTWAKE".to_owned()),
+        ("AWS_SECRET_ACCESS_KEY".to_owned(), "wake/secret".to_owned()),
+    ]);
+    // Force the moment: a loop elsewhere holds the lease.
+    let holder = "loop-elsewhere";
+    assert!(store::loop_take(&app.state.db.get().await.unwrap(), holder, 60.0).await.unwrap());
+    let mut claims = emu.spawn(&function_bin("claims"), &env).unwrap();
+    let (status, _, body) = http_answer(&invoke(&mut claims, claim_event("job-1")).await);
+    assert_eq!(status, 200, "{body}");
+    assert!(rx.try_recv().is_err(), "an invoke went out while a loop runs:\n{}", claims.stderr());
+    let lease = store::loop_renew(&app.state.db.get().await.unwrap(), holder, 60.0).await.unwrap().expect("held");
+    assert!(lease.asked, "the claim asked the running loop to go on: {lease:?}");
+
+    // The loop ends: the next claim's wake is an invoke.
+    assert!(store::loop_release(&app.state.db.get().await.unwrap(), holder, true, None).await.unwrap());
+    let (status, _, body) = http_answer(&invoke(&mut claims, claim_event("job-2")).await);
+    assert_eq!(status, 200, "{body}");
+    let (name, _, _) = rx.try_recv().unwrap_or_else(|_| panic!("no invoke without a loop:\n{}", claims.stderr()));
+    assert_eq!(name, "poolmgr-reconcile");
 }
 
 /// The reconcile function as deployed: one scheduled invocation keeps passing until the VMs it

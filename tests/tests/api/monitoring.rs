@@ -459,3 +459,88 @@ async fn livez_answers_without_a_database_and_readyz_does_not() {
         assert_eq!((status, &body["error"]["status"]), (503, &json!("UNAVAILABLE")), "{path}: {body}");
     }
 }
+
+const FROM_THE_FUTURE: &str = "INSERT INTO refinery_schema_history (version, name, applied_on, checksum)
+     VALUES (9999, 'from_the_future', '2030-01-01T00:00:00Z', '0')";
+
+/// An app whose probes answer from a cache kept `seconds`.
+async fn with_health_cache(seconds: &str) -> TestApp {
+    let seconds = seconds.to_owned();
+    TestApp::spawn_with(move |env| env.push(("POOLMGR_HEALTH_CACHE_SECONDS".into(), seconds.clone()))).await
+}
+
+#[tokio::test]
+async fn readyz_and_healthz_answer_from_a_short_cache_of_the_last_check_success_or_failure() {
+    // A success is kept: the schema changes, and within the period the probes do not ask.
+    let app = with_health_cache("60").await;
+    assert_eq!(probe(&app, "/readyz").await.status.as_u16(), 200);
+    app.conn().await.batch_execute(FROM_THE_FUTURE).await.unwrap();
+    assert_eq!(probe(&app, "/readyz").await.status.as_u16(), 200, "answered from the cache");
+    assert_eq!(probe(&app, "/healthz").await.status.as_u16(), 200, "one cache for both probes");
+
+    // A failure is kept too: a flood of probes against a broken database asks it once.
+    let app = with_health_cache("60").await;
+    app.conn().await.batch_execute(FROM_THE_FUTURE).await.unwrap();
+    probe(&app, "/readyz").await.assert_error(503, "UNAVAILABLE");
+    app.conn().await.batch_execute("DELETE FROM refinery_schema_history WHERE version = 9999").await.unwrap();
+    let r = probe(&app, "/healthz").await;
+    r.assert_error(503, "UNAVAILABLE");
+    assert!(r.body["error"]["message"].as_str().unwrap().contains("Deploy the newer binaries"), "{}", r.body);
+
+    // Past the period the next probe checks again.
+    let app = with_health_cache("1").await;
+    assert_eq!(probe(&app, "/readyz").await.status.as_u16(), 200);
+    app.conn().await.batch_execute(FROM_THE_FUTURE).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    probe(&app, "/readyz").await.assert_error(503, "UNAVAILABLE");
+}
+
+#[tokio::test]
+async fn concurrent_probes_wait_for_one_check_instead_of_each_asking_the_database() {
+    // No statement timeout: the held check must wait as long as this test takes.
+    let app = std::sync::Arc::new(
+        TestApp::spawn_with(|env| {
+            env.push(("POOLMGR_HEALTH_CACHE_SECONDS".into(), "60".into()));
+            env.push(("POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS".into(), "0".into()));
+        })
+        .await,
+    );
+    // Hold the check on a lock: every probe that starts its own check would wait on it too.
+    let mut locker = app.db.client().await;
+    let tx = locker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE refinery_schema_history IN ACCESS EXCLUSIVE MODE").await.unwrap();
+    let probes: Vec<_> = (0..20)
+        .map(|i| {
+            let app = app.clone();
+            tokio::spawn(async move { probe(&app, if i % 2 == 0 { "/readyz" } else { "/healthz" }).await })
+        })
+        .collect();
+    let waiting = || async {
+        app.conn()
+            .await
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%refinery_schema_history%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let mut n = waiting().await;
+    for _ in 0..200 {
+        if n > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        n = waiting().await;
+    }
+    assert_eq!(n, 1, "one check reached the database");
+    // Give the other probes every chance to start a check of their own.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(waiting().await, 1, "the other 19 probes wait for that check");
+    tx.rollback().await.unwrap();
+    for p in probes {
+        assert_eq!(p.await.unwrap().status.as_u16(), 200);
+    }
+}

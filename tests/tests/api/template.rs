@@ -131,7 +131,7 @@ fn rds_proxy_can_reach_the_secrets_manager_endpoint_without_a_nat_gateway() {
 }
 
 #[test]
-fn reserved_concurrency_of_zero_the_default_leaves_every_function_unreserved() {
+fn only_the_reconcile_function_reserves_concurrency_by_default_a_loop_and_a_spare() {
     let t = template();
     let params = defaults(&t);
     let fns = functions(&t);
@@ -145,15 +145,98 @@ fn reserved_concurrency_of_zero_the_default_leaves_every_function_unreserved() {
         // Reserved only through a parameter, never a literal a new account cannot afford.
         let (tag, args) = tagged(prop).unwrap_or_else(|| panic!("{name} reserves a fixed {prop:?}"));
         assert_eq!(tag, "If", "{name}");
-        assert_eq!(eval(&t, prop, &params), None, "{name} must be unreserved with the defaults");
         let param = tagged(&args[1]).map(|(_, v)| str_of(v).to_owned()).expect("the reserved value is a parameter");
-        assert_eq!(params[&param], "0", "{param} defaults to 0");
+        if name == "ReconcileFunction" {
+            // A flood of API calls cannot take the reconciler's concurrency. One loop runs at
+            // a time (the loop lease); the spare takes a tick or hand-off meanwhile, which
+            // asks the loop to go on, instead of a throttle and Lambda's retries.
+            assert_eq!(eval(&t, prop, &params), Some(Value::String("2".into())), "{name}");
+        } else {
+            assert_eq!(eval(&t, prop, &params), None, "{name} must be unreserved with the defaults");
+            assert_eq!(params[&param], "0", "{param} defaults to 0");
+        }
+        // 0 leaves any of them unreserved (an account whose limit is 100 or less)…
+        let mut zero = params.clone();
+        zero.insert(param.clone(), "0".into());
+        assert_eq!(eval(&t, prop, &zero), None, "{name} with {param}=0");
+        // …and another number reserves that.
         let mut five = params.clone();
         five.insert(param.clone(), "5".into());
         assert_eq!(eval(&t, prop, &five), Some(Value::String("5".into())), "{name} with {param}=5");
         governed += 1;
     }
     assert_eq!(governed, 6, "the six concurrency parameters each govern their function");
+}
+
+/// `{route key: (rate, burst)}` of every HttpApi event, with the stage's default where the
+/// event sets none, evaluated under `params`.
+fn route_throttles(t: &Value, params: &BTreeMap<String, String>) -> BTreeMap<String, (f64, f64)> {
+    let num = |v: &Value| -> f64 {
+        match eval(t, v, params) {
+            Some(Value::String(s)) => s.parse().unwrap_or_else(|_| panic!("{s:?} is not a number")),
+            Some(Value::Number(n)) => n.as_f64().unwrap(),
+            other => panic!("a throttle must be set, got {other:?}"),
+        }
+    };
+    let api = &resource(t, "HttpApi")["Properties"]["DefaultRouteSettings"];
+    assert!(!api.is_null(), "the HTTP API has no DefaultRouteSettings: its routes are not throttled");
+    let default = (num(&api["ThrottlingRateLimit"]), num(&api["ThrottlingBurstLimit"]));
+    let mut out = BTreeMap::new();
+    for (fname, f) in functions(t) {
+        let Some(events) = f["Properties"]["Events"].as_mapping() else { continue };
+        for (ename, e) in events {
+            if e["Type"].as_str() != Some("HttpApi") {
+                continue;
+            }
+            let p = &e["Properties"];
+            let (Some(m), Some(path)) = (p["Method"].as_str(), p["Path"].as_str()) else {
+                panic!("{fname}.{ename:?} is a $default route: an unmatched path would invoke a function")
+            };
+            let rs = &p["RouteSettings"];
+            let throttle = if rs.is_null() {
+                default
+            } else {
+                (num(&rs["ThrottlingRateLimit"]), num(&rs["ThrottlingBurstLimit"]))
+            };
+            out.insert(format!("{m} {path}"), throttle);
+        }
+    }
+    out
+}
+
+#[test]
+fn every_route_is_throttled_the_open_ones_hardest_and_no_catch_all_route_invokes_a_function() {
+    let t = template();
+    let params = defaults(&t);
+    let routes = route_throttles(&t, &params);
+    assert!(routes.len() > 30, "{routes:?}");
+    for (route, (rate, burst)) in &routes {
+        assert!(*rate >= 1.0 && *burst >= *rate, "{route}: rate {rate}, burst {burst}");
+    }
+    let of = |k: &str| *routes.get(k).unwrap_or_else(|| panic!("no route {k}"));
+    let admin = of("POST /v1/pools");
+    let client = of("POST /v1/claims");
+    for probe in ["GET /livez", "GET /readyz", "GET /healthz", "GET /openapi.json"] {
+        let (rate, burst) = of(probe);
+        assert!(rate < admin.0 && burst < admin.1, "{probe} needs no token: it gets the lowest limit");
+    }
+    for route in [
+        "GET /v1/leases",
+        "GET /v1/leases/{lease_id}",
+        "DELETE /v1/leases/{lease_id}",
+        "POST /v1/leases/{lease_id}/heartbeat",
+    ] {
+        assert_eq!(of(route), client, "{route} is a client route");
+    }
+    assert!(client.0 > admin.0, "claims and heartbeats carry the traffic: {client:?} vs {admin:?}");
+    assert_eq!(of("GET /v1/events"), admin);
+    // The parameters move them.
+    let mut tight = params.clone();
+    tight.insert("ApiThrottleRate".into(), "3".into());
+    tight.insert("ClientThrottleBurst".into(), "7".into());
+    let tight = route_throttles(&t, &tight);
+    assert_eq!(tight["PUT /v1/hosts/{name}"].0, 3.0);
+    assert_eq!(tight["POST /v1/claims"].1, 7.0);
 }
 
 #[test]

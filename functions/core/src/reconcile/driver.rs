@@ -173,7 +173,7 @@ pub async fn run_loop_from(state: &AppState, budget: Duration, start: Start) -> 
     }
     release(state, &owner, true, None).await;
     if pending {
-        report.handed_on = state.waker.wake("hand-off").await;
+        report.handed_on = state.wake("hand-off").await;
     }
     report.duration_ms = t0.elapsed().as_millis();
     Ok(report)

@@ -152,7 +152,7 @@ pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -
     let answer = claim_vm(state, principal, req, quota).await;
     match &answer {
         Ok(r) if !r.replayed => {
-            state.waker.wake("claim").await;
+            state.wake("claim").await;
         }
         Err(ApiError::ResourceExhausted(_)) => {
             let key = match &request_id {
@@ -168,7 +168,7 @@ pub async fn claim(state: &AppState, principal: &Principal, req: ClaimRequest) -
                 }
                 Err(e) => tracing::warn!(pool = %pool, error = ?e, "cannot record a refused claim as demand"),
             }
-            state.waker.wake("refused claim").await;
+            state.wake("refused claim").await;
         }
         _ => {}
     }
@@ -718,7 +718,7 @@ async fn hook_vm_gone(
         return vm_taken(state, req, vm);
     }
     state.metrics.claim_failure(&req.pool, "unavailable");
-    state.waker.wake("lost VM").await;
+    state.wake("lost VM").await;
     ApiError::unavailable(
         format!(
             "vm {} is gone from flintlock host {} ({} found no such VM); retry the claim after the Retry-After delay (the same request_id claims another VM)",

@@ -111,7 +111,7 @@ pub async fn release(state: &AppState, principal: &Principal, id: &LeaseId) -> R
             VmFinish::Removed { lease: None, .. } | VmFinish::Gone => {}
         }
         // Its VM is gone: a pool that replaces released VMs needs a pass.
-        state.waker.wake("release").await;
+        state.wake("release").await;
         Ok(())
     })
     .await

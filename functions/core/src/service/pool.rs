@@ -135,7 +135,7 @@ pub async fn create(state: &AppState, spec: PoolSpec, by: &str) -> Result<Pool, 
     store::event_insert(&tx, EventType::PoolCreated, &spec.pool_ref(), None, None, &audit).await?;
     tx.commit().await?;
     tracing::info!(pool = %spec.pool_ref(), size = spec.size, by, "pool created");
-    state.waker.wake("pool created").await;
+    state.wake("pool created").await;
     Ok(Pool::new(&row, PoolStatus::default()))
 }
 
@@ -167,7 +167,7 @@ pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec, by: &str) 
     store::event_insert(&tx, EventType::PoolUpdated, path, None, None, &audit).await?;
     tx.commit().await?;
     tracing::info!(pool = %path, size = spec.size, revision, new_revision = bumped, by, "pool updated");
-    state.waker.wake("pool updated").await;
+    state.wake("pool updated").await;
     Ok(Pool::new(&row, status))
 }
 
@@ -194,7 +194,7 @@ pub async fn rollout_pause(state: &AppState, pool: &PoolRef, pause: bool, by: &s
     store::event_insert(&conn, kind, pool, None, None, &serde_json::json!({"by": by})).await?;
     tracing::info!(pool = %pool, by, paused = pause, "rollout {}", if pause { "paused" } else { "resumed" });
     if !pause {
-        state.waker.wake("rollout resumed").await;
+        state.wake("rollout resumed").await;
     }
     get(state, pool).await
 }
@@ -230,7 +230,7 @@ pub async fn rollout_undo(state: &AppState, pool: &PoolRef, to: Option<i32>, by:
         return Err(ApiError::Aborted(format!("pool {pool} changed meanwhile; look at it again and retry")));
     }
     tracing::info!(pool = %pool, by, from = row.revision, to, "rollout undo");
-    state.waker.wake("rollout undo").await;
+    state.wake("rollout undo").await;
     get(state, pool).await
 }
 
@@ -323,7 +323,7 @@ pub async fn delete(state: &AppState, pool: &PoolRef, force: bool, by: &str) -> 
         futures::stream::iter(deletes).buffer_unordered(POOL_DELETE_IN_FLIGHT).collect::<Vec<()>>().await;
         if vms.len() > POOL_DELETE_INLINE {
             tracing::info!(%pool, left = vms.len() - POOL_DELETE_INLINE, "the rest of the deleted pool's VMs are left to the reconciler");
-            state.waker.wake("pool deleted").await;
+            state.wake("pool deleted").await;
         }
         Ok(())
     })
@@ -369,6 +369,6 @@ pub async fn expect(
         expected.size
     };
     tracing::info!(%pool, claims, within_seconds, desired_size, "demand announced");
-    state.waker.wake("demand hint").await;
+    state.wake("demand hint").await;
     Ok(api::Expected { expected_until: expected.expected_until, desired_size })
 }
