@@ -80,6 +80,15 @@ impl FlintlockError {
             tonic::Code::Unknown if broken_connection(s.message()) => {
                 FlintlockError::Unavailable { host: host.to_owned(), message: s.message().to_owned() }
             }
+            tonic::Code::OutOfRange if s.message().contains("message length too large") => FlintlockError::Rpc {
+                host: host.to_owned(),
+                code: tonic::Code::OutOfRange,
+                message: format!(
+                    "{}: the host's answer is larger than poolmgr reads (32 MiB, about 50,000 microVMs); \
+                     spread the VMs over more hosts",
+                    s.message()
+                ),
+            },
             code => FlintlockError::Rpc { host: host.to_owned(), code, message: s.message().to_owned() },
         }
     }
@@ -267,9 +276,11 @@ pub type Client = MicroVmClient<InterceptedService<Channel, BasicAuth>>;
 
 /// The largest answer read from a host. gRPC's default (4 MiB) is a `ListMicroVMs` of about
 /// 6,000 VMs: a host of 25,000 answered 16 MiB, and the orphan scan and `poolmgr-check` failed
-/// on it with OutOfRange. flintlock (Go gRPC) sends answers of any size; this allows about
-/// 400,000 VMs per host.
-pub const MAX_RESPONSE_BYTES: usize = 256 << 20;
+/// on it with OutOfRange. flintlock (Go gRPC) sends answers of any size. 32 MiB is about 50,000
+/// VMs per host, and decoded a few times that in memory: it must fit a 256 MB function with
+/// room to spare (it was 256 MiB, which a host could answer to exhaust the function; issue 25
+/// item 11). A larger answer fails the call with OutOfRange and says so.
+pub const MAX_RESPONSE_BYTES: usize = 32 << 20;
 pub type ExecClient = MicroVmExecClient<InterceptedService<Channel, BasicAuth>>;
 
 /// Where and how to reach one flintlock host: all the client knows of a host, nothing of the
@@ -302,11 +313,19 @@ pub struct Flintlock {
     timeout: Duration,
     channels: Arc<Mutex<HashMap<String, CachedChannel>>>,
     on_error: Option<ErrorObserver>,
+    /// The largest answer read ([`MAX_RESPONSE_BYTES`]).
+    max_response: usize,
 }
 
 impl Flintlock {
     pub fn new(timeout: Duration) -> Flintlock {
-        Flintlock { timeout, channels: Arc::default(), on_error: None }
+        Flintlock { timeout, channels: Arc::default(), on_error: None, max_response: MAX_RESPONSE_BYTES }
+    }
+
+    /// The same client reading answers of at most `bytes` (tests; [`MAX_RESPONSE_BYTES`]
+    /// otherwise).
+    pub fn with_max_response(self, bytes: usize) -> Flintlock {
+        Flintlock { max_response: bytes, ..self }
     }
 
     /// The same client, telling `observer` of every failed call (the metrics'
@@ -380,7 +399,7 @@ impl Flintlock {
     pub fn client(&self, host: &Endpoint) -> Result<Client, FlintlockError> {
         let (channel, header) = self.channel(host)?;
         Ok(MicroVmClient::with_interceptor(channel, BasicAuth { header, default_timeout: Some(self.timeout) })
-            .max_decoding_message_size(MAX_RESPONSE_BYTES))
+            .max_decoding_message_size(self.max_response))
     }
 
     /// The MicroVMExec client for `host` on the same cached channel, without a default
@@ -388,7 +407,7 @@ impl Flintlock {
     pub fn exec_client(&self, host: &Endpoint) -> Result<ExecClient, FlintlockError> {
         let (channel, header) = self.channel(host)?;
         Ok(MicroVmExecClient::with_interceptor(channel, BasicAuth { header, default_timeout: None })
-            .max_decoding_message_size(MAX_RESPONSE_BYTES))
+            .max_decoding_message_size(self.max_response))
     }
 
     /// `MicroVM/ServerInfo`. UNIMPLEMENTED (flintlock older than v0.15.0) becomes

@@ -5,9 +5,9 @@
 //! its variable is set, and exists in this binary only.
 
 mod fault;
+mod serve;
 
 use anyhow::Context;
-use axum::serve::ListenerExt as _;
 use std::sync::Arc;
 
 use poolmgr_core::wake::Waker;
@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 async fn main() -> anyhow::Result<()> {
     telemetry::init();
     let cfg = Config::from_env()?;
+    let limits = serve::Limits::from_env()?;
     let lose_claim_answer_every = fault::lose_claim_answer_every()?;
     let addr = std::env::var("POOLMGR_HTTP_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
     let applied = db::migrate_url(&cfg.database_url, &cfg.db_tls).await.context("migrating the database")?;
@@ -46,15 +47,9 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {addr}: set POOLMGR_HTTP_ADDR to a free address"))?;
     let local = listener.local_addr()?;
-    // An answer goes out the moment it is written, never held back for Nagle's algorithm.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY on an accepted connection");
-        }
-    });
-    tracing::info!(%local, "poolmgr-local listening");
+    tracing::info!(%local, max_connections = limits.max_connections, header_timeout = ?limits.header_timeout, "poolmgr-local listening");
     println!("poolmgr-local listening on http://{local}");
-    axum::serve(listener, router).with_graceful_shutdown(shutdown()).await.context("serving HTTP")?;
+    serve::serve(listener, router, limits, shutdown()).await.context("serving HTTP")?;
     tracing::info!("poolmgr-local stopped");
     Ok(())
 }

@@ -348,3 +348,31 @@ async fn a_host_list_larger_than_grpcs_default_message_limit_is_read_whole() {
         "the answer ({bytes} bytes) must exceed gRPC's default limit for this test to mean anything"
     );
 }
+
+/// Issue 25 item 11: an answer larger than the client reads fails the call with OutOfRange and
+/// a message that says what to do, instead of being read into a function's memory whatever
+/// its size (the limit was 256 MiB in a 256 MB function). Here the limit is lowered to 1 MiB.
+#[tokio::test]
+async fn a_host_list_larger_than_the_client_reads_fails_and_says_why() {
+    use prost::Message;
+    let app = TestApp::spawn().await;
+    let host = sim_host(&app).await;
+    for i in 0..5_000 {
+        app.sim.insert_vm("big-host", &format!("vm-{i}"), MicroVmState::Created);
+    }
+    let whole = Flintlock::new(Duration::from_secs(30)).list(&host, "big-host", None).await.expect("list");
+    let bytes: usize = whole.iter().map(|vm| vm.encoded_len()).sum();
+    assert!(bytes > 1 << 20, "the answer ({bytes} bytes) must exceed the lowered limit for this test to mean anything");
+    let err = Flintlock::new(Duration::from_secs(30))
+        .with_max_response(1 << 20)
+        .list(&host, "big-host", None)
+        .await
+        .expect_err("an answer over the limit");
+    match &err {
+        FlintlockError::Rpc { code, message, .. } => {
+            assert_eq!(format!("{code:?}"), "OutOfRange", "{message}");
+            assert!(message.contains("spread the VMs over more hosts"), "{message}");
+        }
+        other => panic!("expected OutOfRange, got {other:?}"),
+    }
+}

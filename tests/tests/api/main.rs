@@ -25,6 +25,7 @@
 //! | `hooks` | create and pre-lease hooks, the two-phase claim |
 //! | `hosts` | `/v1/hosts…` and `/v1/vms…` |
 //! | `lambda_lifecycle` | the claims and reconcile binaries under an emulated Lambda Runtime API and secrets extension |
+//! | `local_server` | `poolmgr-local`'s header-read timeout and connection cap, on the real binary (issue 25) |
 //! | `leases` | `/v1/leases…`: get, heartbeat, release, list, and their races |
 //! | `migrations` | schema upgrades and version checks |
 //! | `monitoring` | `infra/monitoring` against the real `/metrics`, the metrics it reads, `/livez`, `/readyz` |
@@ -54,6 +55,7 @@ mod hooks;
 mod hosts;
 mod lambda_lifecycle;
 mod leases;
+mod local_server;
 mod migrations;
 mod monitoring;
 mod openapi;

@@ -402,6 +402,36 @@ async fn orphans_are_deleted_and_foreign_namespaces_left_alone() {
     assert_eq!(app.count_phase("ci", "AVAILABLE").await, 1, "the pool's own VM is not an orphan");
 }
 
+/// Issue 25 item 11: one flintlockd registered under two host records (two addresses). The
+/// scan of the record without the pool's rows lists the pool's VMs too; their uids are on
+/// rows of the other record, so they are the same VMs, never orphans. A real orphan on that
+/// flintlockd is still deleted.
+#[tokio::test]
+async fn one_flintlockd_under_two_host_records_never_has_its_vms_taken_for_orphans() {
+    let app = TestApp::spawn().await;
+    let alias = format!("localhost:{}", app.sim_server.addr.port());
+    app.post(ADMIN, "/v1/hosts", json!({"name": "sim-alias", "address": alias, "tls": {"insecure": true}}))
+        .await
+        .assert_ok(201);
+    app.create_pool("ci", 2).await;
+    app.settle(40, "2 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
+    // The suite scans every host on every pass (POOLMGR_ORPHAN_SCAN_SECONDS=0).
+    for _ in 0..3 {
+        let r = app.pass().await;
+        assert_eq!(r.orphans_deleted, 0, "{r:?}");
+    }
+    assert_eq!(app.count_events("VM_ORPHAN_DELETED").await, 0);
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 2);
+    assert_eq!(TestApp::sim_live(&app.sim).len(), 2, "no VM of the pool was deleted");
+
+    let ns = app.flintlock_namespace("default").await;
+    let ghost = app.sim.insert_vm(&ns, "ci-01jzzzzzzzzzzzzzzzzzzzzzzz", MicroVmState::Created);
+    let r = app.pass().await;
+    assert_eq!(r.orphans_deleted, 1, "{r:?}");
+    assert!(app.sim.vm(&ghost).is_none_or(|m| m.status.is_some_and(|s| s.state == MicroVmState::Deleting as i32)));
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 2);
+}
+
 #[tokio::test]
 async fn a_deleted_pools_stragglers_are_finished_by_the_pass() {
     let app = TestApp::spawn().await;

@@ -7,7 +7,8 @@
 //! namespaces from before deployment ids and anyone else's VMs are left alone. Never
 //! deletes a microVM whose row is still being resolved (a row without a uid); flintlock is
 //! listed *before* the rows are read, so a VM created meanwhile (its row committed first)
-//! is never taken for an orphan.
+//! is never taken for an orphan. Never deletes a microVM whose uid a row on another host
+//! carries: that is one flintlockd registered under two addresses, not an orphan.
 
 use std::collections::HashMap;
 
@@ -96,6 +97,20 @@ async fn scan_host(
         let uid = spec.uid.clone().unwrap_or_default();
         let orphan = match rows.get(&spec.id) {
             None => true,
+            // The same microVM (a uid is unique) seen through another host record: one
+            // flintlockd registered under two addresses. Deleting it would take the other
+            // record's VM (issue 25 item 11); say so instead.
+            Some((row_host, Some(row_uid))) if *row_host != host.name && *row_uid == uid => {
+                tracing::warn!(
+                    host = %host.name, other_host = %row_host, id = %spec.id, %uid,
+                    "hosts {} and {row_host} list the same microVM: they are one flintlockd under two addresses; \
+                     cordon one, drain it and remove it (one record per flintlockd)",
+                    host.name
+                );
+                false
+            }
+            // Still being resolved on the other host: looked at again once it has a uid.
+            Some((row_host, None)) if *row_host != host.name => false,
             Some((row_host, _)) if *row_host != host.name => true,
             Some((_, Some(row_uid))) => *row_uid != uid,
             Some((_, None)) => false,
