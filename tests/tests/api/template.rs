@@ -2,7 +2,7 @@
 //! `cfn-lint` cannot judge (it checks the template is valid, not that it does what we need),
 //! read off the YAML with a small evaluator of the few intrinsics they use.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use poolmgr_core::config::Config;
 use poolmgr_core::db::SslMode;
@@ -337,4 +337,127 @@ fn the_proxy_requires_tls_and_the_functions_accept_the_settings_the_template_giv
         Config::from_lookup(|k| vars.get(k).cloned()).expect("the template's environment is a valid configuration");
     assert_eq!(cfg.db_tls.default_mode(), Some(SslMode::VerifyFull));
     assert_eq!(cfg.metrics_namespace, "poolmgr/stack-a");
+}
+
+/// The role a function runs as (`Role: !GetAtt <role>.Arn`).
+fn role_of<'a>(t: &'a Value, function: &str) -> (String, &'a Value) {
+    let role = &resource(t, function)["Properties"]["Role"];
+    let (tag, v) = tagged(role).unwrap_or_else(|| panic!("{function}'s Role is not a !GetAtt: {role:?}"));
+    assert_eq!(tag, "GetAtt", "{function}");
+    let name = str_of(v).strip_suffix(".Arn").expect("!GetAtt <role>.Arn").to_owned();
+    let r = resource(t, &name);
+    (name, r)
+}
+
+/// Issue 25 item 9: every function's role grants what that function uses and nothing more
+/// (beyond running in the VPC and writing logs).
+#[test]
+fn each_function_runs_as_a_role_that_grants_only_what_it_uses() {
+    let t = template();
+    const SECRET: &str = "secretsmanager:GetSecretValue";
+    const INVOKE: &str = "lambda:InvokeFunction";
+    const DLQ: &str = "sqs:SendMessage";
+    let both = ["DatabaseSecret", "TokensSecret"];
+    let expected: [(&str, &[&str], &[&str]); 7] = [
+        ("MigrateFunction", &["DatabaseSecret"], &[SECRET]),
+        ("ClaimsFunction", &both, &[SECRET, INVOKE]),
+        ("LeasesFunction", &both, &[SECRET, INVOKE]),
+        ("PoolsFunction", &both, &[SECRET, INVOKE]),
+        ("HostsFunction", &both, &[SECRET]),
+        ("EventsFunction", &both, &[SECRET]),
+        ("ReconcileFunction", &both, &[SECRET, INVOKE, DLQ]),
+    ];
+    for (function, secrets, actions) in expected {
+        let (name, role) = role_of(&t, function);
+        let managed: Vec<String> = role["Properties"]["ManagedPolicyArns"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|v| sub_text(v).unwrap_or_else(|| str_of(v)).to_owned())
+            .collect();
+        assert_eq!(managed.len(), 1, "{name}: {managed:?}");
+        assert!(managed[0].ends_with("service-role/AWSLambdaVPCAccessExecutionRole"), "{name}: {managed:?}");
+        let mut got_actions = BTreeSet::new();
+        let mut got_secrets = BTreeSet::new();
+        for policy in role["Properties"]["Policies"].as_sequence().unwrap() {
+            for st in policy["PolicyDocument"]["Statement"].as_sequence().unwrap() {
+                assert_eq!(st["Effect"].as_str(), Some("Allow"), "{name}");
+                let action = str_of(&st["Action"]);
+                assert!(!action.contains('*'), "{name} grants a wildcard action {action}");
+                got_actions.insert(action.to_owned());
+                let resources = match &st["Resource"] {
+                    Value::Sequence(s) => s.iter().collect::<Vec<_>>(),
+                    one => vec![one],
+                };
+                for r in resources {
+                    assert!(r.as_str() != Some("*"), "{name}: {action} on every resource");
+                    if action == SECRET {
+                        let (tag, v) = tagged(r).expect("a secret by !Ref");
+                        assert_eq!(tag, "Ref", "{name}");
+                        got_secrets.insert(str_of(v).to_owned());
+                    }
+                    if action == INVOKE {
+                        let arn = sub_text(r).expect("the reconcile function's ARN");
+                        assert!(arn.ends_with(":function:${AWS::StackName}-reconcile"), "{name} may invoke {arn}");
+                    }
+                }
+            }
+        }
+        let want: BTreeSet<String> = actions.iter().map(|s| s.to_string()).collect();
+        assert_eq!(got_actions, want, "{function} runs as {name}");
+        let want: BTreeSet<String> = secrets.iter().map(|s| s.to_string()).collect();
+        assert_eq!(got_secrets, want, "{function} runs as {name}");
+    }
+    // The migrate function is not even told where the tokens secret is.
+    let env = &resource(&t, "MigrateFunction")["Properties"]["Environment"]["Variables"];
+    assert_eq!(env["POOLMGR_TOKENS_SECRET_ARN"].as_str(), Some(""));
+}
+
+/// Issue 25 item 9: the functions' security group opens connections only to RDS Proxy
+/// (5432, to the proxy's group), the flintlock port (to the hosts' CIDR) and HTTPS (AWS APIs
+/// through endpoints or a NAT gateway): no all-protocol, all-port rule.
+#[test]
+fn the_functions_may_connect_only_to_the_proxy_the_flintlock_port_and_https() {
+    let t = template();
+    let params = defaults(&t);
+    let port = |v: &Value| -> String {
+        match eval(&t, v, &params) {
+            Some(Value::String(s)) => s,
+            Some(Value::Number(n)) => n.to_string(),
+            other => panic!("a port, got {other:?}"),
+        }
+    };
+    let mut rules = BTreeSet::new();
+    for r in resource(&t, "FunctionSecurityGroup")["Properties"]["SecurityGroupEgress"].as_sequence().unwrap() {
+        assert_eq!(r["IpProtocol"].as_str(), Some("tcp"), "{r:?}");
+        let (from, to) = (port(&r["FromPort"]), port(&r["ToPort"]));
+        assert_eq!(from, to, "one port per rule: {r:?}");
+        let cidr = match eval(&t, &r["CidrIp"], &params) {
+            Some(Value::String(s)) => s,
+            other => panic!("{other:?}"),
+        };
+        rules.insert((
+            from,
+            if is_ref(&r["CidrIp"], "FlintlockHostsCidr") { "FlintlockHostsCidr".into() } else { cidr },
+        ));
+    }
+    let want: BTreeSet<(String, String)> =
+        [("9090".into(), "FlintlockHostsCidr".into()), ("443".into(), "0.0.0.0/0".into())].into();
+    assert_eq!(rules, want);
+    // And 5432 to the proxy's group only, as a rule of its own.
+    let separate: Vec<&Value> = t["Resources"]
+        .as_mapping()
+        .unwrap()
+        .values()
+        .filter(|r| r["Type"].as_str() == Some("AWS::EC2::SecurityGroupEgress"))
+        .collect();
+    assert_eq!(separate.len(), 1, "{separate:?}");
+    let p = &separate[0]["Properties"];
+    assert_eq!(tagged(&p["GroupId"]).map(|(_, v)| str_of(v).to_owned()), Some("FunctionSecurityGroup.GroupId".into()));
+    assert_eq!(
+        tagged(&p["DestinationSecurityGroupId"]).map(|(_, v)| str_of(v).to_owned()),
+        Some("ProxySecurityGroup.GroupId".into())
+    );
+    assert_eq!((port(&p["FromPort"]), port(&p["ToPort"])), ("5432".into(), "5432".into()));
+    assert!(p["CidrIp"].is_null());
 }
