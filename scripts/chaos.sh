@@ -243,7 +243,7 @@ grep FAIL "$LOGS/s2.log" >&2 || true
 # s1's clients kept their leases too: every chaos lease is one of s1's or s2's, one per client.
 OWNERS=$(sql "SELECT count(*) FILTER (WHERE request_id LIKE 's2-%'), count(DISTINCT split_part(request_id, '-', 2)) FILTER (WHERE request_id LIKE 's2-%') FROM leases WHERE principal = 'chaos'")
 run_check s2 || s2=1
-record "2 app-sigkill" "$s2" "kills=$KILLS claims=$(kv claims_ok "$LOAD") conn_errors=$(kv conn_errors "$LOAD") 503s=$(kv 503s "$LOAD") retries=$(kv retries "$LOAD") replayed_after_error=$(kv replayed_after_error "$LOAD") replay_checks=$(kv replay_checks "$LOAD") 429s=$(kv exhausted_429 "$LOAD") leases(s2,clients)=${OWNERS/|/,} unexpected=$(kv unexpected "$LOAD") | check: $CHECK_LINE"
+record "2 app-sigkill" "$s2" "kills=$KILLS claims=$(kv claims_ok "$LOAD") conn_errors=$(kv conn_errors "$LOAD") 503s=$(kv 503s "$LOAD") retries=$(kv retries "$LOAD") replayed_after_error=$(kv replayed_after_error "$LOAD") replay_checks=$(kv replay_checks "$LOAD") 429s=$(kv exhausted_429 "$LOAD") 409s=$(kv aborted_409 "$LOAD") leases(s2,clients)=${OWNERS/|/,} unexpected=$(kv unexpected "$LOAD") | check: $CHECK_LINE"
 
 # ---- 3: SIGKILL of flintlock-sim while pools provision ---------------------------------------
 log "scenario 3: flintlock-sim killed with SIGKILL while $PROV_POOLS pools of $PROV_SIZE provision"

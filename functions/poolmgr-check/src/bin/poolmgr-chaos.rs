@@ -211,6 +211,9 @@ struct Stats {
     http_503_without_retry_after: AtomicU64,
     conn_errors: AtomicU64,
     exhausted: AtomicU64,
+    /// 409 ABORTED: the claim raced one that won its request_id (say, one whose process was
+    /// killed during its pre-lease hook); the contract says retrying is correct.
+    aborted: AtomicU64,
     retries: AtomicU64,
     releases: AtomicU64,
     unexpected: std::sync::Mutex<Vec<String>>,
@@ -284,6 +287,11 @@ impl Claimer {
             429 => {
                 Stats::bump(&self.stats.exhausted);
                 tokio::time::sleep(Duration::from_millis(150)).await;
+                Attempt::Retry
+            }
+            409 if body["error"]["status"] == "ABORTED" => {
+                Stats::bump(&self.stats.aborted);
+                tokio::time::sleep(Duration::from_secs(retry_after.unwrap_or(1).min(2)) / 2).await;
                 Attempt::Retry
             }
             _ => {
@@ -542,7 +550,7 @@ async fn claims(a: ClaimsArgs) -> anyhow::Result<bool> {
         eprintln!("poolmgr-chaos: FAIL {f}");
     }
     println!(
-        "claims_ok={} fresh={} replayed_after_error={} replay_checks={} 503s={} conn_errors={} exhausted_429={} retries={} releases={} leases_held={} leases_in_db={} unexpected={} failures={} secs={:.1}",
+        "claims_ok={} fresh={} replayed_after_error={} replay_checks={} 503s={} conn_errors={} exhausted_429={} aborted_409={} retries={} releases={} leases_held={} leases_in_db={} unexpected={} failures={} secs={:.1}",
         Stats::get(&stats.claims_ok),
         Stats::get(&stats.fresh),
         Stats::get(&stats.replayed_after_error),
@@ -550,6 +558,7 @@ async fn claims(a: ClaimsArgs) -> anyhow::Result<bool> {
         Stats::get(&stats.http_503),
         Stats::get(&stats.conn_errors),
         Stats::get(&stats.exhausted),
+        Stats::get(&stats.aborted),
         Stats::get(&stats.retries),
         Stats::get(&stats.releases),
         believed.len(),
