@@ -108,8 +108,13 @@ impl AppState {
     /// (one statement) instead of invoking another; a failed ask invokes.
     pub async fn wake(&self, why: &'static str) -> bool {
         let linger = self.config.reconcile.linger.as_secs_f64();
+        // Never wait for a connection: on Lambda the pool has one, and the caller may still
+        // hold it (a pool write); then invoke, as before the ask existed.
         let ask = async {
-            match self.db.get().await {
+            match tokio::time::timeout(std::time::Duration::from_millis(50), self.db.get())
+                .await
+                .unwrap_or_else(|_| Err(crate::store::StoreError::Unavailable("no idle connection for the ask".into())))
+            {
                 Ok(c) => crate::store::loop_ask(&c, linger).await.unwrap_or_else(|e| {
                     tracing::debug!(error = %e, "could not ask a running reconcile loop; invoking");
                     false

@@ -107,7 +107,7 @@ impl Waker {
     /// on (`store::loop_ask`, [`crate::app::AppState::wake`]) and answers whether one was
     /// there. Then no invoke is sent: the holder's next pass sees the work, and an invocation
     /// started now would only join it, or, with the reconcile function's concurrency
-    /// reserved (the template reserves 1), be throttled and retried by Lambda for minutes
+    /// reserved (the template reserves 2), be throttled and retried by Lambda for minutes
     /// and end in the dead-letter queue. Elsewhere `ask_holder` is never polled.
     pub async fn wake(&self, why: &'static str, ask_holder: impl Future<Output = bool>) -> bool {
         match &self.target {
