@@ -101,9 +101,6 @@ impl AppState {
         Ok(self.deployment().await?.namespace(pool_namespace))
     }
 
-    /// A pooled connection; an unreachable database is UNAVAILABLE (503, retry). A connection
-    /// that died while idle (a Lambda thaw, a database restart) is replaced here, transparently:
-    /// see [`crate::db::connect_pool`].
     /// Wakes the reconciler ([`Waker::wake`]): on Lambda a running loop is asked to go on
     /// (one statement) instead of invoking another; a failed ask invokes.
     pub async fn wake(&self, why: &'static str) -> bool {
@@ -125,6 +122,9 @@ impl AppState {
         self.waker.wake(why, ask).await
     }
 
+    /// A pooled connection; an unreachable database is UNAVAILABLE (503, retry). A connection
+    /// that died while idle (a Lambda thaw, a database restart) is replaced here, transparently:
+    /// see [`crate::db::connect_pool`].
     pub async fn conn(&self) -> Result<Conn, ApiError> {
         Ok(self.db.get().await?)
     }

@@ -6,15 +6,17 @@
 //!   waits in the kernel's accept queue until another closes;
 //! - a connection that has not sent a whole request head within
 //!   `POOLMGR_HTTP_HEADER_TIMEOUT_SECONDS` (10) of opening (or of its previous answer, on a
-//!   kept-alive connection) is closed (hyper answers 408 first);
+//!   kept-alive connection) is closed, including one that sends nothing at all. HTTP/1.1
+//!   only: hyper-util's auto builder reads the first bytes to choose HTTP/1 or HTTP/2 before
+//!   any timer runs, so a silent connection would hold its slot for ever (poolmgr's clients
+//!   speak HTTP/1.1; behind a proxy, the proxy speaks it);
 //! - on SIGINT/SIGTERM no new connection is taken and the open ones finish their requests.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -54,9 +56,8 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
-    builder.http2().timer(TokioTimer::new());
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
     let mut shutdown = std::pin::pin!(shutdown);
     let mut warned_full = false;
     loop {
@@ -93,10 +94,8 @@ pub async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "could not set TCP_NODELAY on an accepted connection");
         }
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(tcp), TowerToHyperService::new(router.clone()))
-            .into_owned();
-        let conn = graceful.watch(conn);
+        let conn =
+            graceful.watch(builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router.clone())));
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "HTTP connection ended with an error");

@@ -30,6 +30,10 @@ async fn a_request_head_not_finished_within_the_header_timeout_is_cut_off() {
     slow.write_all(b"GET /livez HTTP/1.1\r\nHost: poolmgr\r\n").await.unwrap();
     let answer = read_to_close(&mut slow, Duration::from_secs(30)).await;
     assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    // A connection that sends nothing at all is closed too (it would hold a slot for ever).
+    let mut silent = TcpStream::connect(addr(&s)).await.unwrap();
+    let answer = read_to_close(&mut silent, Duration::from_secs(30)).await;
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer:?}");
 
     // A whole request on a fresh connection is answered as ever.
     let mut quick = TcpStream::connect(addr(&s)).await.unwrap();

@@ -63,8 +63,8 @@ async fn openapi_json() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], document_json()).into_response()
 }
 
-/// The OpenAPI document: on the pools function (which also owns `/healthz`, `/metrics` and
-/// unknown routes behind API Gateway) and on [`router`].
+/// The OpenAPI document: on the pools function (which also owns `/healthz` and `/metrics`
+/// behind API Gateway) and on [`router`].
 fn openapi_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(openapi_json))
 }
