@@ -667,3 +667,23 @@ async fn under_any_claims_use_up_the_stale_vms_first() {
     .await;
     assert_eq!(pool(&app).await.status.rollout.unwrap().extra_boots, 0, "rolled by its claims alone");
 }
+
+/// On one database connection, as on Lambda, pause, resume and undo answer 200: they gave
+/// their connection back before the wake and the answer's read, which waited for it and
+/// answered 503 after the change had committed (found in review).
+#[tokio::test]
+async fn on_one_connection_pause_resume_and_undo_answer() {
+    let app = TestApp::spawn_with(|env| env.push(("POOLMGR_DB_POOL_SIZE".into(), "1".into()))).await;
+    let policy = json!({"max_surge": 1});
+    create_rolling(&app, 1, policy.clone()).await;
+    put_spec(&app, rolling_spec(1, "ghcr.io/x/runner:2", policy)).await;
+    let paused: api::Pool =
+        app.post(ADMIN, &format!("{POOL_PATH}/rollout/pause"), json!(null)).await.assert_ok_response(200).json();
+    assert_eq!(paused.status.rollout.unwrap().state, poolmgr_core::domain::RolloutState::Paused);
+    let resumed: api::Pool =
+        app.post(ADMIN, &format!("{POOL_PATH}/rollout/resume"), json!(null)).await.assert_ok_response(200).json();
+    assert_eq!(resumed.status.rollout.unwrap().state, poolmgr_core::domain::RolloutState::Progressing);
+    let back: api::Pool =
+        app.post(ADMIN, &format!("{POOL_PATH}/rollout/undo"), json!({})).await.assert_ok_response(200).json();
+    assert_eq!(back.revision, 1);
+}

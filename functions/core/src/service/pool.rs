@@ -134,6 +134,7 @@ pub async fn create(state: &AppState, spec: PoolSpec, by: &str) -> Result<Pool, 
     let audit = serde_json::json!({"by": by, "revision": row.revision});
     store::event_insert(&tx, EventType::PoolCreated, &spec.pool_ref(), None, None, &audit).await?;
     tx.commit().await?;
+    drop(conn); // back before the wake: on Lambda it is the only one
     tracing::info!(pool = %spec.pool_ref(), size = spec.size, by, "pool created");
     state.wake("pool created").await;
     Ok(Pool::new(&row, PoolStatus::default()))
@@ -166,6 +167,7 @@ pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec, by: &str) 
     let audit = serde_json::json!({"by": by, "revision": revision, "new_revision": bumped});
     store::event_insert(&tx, EventType::PoolUpdated, path, None, None, &audit).await?;
     tx.commit().await?;
+    drop(conn); // back before the wake: on Lambda it is the only one
     tracing::info!(pool = %path, size = spec.size, revision, new_revision = bumped, by, "pool updated");
     state.wake("pool updated").await;
     Ok(Pool::new(&row, status))
@@ -180,29 +182,45 @@ pub async fn get(state: &AppState, pool: &PoolRef) -> Result<Pool, ApiError> {
 /// Pauses (`pause`) or resumes the pool's rollout (`POST …/rollout/pause`, `…/resume`):
 /// FAILED_PRECONDITION when no rollout is running (or paused, for a resume).
 pub async fn rollout_pause(state: &AppState, pool: &PoolRef, pause: bool, by: &str) -> Result<Pool, ApiError> {
-    let conn = state.conn().await?;
-    let (row, _) = store::pool_get(&conn, pool).await?.ok_or_else(|| not_found(pool))?;
-    if !store::rollout_set_paused(&conn, pool, pause).await? {
-        let now = row.rollout_state.map_or("none ever ran".to_owned(), |s| format!("it is {s}"));
-        return Err(ApiError::FailedPrecondition(if pause {
-            format!("pool {pool} has no rollout running to pause ({now})")
-        } else {
-            format!("pool {pool} has no paused rollout to resume ({now})")
-        }));
-    }
-    let kind = if pause { EventType::RolloutPaused } else { EventType::RolloutResumed };
-    store::event_insert(&conn, kind, pool, None, None, &serde_json::json!({"by": by})).await?;
+    // The connection goes back before the wake: on Lambda it is the only one, and the wake's
+    // ask (or a second checkout for the answer) would wait for it.
+    let answer = {
+        let conn = state.conn().await?;
+        let (row, _) = store::pool_get(&conn, pool).await?.ok_or_else(|| not_found(pool))?;
+        if !store::rollout_set_paused(&conn, pool, pause).await? {
+            let now = row.rollout_state.map_or("none ever ran".to_owned(), |s| format!("it is {s}"));
+            return Err(ApiError::FailedPrecondition(if pause {
+                format!("pool {pool} has no rollout running to pause ({now})")
+            } else {
+                format!("pool {pool} has no paused rollout to resume ({now})")
+            }));
+        }
+        let kind = if pause { EventType::RolloutPaused } else { EventType::RolloutResumed };
+        store::event_insert(&conn, kind, pool, None, None, &serde_json::json!({"by": by})).await?;
+        let (row, status) = store::pool_get(&conn, pool).await?.ok_or_else(|| not_found(pool))?;
+        Pool::new(&row, status)
+    };
     tracing::info!(pool = %pool, by, paused = pause, "rollout {}", if pause { "paused" } else { "resumed" });
     if !pause {
         state.wake("rollout resumed").await;
     }
-    get(state, pool).await
+    Ok(answer)
 }
 
 /// `POST …/rollout/undo`: back to kept revision `to` (default: the newest kept one before the
 /// pool's), with a rollout to it. The pool needs a rollout policy; `to` must be kept and not
 /// the pool's revision.
 pub async fn rollout_undo(state: &AppState, pool: &PoolRef, to: Option<i32>, by: &str) -> Result<Pool, ApiError> {
+    let (answer, from) = undo_recorded(state, pool, to, by).await?;
+    tracing::info!(pool = %pool, by, from, to = answer.revision, "rollout undo");
+    state.wake("rollout undo").await;
+    Ok(answer)
+}
+
+/// `rollout_undo`'s database half, on one connection that is back in the pool before the
+/// wake (on Lambda it is the only one). Returns the pool after the undo and the revision it
+/// left.
+async fn undo_recorded(state: &AppState, pool: &PoolRef, to: Option<i32>, by: &str) -> Result<(Pool, i32), ApiError> {
     let conn = state.conn().await?;
     let (row, _) = store::pool_get(&conn, pool).await?.ok_or_else(|| not_found(pool))?;
     if row.rollout.is_none() {
@@ -229,9 +247,8 @@ pub async fn rollout_undo(state: &AppState, pool: &PoolRef, to: Option<i32>, by:
     if !store::rollout_undo(&conn, pool, row.revision, to, by).await? {
         return Err(ApiError::Aborted(format!("pool {pool} changed meanwhile; look at it again and retry")));
     }
-    tracing::info!(pool = %pool, by, from = row.revision, to, "rollout undo");
-    state.wake("rollout undo").await;
-    get(state, pool).await
+    let (after, status) = store::pool_get(&conn, pool).await?.ok_or_else(|| not_found(pool))?;
+    Ok((Pool::new(&after, status), row.revision))
 }
 
 /// The pool's kept revisions, newest first (`GET /v1/pools/{namespace}/{name}/revisions`).
