@@ -124,8 +124,8 @@ fi
 if [[ $tls_tests == 1 ]]; then
     profile=()
     [[ " ${cargo_args[*]} " == *" --release "* ]] && profile=(--release)
-    log "cargo build${profile[*]:+ ${profile[*]}} --bin claims --bin reconcile (run by the lambda_lifecycle tests)"
-    cargo build "${profile[@]}" --bin claims --bin reconcile ||
+    log "cargo build${profile[*]:+ ${profile[*]}} --bin claims --bin reconcile --bin migrate (run by the lambda_lifecycle tests)"
+    cargo build "${profile[@]}" --bin claims --bin reconcile --bin migrate ||
         die "building the claims and reconcile functions failed; fix the errors above"
 fi
 

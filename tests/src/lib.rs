@@ -91,6 +91,17 @@ pub fn app_url_for(db_name: &str) -> String {
     }
 }
 
+/// The login [`TestApp`]'s app uses (granted by `poolmgr_core::db_role`, as migrate does).
+pub const RUNTIME_USER: &str = "poolmgr_app_test";
+pub const RUNTIME_PASSWORD: &str = "runtime-password-0123456789";
+
+/// `url` logging in as `user` with `password` instead.
+pub fn as_user(url: &str, user: &str, password: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
+    let after = rest.split_once('@').map_or(rest, |(_, h)| h);
+    format!("{scheme}://{user}:{password}@{after}")
+}
+
 /// Whether the app under test goes through a pooler (`POOLMGR_TEST_POOLER_URL_TEMPLATE`).
 pub fn through_pooler() -> bool {
     std::env::var("POOLMGR_TEST_POOLER_URL_TEMPLATE").is_ok_and(|t| !t.is_empty())
@@ -227,8 +238,9 @@ pub struct TestApp {
     pub router: Router,
     pub sim: Sim,
     pub sim_server: SimServer,
-    /// A direct pool for the tests' own SQL when the app goes through a pooler.
-    direct: Option<db::Db>,
+    /// A direct pool for the tests' own SQL, as the owning login (the app logs in as the
+    /// runtime role, or through a pooler).
+    direct: db::Db,
 }
 
 /// The template used by test pools: valid for flintlock's default provider.
@@ -308,9 +320,18 @@ impl TestApp {
     }
 
     /// Spawns on an existing database (migrating it to the latest version first).
-    pub async fn spawn_on(testdb: TestDb, extra: impl Fn(&mut Vec<(String, String)>)) -> TestApp {
+    pub async fn spawn_on(mut testdb: TestDb, extra: impl Fn(&mut Vec<(String, String)>)) -> TestApp {
         let mut client = testdb.client().await;
         db::migrate(&mut client, None).await.expect("migrate test database");
+        // The app logs in as the runtime role migrate grants, as on AWS (issue 25 item 9): every
+        // test then shows the functions need no more than DML. The tests' own SQL (`conn`)
+        // stays on the owning login. Not through PgBouncer, whose auth file knows one user.
+        if !through_pooler() {
+            poolmgr_core::db_role::ensure(&mut client, RUNTIME_USER, RUNTIME_PASSWORD)
+                .await
+                .expect("grant the runtime role");
+            testdb.app_url = as_user(&testdb.url, RUNTIME_USER, RUNTIME_PASSWORD);
+        }
         let cfg = test_config(&testdb, extra);
         let pool = db::pool_from_config(&cfg).expect("pool");
         // An adjustable clock: tests move time with `advance_clock` instead of rewriting rows.
@@ -322,10 +343,8 @@ impl TestApp {
             basic_auth_token: None,
         });
         let sim_server = sim.serve("127.0.0.1:0".parse().unwrap()).await.expect("start flintlock-sim");
-        let direct = through_pooler().then(|| {
-            let opts = db::PoolOptions { size: 8, ..db::PoolOptions::from_config(&cfg) };
-            db::connect_pool(&testdb.url, &opts).expect("direct pool")
-        });
+        let opts = db::PoolOptions { size: 8, ..db::PoolOptions::from_config(&cfg) };
+        let direct = db::connect_pool(&testdb.url, &opts).expect("direct pool");
         let app = TestApp { db: testdb, state, router, sim, sim_server, direct };
         app.post(
             ADMIN,
@@ -636,7 +655,7 @@ impl TestApp {
     /// A pooled connection for direct SQL (straight to PostgreSQL, even when the app goes
     /// through a pooler: the tests' SQL uses named prepared statements).
     pub async fn conn(&self) -> deadpool_postgres::Object {
-        self.direct.as_ref().unwrap_or(&self.state.db).raw().get().await.expect("test connection")
+        self.direct.raw().get().await.expect("test connection")
     }
 
     /// Inserts only a VM row of pool default/`pool_name` on `host` in `phase` with `uid`

@@ -44,6 +44,7 @@ pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod db;
+pub mod db_role;
 pub mod db_tls;
 pub mod deployment;
 pub mod domain;

@@ -11,6 +11,10 @@
 //! - `POOLMGR_TOKENS_SECRET_ARN`: `{"admin_tokens": "…", "viewer_tokens": "…", "client_tokens": "…"}` in the
 //!   comma-separated format of `POOLMGR_ADMIN_TOKENS` / `POOLMGR_CLIENT_TOKENS`.
 //!
+//! - `POOLMGR_RUNTIME_DATABASE_SECRET_ARN` (`migrate` only): the functions' own login,
+//!   `{"username", "password"}`; becomes `POOLMGR_RUNTIME_DATABASE_USER` / `_PASSWORD`
+//!   (`crate::db_role`).
+//!
 //! Without those variables nothing is fetched and the environment is used as it is. With
 //! them the secret's values win over variables of the same name.
 //!
@@ -25,6 +29,8 @@ use serde_json::Value;
 
 pub const DATABASE_SECRET_ARN: &str = "POOLMGR_DATABASE_SECRET_ARN";
 pub const TOKENS_SECRET_ARN: &str = "POOLMGR_TOKENS_SECRET_ARN";
+/// The runtime login `migrate` sets up (`crate::db_role`): `{"username", "password"}`.
+pub const RUNTIME_DATABASE_SECRET_ARN: &str = "POOLMGR_RUNTIME_DATABASE_SECRET_ARN";
 /// The extension's port (its own variable, default 2773).
 pub const EXTENSION_PORT: &str = "PARAMETERS_SECRETS_EXTENSION_HTTP_PORT";
 /// How long one invocation keeps trying the extension (milliseconds, default 5000).
@@ -138,6 +144,16 @@ pub fn database_url(secret: &str, overrides: &DbOverrides) -> Result<String, Str
         percent_encode(&password),
         percent_encode(&dbname)
     ))
+}
+
+/// The runtime login from its secret's `SecretString` (`{"username", "password"}`, the RDS
+/// shape; other fields ignored). The error never repeats the secret.
+pub fn runtime_login(secret: &str) -> Result<(String, String), String> {
+    let rds: RdsSecret = serde_json::from_str(secret.trim())
+        .map_err(|e| format!("is not a JSON object of strings (line {}, column {})", e.line(), e.column()))?;
+    let username = rds.username.filter(|u| !u.is_empty()).ok_or("has no \"username\"")?;
+    let password = rds.password.filter(|p| !p.is_empty()).ok_or("has no \"password\"")?;
+    Ok((username, password))
 }
 
 /// `POOLMGR_ADMIN_TOKENS` / `POOLMGR_VIEWER_TOKENS` / `POOLMGR_CLIENT_TOKENS` from a tokens secret's `SecretString`.
@@ -270,11 +286,15 @@ impl Extension {
 pub async fn resolve_env(lookup: impl Fn(&str) -> Option<String>) -> Result<Vec<(String, String)>, SecretsError> {
     let db_arn = non_empty(&lookup, DATABASE_SECRET_ARN);
     let tokens_arn = non_empty(&lookup, TOKENS_SECRET_ARN);
+    let runtime_arn = non_empty(&lookup, RUNTIME_DATABASE_SECRET_ARN);
     let mut out = vec![];
-    if db_arn.is_none() && tokens_arn.is_none() {
-        return Ok(out);
-    }
-    let ext = Extension::new(&lookup, if db_arn.is_some() { DATABASE_SECRET_ARN } else { TOKENS_SECRET_ARN })?;
+    let first = match (&db_arn, &tokens_arn, &runtime_arn) {
+        (None, None, None) => return Ok(out),
+        (Some(_), _, _) => DATABASE_SECRET_ARN,
+        (None, Some(_), _) => TOKENS_SECRET_ARN,
+        (None, None, Some(_)) => RUNTIME_DATABASE_SECRET_ARN,
+    };
+    let ext = Extension::new(&lookup, first)?;
     let overrides = db_arn.as_ref().map(|_| DbOverrides::from_lookup(&lookup)).transpose()?;
     let db = async {
         let (Some(arn), Some(overrides)) = (&db_arn, &overrides) else { return Ok(None) };
@@ -295,14 +315,29 @@ pub async fn resolve_env(lookup: impl Fn(&str) -> Option<String>) -> Result<Vec<
         tracing::info!(arn = %arn, "API tokens read from Secrets Manager");
         Ok::<_, SecretsError>(Some(vars))
     };
-    // Both at once: on a new instance the extension's cache is empty, so each read is a
+    let runtime = async {
+        let Some(arn) = &runtime_arn else { return Ok(None) };
+        let secret = ext.get(RUNTIME_DATABASE_SECRET_ARN, arn).await?;
+        let login = runtime_login(&secret).map_err(|msg| SecretsError::Parse {
+            var: RUNTIME_DATABASE_SECRET_ARN,
+            arn: arn.clone(),
+            msg,
+        })?;
+        tracing::info!(arn = %arn, "runtime database login read from Secrets Manager");
+        Ok::<_, SecretsError>(Some(login))
+    };
+    // All at once: on a new instance the extension's cache is empty, so each read is a
     // Secrets Manager call, and the first invocation waits for them.
-    let (db, tokens) = tokio::join!(db, tokens);
+    let (db, tokens, runtime) = tokio::join!(db, tokens, runtime);
     if let Some(url) = db? {
         out.push(("DATABASE_URL".to_owned(), url));
     }
     if let Some(vars) = tokens? {
         out.extend(vars);
+    }
+    if let Some((user, password)) = runtime? {
+        out.push((crate::db_role::USER.to_owned(), user));
+        out.push((crate::db_role::PASSWORD.to_owned(), password));
     }
     Ok(out)
 }
@@ -559,6 +594,30 @@ mod tests {
     /// On a new instance each read is a Secrets Manager call behind the extension: the two
     /// secrets are read at once, not one after the other. This extension answers neither
     /// until both requests are in.
+    /// migrate's runtime-login secret becomes the two variables `db_role` reads; a secret
+    /// without a password is refused without repeating it.
+    #[tokio::test]
+    async fn the_runtime_login_secret_gives_user_and_password() {
+        const RUNTIME_ARN: &str = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/app-QwErTy";
+        let (port, _) = fake_extension(vec![(
+            200,
+            get_secret_value(RUNTIME_ARN, r#"{"username": "poolmgr_app", "password": "Gen3rated-Passw0rd-xyz"}"#),
+        )])
+        .await;
+        let env = lookup(&[
+            (RUNTIME_DATABASE_SECRET_ARN, RUNTIME_ARN.into()),
+            ("AWS_SESSION_TOKEN", "t".into()),
+            (EXTENSION_PORT, port.to_string()),
+        ]);
+        let vars = resolve_env(env).await.unwrap();
+        assert!(vars.contains(&(crate::db_role::USER.to_owned(), "poolmgr_app".to_owned())), "{vars:?}");
+        assert!(vars.contains(&(crate::db_role::PASSWORD.to_owned(), "Gen3rated-Passw0rd-xyz".to_owned())), "{vars:?}");
+        let err = runtime_login(r#"{"username": "poolmgr_app", "password": ""}"#).unwrap_err();
+        assert!(err.contains("password"), "{err}");
+        let err = runtime_login(r#"{"username": "poolmgr_app", "password": 12345678912345}"#).unwrap_err();
+        assert!(!err.contains("12345678912345"), "{err}");
+    }
+
     #[tokio::test]
     async fn both_secrets_are_read_at_once() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -6,6 +6,11 @@
 //! answers with the versions applied, a CloudFormation custom-resource request (the stack's
 //! `MigrateOnDeploy`) is answered through its `ResponseURL` ([`custom_resource`]). A database a
 //! newer binary migrated is refused.
+//!
+//! With a runtime login (`POOLMGR_RUNTIME_DATABASE_USER`/`_PASSWORD`, or on AWS the secret
+//! `POOLMGR_RUNTIME_DATABASE_SECRET_ARN`) it then creates or updates that role and grants it
+//! DML on the tables, nothing more ([`poolmgr_core::db_role`]): the functions log in as it, and
+//! the login migrate runs as (the master) is kept for migrations.
 
 mod custom_resource;
 
@@ -49,8 +54,22 @@ async fn run() -> Result<Value, String> {
     };
     let tls = DbTls::from_lookup(&lookup)?;
     let mut client = connect(&url, &tls, wait).await?;
+    let runtime = poolmgr_core::db_role::from_lookup(&lookup)?;
     let applied = poolmgr_core::db::migrate(&mut client, None).await.map_err(|e| e.to_string())?;
-    Ok(json!({ "applied": applied, "schema_version": poolmgr_core::db::latest_version() }))
+    // After the migrations, so the grants cover the tables they made.
+    let runtime_role = match &runtime {
+        Some((user, password)) => {
+            poolmgr_core::db_role::ensure(&mut client, user, password).await?;
+            tracing::info!(user, "runtime login granted DML on poolmgr's tables");
+            Value::String(user.clone())
+        }
+        None => Value::Null,
+    };
+    Ok(json!({
+        "applied": applied,
+        "schema_version": poolmgr_core::db::latest_version(),
+        "runtime_role": runtime_role,
+    }))
 }
 
 async fn handle(event: LambdaEvent<Value>) -> Result<Value, lambda_runtime::Error> {

@@ -16,7 +16,7 @@ use poolmgr_core::store;
 use poolmgr_tests::{ADMIN, CLIENT_A, CLIENT_B, TestApp};
 use serde_json::{Value, json};
 
-const DB_ARN: &str = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/db-AbCdEf";
+pub(crate) const DB_ARN: &str = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/db-AbCdEf";
 pub(crate) const TOKENS_ARN: &str = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/tokens-XyZ123";
 /// Generous: debug binaries on a busy 2-core machine.
 const ANSWER_WITHIN: Duration = Duration::from_secs(30);

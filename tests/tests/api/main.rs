@@ -16,6 +16,7 @@
 //! | `bad_input` | malformed, oversized and unauthenticated requests on every route |
 //! | `claims` | `POST /v1/claims` and its races |
 //! | `db_resilience` | dead connections, an unreachable database, schema mismatch, EMF |
+//! | `db_role` | the runtime database role: DML only, granted by migrate (issue 25) |
 //! | `db_tls` | TLS to PostgreSQL: each `sslmode`, the CA, the host name (a TLS-only server) |
 //! | `debug_logs` | trace-level logs of real processes carry no bearer token and no host secret (issue 25) |
 //! | `events_metrics` | `GET /v1/events`, `GET /metrics`, `/healthz` |
@@ -45,6 +46,7 @@ mod autoscaling;
 mod bad_input;
 mod claims;
 mod db_resilience;
+mod db_role;
 mod db_tls;
 mod debug_logs;
 mod events_metrics;

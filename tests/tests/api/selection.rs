@@ -430,7 +430,9 @@ async fn a_vm_write_committed_after_a_pass_that_could_not_see_it_is_selected_by_
     let vms = app.seed_available("w", 2).await;
     until_settled(&app, 5, "pool w").await;
 
-    let mut conn = app.conn().await;
+    // On the app's own login, as a function's write is: `pg_stat_activity` shows a
+    // transaction's start only to its own role (`store::selection_horizon`).
+    let mut conn = app.state.db.raw().get().await.unwrap();
     let tx = conn.transaction().await.unwrap();
     // What a quarantine writes: the VM's phase and its event, stamped with the transaction's start.
     tx.batch_execute(&format!(

@@ -357,9 +357,9 @@ fn each_function_runs_as_a_role_that_grants_only_what_it_uses() {
     const SECRET: &str = "secretsmanager:GetSecretValue";
     const INVOKE: &str = "lambda:InvokeFunction";
     const DLQ: &str = "sqs:SendMessage";
-    let both = ["DatabaseSecret", "TokensSecret"];
+    let both = ["AppDatabaseSecret", "TokensSecret"];
     let expected: [(&str, &[&str], &[&str]); 7] = [
-        ("MigrateFunction", &["DatabaseSecret"], &[SECRET]),
+        ("MigrateFunction", &["DatabaseSecret", "AppDatabaseSecret"], &[SECRET]),
         ("ClaimsFunction", &both, &[SECRET, INVOKE]),
         ("LeasesFunction", &both, &[SECRET, INVOKE]),
         ("PoolsFunction", &both, &[SECRET, INVOKE]),
@@ -411,6 +411,60 @@ fn each_function_runs_as_a_role_that_grants_only_what_it_uses() {
     // The migrate function is not even told where the tokens secret is.
     let env = &resource(&t, "MigrateFunction")["Properties"]["Environment"]["Variables"];
     assert_eq!(env["POOLMGR_TOKENS_SECRET_ARN"].as_str(), Some(""));
+}
+
+/// Issue 25 item 9: the functions log in as the runtime role (the generated
+/// `AppDatabaseSecret`, not the master's), migrate as the master with the runtime login to
+/// grant, and RDS Proxy accepts both logins.
+#[test]
+fn only_migrate_logs_in_as_the_master_and_the_proxy_knows_both_logins() {
+    let t = template();
+    let globals = &t["Globals"]["Function"]["Environment"]["Variables"];
+    assert!(is_ref(&globals["POOLMGR_DATABASE_SECRET_ARN"], "AppDatabaseSecret"), "{globals:?}");
+    let migrate = &resource(&t, "MigrateFunction")["Properties"]["Environment"]["Variables"];
+    assert!(is_ref(&migrate["POOLMGR_DATABASE_SECRET_ARN"], "DatabaseSecret"), "{migrate:?}");
+    assert!(is_ref(&migrate["POOLMGR_RUNTIME_DATABASE_SECRET_ARN"], "AppDatabaseSecret"), "{migrate:?}");
+    for (name, r) in t["Resources"].as_mapping().unwrap() {
+        if r["Type"].as_str() != Some("AWS::Serverless::Function") || str_of(name) == "MigrateFunction" {
+            continue;
+        }
+        let env = &r["Properties"]["Environment"]["Variables"];
+        for var in ["POOLMGR_DATABASE_SECRET_ARN", "POOLMGR_RUNTIME_DATABASE_SECRET_ARN", "DATABASE_URL"] {
+            assert!(env[var].is_null(), "{} overrides {var}: {env:?}", str_of(name));
+        }
+    }
+    let user_of = |secret: &str| -> String {
+        let tpl = str_of(&resource(&t, secret)["Properties"]["GenerateSecretString"]["SecretStringTemplate"]);
+        let v: serde_json::Value = serde_json::from_str(tpl).unwrap();
+        v["username"].as_str().unwrap().to_owned()
+    };
+    assert_ne!(user_of("AppDatabaseSecret"), user_of("DatabaseSecret"));
+    poolmgr_core::db_role::from_lookup(|k| match k {
+        poolmgr_core::db_role::USER => Some(user_of("AppDatabaseSecret")),
+        _ => Some("x".repeat(32)),
+    })
+    .expect("a role name the migrate function accepts");
+    let auth: BTreeSet<String> = resource(&t, "DatabaseProxy")["Properties"]["Auth"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            assert_eq!(a["ClientPasswordAuthType"].as_str(), Some("POSTGRES_SCRAM_SHA_256"), "{a:?}");
+            let (tag, v) = tagged(&a["SecretArn"]).unwrap();
+            assert_eq!(tag, "Ref");
+            str_of(v).to_owned()
+        })
+        .collect();
+    let both: BTreeSet<String> = ["DatabaseSecret".into(), "AppDatabaseSecret".into()].into();
+    assert_eq!(auth, both);
+    let proxy_reads: BTreeSet<String> =
+        resource(&t, "DatabaseProxyRole")["Properties"]["Policies"][0]["PolicyDocument"]["Statement"][0]["Resource"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|r| str_of(tagged(r).unwrap().1).to_owned())
+            .collect();
+    assert_eq!(proxy_reads, both);
 }
 
 /// Issue 25 item 9: the functions' security group opens connections only to RDS Proxy
