@@ -72,6 +72,21 @@ pub async fn ensure(client: &mut Client, user: &str, password: &str) -> Result<(
              ({USER}), and keep this one for migrations"
         ));
     }
+    // An existing role with powers is refused before anything about it changes. A role
+    // created here has none (CREATE ROLE's defaults).
+    let powers = client
+        .query_opt(
+            "SELECT rolsuper OR rolcreatedb OR rolcreaterole OR rolbypassrls FROM pg_roles WHERE rolname = $1",
+            &[&user],
+        )
+        .await
+        .map_err(|e| format!("cannot read role {user}: {e}"))?;
+    if powers.is_some_and(|r| r.get::<_, bool>(0)) {
+        return Err(format!(
+            "role {user} has SUPERUSER, CREATEDB, CREATEROLE or BYPASSRLS: the runtime login must be a plain \
+             login role; run ALTER ROLE {user} NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS as an administrator"
+        ));
+    }
     let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
     // Only base64, digits, `$`, `:` and `=`: safe between single quotes.
     debug_assert!(!verifier.contains('\''));
@@ -88,22 +103,6 @@ pub async fn ensure(client: &mut Client, user: &str, password: &str) -> Result<(
             }
             Err(e) => return Err(format!("cannot set up the runtime login {user}: {e}")),
         }
-    }
-    let (superuser, createdb, createrole, bypassrls): (bool, bool, bool, bool) = {
-        let r = client
-            .query_one(
-                "SELECT rolsuper, rolcreatedb, rolcreaterole, rolbypassrls FROM pg_roles WHERE rolname = $1",
-                &[&user],
-            )
-            .await
-            .map_err(|e| format!("cannot read role {user}: {e}"))?;
-        (r.get(0), r.get(1), r.get(2), r.get(3))
-    };
-    if superuser || createdb || createrole || bypassrls {
-        return Err(format!(
-            "role {user} has SUPERUSER, CREATEDB, CREATEROLE or BYPASSRLS: the runtime login must be a plain \
-             login role; run ALTER ROLE {user} NOSUPERUSER NOCREATEDB NOCREATEROLE NOBYPASSRLS as an administrator"
-        ));
     }
     // Before PostgreSQL 15 every role may create in `public`; poolmgr's database is its own,
     // so take that away where the migrating login owns the schema (it does on RDS and on a

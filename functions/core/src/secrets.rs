@@ -591,9 +591,6 @@ mod tests {
         assert!(seen.iter().all(|h| h.contains("x-aws-parameters-secrets-token: session-tok")), "{seen:?}");
     }
 
-    /// On a new instance each read is a Secrets Manager call behind the extension: the two
-    /// secrets are read at once, not one after the other. This extension answers neither
-    /// until both requests are in.
     /// migrate's runtime-login secret becomes the two variables `db_role` reads; a secret
     /// without a password is refused without repeating it.
     #[tokio::test]
@@ -618,6 +615,9 @@ mod tests {
         assert!(!err.contains("12345678912345"), "{err}");
     }
 
+    /// On a new instance each read is a Secrets Manager call behind the extension: the two
+    /// secrets are read at once, not one after the other. This extension answers neither
+    /// until both requests are in.
     #[tokio::test]
     async fn both_secrets_are_read_at_once() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

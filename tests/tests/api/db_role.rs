@@ -112,6 +112,9 @@ async fn a_runtime_login_with_powers_is_refused() {
     owner.batch_execute(&format!("CREATE ROLE {strong} LOGIN CREATEDB")).await.unwrap();
     let err = db_role::ensure(&mut owner, &strong, "a-generated-password-123").await.unwrap_err();
     assert!(err.contains("NOCREATEDB"), "{err}");
+    let password: Option<String> =
+        owner.query_one("SELECT rolpassword FROM pg_authid WHERE rolname = $1", &[&strong]).await.unwrap().get(0);
+    assert_eq!(password, None, "the refused role was not given the password");
     let err = db_role::ensure(&mut owner, "x; DROP TABLE pools", "a-generated-password-123").await.unwrap_err();
     assert!(err.contains("not a role name"), "{err}");
     let tables: i64 = owner
