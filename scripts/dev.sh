@@ -169,6 +169,14 @@ if [[ -z "${POOLMGR_VIEWER_TOKENS:-}" ]]; then
     export POOLMGR_VIEWER_TOKENS
 fi
 VIEWER_TOKEN=${POOLMGR_VIEWER_TOKENS%%,*}
+if [[ -z "${POOLMGR_CREDENTIALS_KEY:-}" ]]; then
+    # The key hosts' secrets are encrypted with at rest (a tokens file from before it: add
+    # one, keep the rest). Lose it and hosts with a TLS key or token must be registered again.
+    log "adding a credentials key to $TOKENS_FILE"
+    POOLMGR_CREDENTIALS_KEY=$(random_token)$(random_token)
+    printf 'POOLMGR_CREDENTIALS_KEY=%s\n' "$POOLMGR_CREDENTIALS_KEY" >>"$TOKENS_FILE"
+    export POOLMGR_CREDENTIALS_KEY
+fi
 
 # --- poolmgr-local ------------------------------------------------------------
 if [[ -z "${POOLMGR_HTTP_ADDR:-}" ]]; then

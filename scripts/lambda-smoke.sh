@@ -99,6 +99,8 @@ PORT=${LAMBDA_SMOKE_PORT:-$(free_port)}
 ADMIN_TOKEN=smoke-admin-$(random_token)
 CLIENT_TOKEN=smoke-client-$(random_token)
 export POOLMGR_ADMIN_TOKENS="admin:$ADMIN_TOKEN" POOLMGR_CLIENT_TOKENS="ci:$CLIENT_TOKEN"
+# Hosts' secrets are encrypted at rest with it (functions/core/src/credentials.rs).
+export POOLMGR_CREDENTIALS_KEY="$(random_token)$(random_token)"
 export RUST_LOG=${RUST_LOG:-info}
 # The reconcile pass must finish well inside the emulator's invoke timeout.
 export POOLMGR_RECONCILE_DEADLINE_SECONDS=20

@@ -69,6 +69,8 @@ stack_sim_start "$SIM_LOG" --listen 127.0.0.1:0 --boot-delay-ms 100 --delete-del
 ADMIN_TOKEN=$(random_token)
 CLIENT_TOKEN=$(random_token)
 export POOLMGR_ADMIN_TOKENS="st-admin:$ADMIN_TOKEN" POOLMGR_CLIENT_TOKENS="st-client:$CLIENT_TOKEN"
+# Hosts' secrets are encrypted at rest with it (functions/core/src/credentials.rs).
+export POOLMGR_CREDENTIALS_KEY="$(random_token)$(random_token)"
 export POOLMGR_FLINTLOCK_TIMEOUT_SECONDS=2 POOLMGR_HOOK_TIMEOUT_SECONDS=5
 PORT=$(free_port)
 URL=http://127.0.0.1:$PORT

@@ -51,6 +51,8 @@ use tower::ServiceExt;
 // At least 16 characters each: shorter tokens are refused at start.
 pub const ADMIN: &str = "admin-token-0123456789";
 pub const VIEWER: &str = "viewer-token-0123456789";
+/// The apps' credentials key (`POOLMGR_CREDENTIALS_KEY`): hosts' secrets are sealed with it.
+pub const CREDENTIALS_KEY: &str = "test-credentials-key-0123456789abcdef";
 pub const CLIENT_A: &str = "client-a-token-0123456789";
 pub const CLIENT_B: &str = "client-b-token-0123456789";
 pub const SIM_HOST: &str = "sim";
@@ -286,6 +288,7 @@ fn test_config(testdb: &TestDb, extra: impl Fn(&mut Vec<(String, String)>)) -> C
         ("DATABASE_URL".into(), testdb.app_url.clone()),
         ("POOLMGR_ADMIN_TOKENS".into(), format!("admin:{ADMIN}")),
         ("POOLMGR_VIEWER_TOKENS".into(), format!("viewer:{VIEWER}")),
+        ("POOLMGR_CREDENTIALS_KEY".into(), CREDENTIALS_KEY.into()),
         ("POOLMGR_CLIENT_TOKENS".into(), format!("client-a:{CLIENT_A},client-b:{CLIENT_B}")),
         ("POOLMGR_DB_POOL_SIZE".into(), "40".into()),
         ("POOLMGR_FLINTLOCK_TIMEOUT_SECONDS".into(), "3".into()),
@@ -367,6 +370,12 @@ impl TestApp {
         self.state = AppState::new(&cfg, pool).with_clock(poolmgr_core::clock::Clock::adjustable());
         self.router = http::router(self.state.clone());
         self
+    }
+
+    /// A host's secrets as the app opens them from its row (sealed at rest, issue 25 item 4).
+    pub async fn host_secrets(&self, name: &str) -> poolmgr_core::credentials::Secrets {
+        let (h, _) = poolmgr_core::store::host_get(&**self.conn().await, name).await.unwrap().expect("host exists");
+        self.state.config.credentials.open(name, &h.stored_credentials()).expect("the app opens its hosts' secrets")
     }
 
     /// Forgets every event so far (the setup's audit events, issue 25 item 3), for a test that

@@ -109,6 +109,7 @@ impl LocalServer {
             .env("POOLMGR_HTTP_ADDR", "127.0.0.1:0")
             .env("POOLMGR_ADMIN_TOKENS", format!("admin:{ADMIN}"))
             .env("POOLMGR_CLIENT_TOKENS", format!("client-a:{CLIENT_A}"))
+            .env("POOLMGR_CREDENTIALS_KEY", crate::CREDENTIALS_KEY)
             .env("POOLMGR_RECONCILE_INTERVAL_SECONDS", "1")
             .env("POOLMGR_RECONCILE_BACKOFF_MS", "50")
             .env("POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS", "1")

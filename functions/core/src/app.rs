@@ -55,6 +55,7 @@ impl AppState {
         let metrics = Arc::new(Metrics::with_emf(cfg.metrics_emf).in_namespace(&cfg.metrics_namespace));
         let observer = metrics.clone();
         let flintlock = Flintlock::new(cfg.flintlock_timeout)
+            .with_keyring(cfg.credentials.clone())
             .with_error_observer(Arc::new(move |host, method| observer.flintlock_error(host, method)));
         AppState {
             db,

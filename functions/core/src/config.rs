@@ -73,6 +73,10 @@ pub struct Config {
     pub deployment_id: Option<String>,
     /// What a pool's template may ask of a host (`POOLMGR_POLICY_*`, [`crate::policy`]).
     pub spec_policy: crate::policy::SpecPolicy,
+    /// The keys hosts' secrets are encrypted with at rest (`POOLMGR_CREDENTIALS_KEY`,
+    /// `POOLMGR_CREDENTIALS_OLD_KEYS`; [`crate::credentials`]). Empty: hosts with secrets
+    /// are refused.
+    pub credentials: std::sync::Arc<crate::credentials::Keyring>,
     pub reconcile: ReconcileConfig,
     pub hooks: HookConfig,
     pub wake: WakeConfig,
@@ -450,6 +454,7 @@ impl Config {
             },
             hooks,
             spec_policy: crate::policy::SpecPolicy::from_lookup(&lookup)?,
+            credentials: std::sync::Arc::new(crate::credentials::Keyring::from_lookup(&lookup).map_err(ConfigError)?),
             wake: WakeConfig {
                 lambda_function: lookup("POOLMGR_WAKE_LAMBDA_FUNCTION")
                     .map(|s| s.trim().to_owned())

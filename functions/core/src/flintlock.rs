@@ -297,9 +297,16 @@ pub struct Endpoint {
     pub ca_pem: Option<String>,
     /// Client certificate and key for mutual TLS, used together.
     pub cert_pem: Option<String>,
+    /// The key as the host's row stores it: sealed when `credentials_key_id` is set
+    /// ([`crate::credentials`]); opened only when the channel is built.
     pub key_pem: Option<String>,
-    /// flintlockd's basic-auth token, sent as `Authorization: Basic base64(token)`.
+    /// flintlockd's basic-auth token, sent as `Authorization: Basic base64(token)`; stored
+    /// as `key_pem` is.
     pub basic_auth_token: Option<String>,
+    /// The key-encryption key's id and the wrapped data key of a sealed row (V24); `None`:
+    /// the secrets above are plaintext (a row from before encryption, or a test's).
+    pub credentials_key_id: Option<String>,
+    pub credentials_dek: Option<String>,
 }
 
 /// One host's cache entry: the settings it was built from, the channel and the auth header.
@@ -315,11 +322,26 @@ pub struct Flintlock {
     on_error: Option<ErrorObserver>,
     /// The largest answer read ([`MAX_RESPONSE_BYTES`]).
     max_response: usize,
+    /// Opens hosts' sealed secrets when a channel is built ([`Flintlock::with_keyring`]).
+    keyring: Arc<crate::credentials::Keyring>,
 }
 
 impl Flintlock {
     pub fn new(timeout: Duration) -> Flintlock {
-        Flintlock { timeout, channels: Arc::default(), on_error: None, max_response: MAX_RESPONSE_BYTES }
+        Flintlock {
+            timeout,
+            channels: Arc::default(),
+            on_error: None,
+            max_response: MAX_RESPONSE_BYTES,
+            keyring: Arc::default(),
+        }
+    }
+
+    /// The same client, opening hosts' sealed secrets with `keyring` (`Config::credentials`).
+    /// Without it, a host whose row is sealed cannot be reached (a configuration error, never
+    /// taken for an unreachable host).
+    pub fn with_keyring(self, keyring: Arc<crate::credentials::Keyring>) -> Flintlock {
+        Flintlock { keyring, ..self }
     }
 
     /// The same client reading answers of at most `bytes` (tests; [`MAX_RESPONSE_BYTES`]
@@ -354,6 +376,13 @@ impl Flintlock {
     /// on the channel: the interceptor sets one on unary calls, exec sets its own.
     fn build(&self, host: &Endpoint) -> Result<(Channel, AuthHeader), FlintlockError> {
         let cfg_err = |message: String| FlintlockError::Config { host: host.name.clone(), message };
+        let stored = crate::credentials::Stored {
+            key_pem: host.key_pem.clone(),
+            basic_auth_token: host.basic_auth_token.clone(),
+            key_id: host.credentials_key_id.clone(),
+            dek: host.credentials_dek.clone(),
+        };
+        let secrets = self.keyring.open(&host.name, &stored).map_err(|e| cfg_err(e.to_string()))?;
         let scheme = if host.tls_insecure { "http" } else { "https" };
         let mut ep = tonic::transport::Endpoint::from_shared(format!("{scheme}://{}", host.address))
             .map_err(|e| cfg_err(format!("address {:?}: {e}", host.address)))?
@@ -365,12 +394,12 @@ impl Flintlock {
             if let Some(ca) = &host.ca_pem {
                 tls = tls.ca_certificate(Certificate::from_pem(ca));
             }
-            if let (Some(cert), Some(key)) = (&host.cert_pem, &host.key_pem) {
+            if let (Some(cert), Some(key)) = (&host.cert_pem, &secrets.key_pem) {
                 tls = tls.identity(Identity::from_pem(cert, key));
             }
             ep = ep.tls_config(tls).map_err(|e| cfg_err(format!("TLS settings: {e}")))?;
         }
-        let auth = match &host.basic_auth_token {
+        let auth = match &secrets.basic_auth_token {
             None => None,
             Some(t) => {
                 let v = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(t));
@@ -839,6 +868,8 @@ mod tests {
             cert_pem: None,
             key_pem: None,
             basic_auth_token: None,
+            credentials_key_id: None,
+            credentials_dek: None,
         };
         (host, dropped)
     }

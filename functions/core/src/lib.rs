@@ -28,7 +28,8 @@
 //! - [`http`]: the Routers of the HTTP contract, one file per function's routes, its
 //!   extractors and its OpenAPI document; [`api`]: its JSON objects; [`error`]: its error shape.
 //! - [`auth`]: bearer tokens and principals; [`config`]: environment configuration;
-//!   [`secrets`]: secrets named by AWS Secrets Manager ARN, resolved into that configuration.
+//!   [`secrets`]: secrets named by AWS Secrets Manager ARN, resolved into that configuration;
+//!   [`credentials`]: hosts' secrets encrypted at rest (the keyring).
 //! - [`reconcile`]: the reconcile pass, one file per step (strategy arithmetic, provisioning,
 //!   create hooks, sweeps, orphans), with its own error type that says whether a retry helps.
 //! - [`teardown`]: the VM delete (flintlock, then rows) that `service` and `reconcile` share.
@@ -43,6 +44,7 @@ pub mod app;
 pub mod auth;
 pub mod clock;
 pub mod config;
+pub mod credentials;
 pub mod db;
 pub mod db_role;
 pub mod db_tls;

@@ -11,6 +11,9 @@
 //! - `POOLMGR_TOKENS_SECRET_ARN`: `{"admin_tokens": "…", "viewer_tokens": "…", "client_tokens": "…"}` in the
 //!   comma-separated format of `POOLMGR_ADMIN_TOKENS` / `POOLMGR_CLIENT_TOKENS`.
 //!
+//! - `POOLMGR_CREDENTIALS_SECRET_ARN`: `{"credentials_key": "…", "credentials_old_keys": "…"}`;
+//!   becomes `POOLMGR_CREDENTIALS_KEY` / `POOLMGR_CREDENTIALS_OLD_KEYS` (the keys hosts'
+//!   secrets are encrypted with at rest, [`crate::credentials`]).
 //! - `POOLMGR_RUNTIME_DATABASE_SECRET_ARN` (`migrate` only): the functions' own login,
 //!   `{"username", "password"}`; becomes `POOLMGR_RUNTIME_DATABASE_USER` / `_PASSWORD`
 //!   (`crate::db_role`).
@@ -29,6 +32,8 @@ use serde_json::Value;
 
 pub const DATABASE_SECRET_ARN: &str = "POOLMGR_DATABASE_SECRET_ARN";
 pub const TOKENS_SECRET_ARN: &str = "POOLMGR_TOKENS_SECRET_ARN";
+/// The credentials keys ([`crate::credentials`]): `{"credentials_key", "credentials_old_keys"}`.
+pub const CREDENTIALS_SECRET_ARN: &str = "POOLMGR_CREDENTIALS_SECRET_ARN";
 /// The runtime login `migrate` sets up (`crate::db_role`): `{"username", "password"}`.
 pub const RUNTIME_DATABASE_SECRET_ARN: &str = "POOLMGR_RUNTIME_DATABASE_SECRET_ARN";
 /// The extension's port (its own variable, default 2773).
@@ -185,6 +190,29 @@ pub fn token_vars(secret: &str) -> Result<Vec<(String, String)>, String> {
     Ok(out)
 }
 
+/// `POOLMGR_CREDENTIALS_KEY` / `POOLMGR_CREDENTIALS_OLD_KEYS` from a credentials secret's
+/// `SecretString`: `credentials_key` (required) and `credentials_old_keys` (a comma-separated
+/// string or an array; may be empty). The error never repeats the secret.
+pub fn credentials_vars(secret: &str) -> Result<Vec<(String, String)>, String> {
+    let v: Value = serde_json::from_str(secret.trim())
+        .map_err(|e| format!("is not valid JSON (line {}, column {})", e.line(), e.column()))?;
+    let obj = v.as_object().ok_or("is not a JSON object")?;
+    let key = match obj.get("credentials_key") {
+        Some(Value::String(k)) if !k.trim().is_empty() => k.trim().to_owned(),
+        _ => return Err("has no \"credentials_key\" string".into()),
+    };
+    let old = match obj.get("credentials_old_keys") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(items)) => {
+            let keys: Option<Vec<&str>> = items.iter().map(Value::as_str).collect();
+            keys.ok_or("\"credentials_old_keys\" must be a string or an array of strings")?.join(",")
+        }
+        Some(_) => return Err("\"credentials_old_keys\" must be a string or an array of strings".into()),
+    };
+    Ok(vec![(crate::credentials::KEY_VAR.to_owned(), key), (crate::credentials::OLD_KEYS_VAR.to_owned(), old)])
+}
+
 /// The subset of the extension's answer (Secrets Manager's GetSecretValue) we read.
 #[derive(Deserialize)]
 struct GetSecretValue {
@@ -287,12 +315,14 @@ pub async fn resolve_env(lookup: impl Fn(&str) -> Option<String>) -> Result<Vec<
     let db_arn = non_empty(&lookup, DATABASE_SECRET_ARN);
     let tokens_arn = non_empty(&lookup, TOKENS_SECRET_ARN);
     let runtime_arn = non_empty(&lookup, RUNTIME_DATABASE_SECRET_ARN);
+    let credentials_arn = non_empty(&lookup, CREDENTIALS_SECRET_ARN);
     let mut out = vec![];
-    let first = match (&db_arn, &tokens_arn, &runtime_arn) {
-        (None, None, None) => return Ok(out),
-        (Some(_), _, _) => DATABASE_SECRET_ARN,
-        (None, Some(_), _) => TOKENS_SECRET_ARN,
-        (None, None, Some(_)) => RUNTIME_DATABASE_SECRET_ARN,
+    let first = match (&db_arn, &tokens_arn, &runtime_arn, &credentials_arn) {
+        (None, None, None, None) => return Ok(out),
+        (Some(_), _, _, _) => DATABASE_SECRET_ARN,
+        (None, Some(_), _, _) => TOKENS_SECRET_ARN,
+        (None, None, Some(_), _) => RUNTIME_DATABASE_SECRET_ARN,
+        (None, None, None, Some(_)) => CREDENTIALS_SECRET_ARN,
     };
     let ext = Extension::new(&lookup, first)?;
     let overrides = db_arn.as_ref().map(|_| DbOverrides::from_lookup(&lookup)).transpose()?;
@@ -326,13 +356,27 @@ pub async fn resolve_env(lookup: impl Fn(&str) -> Option<String>) -> Result<Vec<
         tracing::info!(arn = %arn, "runtime database login read from Secrets Manager");
         Ok::<_, SecretsError>(Some(login))
     };
+    let credentials = async {
+        let Some(arn) = &credentials_arn else { return Ok(None) };
+        let secret = ext.get(CREDENTIALS_SECRET_ARN, arn).await?;
+        let vars = credentials_vars(&secret).map_err(|msg| SecretsError::Parse {
+            var: CREDENTIALS_SECRET_ARN,
+            arn: arn.clone(),
+            msg,
+        })?;
+        tracing::info!(arn = %arn, "host credentials keys read from Secrets Manager");
+        Ok::<_, SecretsError>(Some(vars))
+    };
     // All at once: on a new instance the extension's cache is empty, so each read is a
     // Secrets Manager call, and the first invocation waits for them.
-    let (db, tokens, runtime) = tokio::join!(db, tokens, runtime);
+    let (db, tokens, runtime, credentials) = tokio::join!(db, tokens, runtime, credentials);
     if let Some(url) = db? {
         out.push(("DATABASE_URL".to_owned(), url));
     }
     if let Some(vars) = tokens? {
+        out.extend(vars);
+    }
+    if let Some(vars) = credentials? {
         out.extend(vars);
     }
     if let Some((user, password)) = runtime? {
@@ -368,6 +412,7 @@ mod tests {
 
     const DB_ARN: &str = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/db-AbCdEf";
     const TOKENS_ARN: &str = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/tokens-XyZ123";
+    const KEY_ARN: &str = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/credentials-AbC987";
 
     fn lookup(pairs: &[(&str, String)]) -> impl Fn(&str) -> Option<String> + use<> {
         let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
@@ -448,6 +493,24 @@ mod tests {
             assert!(err.contains(want), "{secret}: {err}");
             assert!(!err.contains("hunter2") && !err.contains("12345678"), "{err}");
         }
+    }
+
+    #[test]
+    fn credentials_secret_gives_the_key_variables_and_never_repeats_a_key() {
+        let vars =
+            credentials_vars(r#"{"credentials_key": " k-current ", "credentials_old_keys": ["o1", "o2"]}"#).unwrap();
+        assert_eq!(
+            vars,
+            vec![
+                ("POOLMGR_CREDENTIALS_KEY".to_owned(), "k-current".to_owned()),
+                ("POOLMGR_CREDENTIALS_OLD_KEYS".to_owned(), "o1,o2".to_owned()),
+            ]
+        );
+        assert_eq!(credentials_vars(r#"{"credentials_key": "k", "credentials_old_keys": ""}"#).unwrap()[1].1, "");
+        assert!(credentials_vars(r#"{"credentials_old_keys": "o1"}"#).unwrap_err().contains("credentials_key"));
+        let err = credentials_vars(r#"{"credentials_key": "s3cret", "credentials_old_keys": 5}"#).unwrap_err();
+        assert!(!err.contains("s3cret"), "{err}");
+        assert!(credentials_vars("s3cret").unwrap_err().contains("JSON"));
     }
 
     #[test]
@@ -553,16 +616,20 @@ mod tests {
     async fn secrets_are_fetched_through_the_extension_and_win_over_the_environment() {
         let db_secret = r#"{"username": "poolmgr", "password": "s3cr:t/", "host": "instance.rds", "port": 5432}"#;
         let tokens_secret = r#"{"admin_tokens": "ops:adm1", "client_tokens": "ci:cli1"}"#;
+        let key_secret =
+            r#"{"credentials_key": "generated-key-0123456789abcdefghijklmnop", "credentials_old_keys": ""}"#;
         let (port, seen) = fake_extension(vec![
             // An error answer first (Secrets Manager throttling behind the extension): retried.
             (400, r#"{"__type": "ThrottlingException", "message": "Rate exceeded"}"#.into()),
             (200, get_secret_value(DB_ARN, db_secret)),
             (200, get_secret_value(TOKENS_ARN, tokens_secret)),
+            (200, get_secret_value(KEY_ARN, key_secret)),
         ])
         .await;
         let env = lookup(&[
             (DATABASE_SECRET_ARN, DB_ARN.into()),
             (TOKENS_SECRET_ARN, TOKENS_ARN.into()),
+            (CREDENTIALS_SECRET_ARN, KEY_ARN.into()),
             ("POOLMGR_DATABASE_HOST", "proxy.rds".into()),
             ("POOLMGR_DATABASE_NAME", "poolmgr".into()),
             ("AWS_SESSION_TOKEN", "session-tok".into()),
@@ -580,10 +647,12 @@ mod tests {
         assert_eq!(l("POOLMGR_ADMIN_TOKENS").as_deref(), Some("ops:adm1"));
         assert_eq!(l("POOLMGR_CLIENT_TOKENS").as_deref(), Some("ci:cli1"));
         assert_eq!(l("POOLMGR_DB_POOL_SIZE").as_deref(), Some("1"));
+        assert_eq!(l("POOLMGR_CREDENTIALS_KEY").as_deref(), Some("generated-key-0123456789abcdefghijklmnop"));
+        assert!(crate::credentials::Keyring::from_lookup(&l).unwrap().current_id().is_some());
 
         let seen: Vec<String> = seen.lock().unwrap().iter().map(|h| h.to_ascii_lowercase()).collect();
-        assert_eq!(seen.len(), 3, "one request per secret, and one retry: {seen:?}");
-        for arn in [DB_ARN, TOKENS_ARN] {
+        assert_eq!(seen.len(), 4, "one request per secret, and one retry: {seen:?}");
+        for arn in [DB_ARN, TOKENS_ARN, KEY_ARN] {
             let line =
                 format!("get /secretsmanager/get?secretid={} http/1.1", percent_encode(arn).to_ascii_lowercase());
             assert!(seen.iter().any(|h| h.starts_with(&line)), "{line} in {seen:?}");

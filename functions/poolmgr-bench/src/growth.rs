@@ -260,6 +260,7 @@ async fn check_settled(state: &AppState, sims: &[(String, Sim, SimServer)]) -> S
         namespace_prefix: state.config.flintlock_namespace_prefix.clone(),
         deployment_id: None,
         flintlock_timeout: Duration::from_secs(10),
+        credentials: Default::default(),
         db_tls: state.config.db_tls.clone(),
     };
     match poolmgr_check::run(&opts, poolmgr_check::Mode::Settled).await {

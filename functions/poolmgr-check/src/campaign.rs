@@ -169,6 +169,8 @@ impl Client {
             cert_pem: None,
             key_pem: None,
             basic_auth_token: None,
+            credentials_key_id: None,
+            credentials_dek: None,
         };
         let invoked = self.rec.now();
         let got = self.flintlock.get(&endpoint, uid).await;

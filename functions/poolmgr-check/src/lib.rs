@@ -56,6 +56,9 @@ pub struct Options {
     pub deployment_id: Option<String>,
     /// Limit of each flintlock call.
     pub flintlock_timeout: Duration,
+    /// Opens hosts' sealed secrets (`POOLMGR_CREDENTIALS_KEY`, `_OLD_KEYS`); empty: only
+    /// hosts without sealed secrets can be listed.
+    pub credentials: std::sync::Arc<poolmgr_core::credentials::Keyring>,
 }
 
 /// Whether a check must hold always, or only once the system settled.
@@ -175,12 +178,14 @@ pub async fn check_once(opts: &Options) -> Result<Outcome, CheckError> {
                 h.address = addr.clone();
                 h.tls_insecure = true;
                 h.basic_auth_token = None;
+                h.credentials_key_id = None;
+                h.credentials_dek = None;
                 hosts.push(h);
             }
         }
     }
     out.stats.hosts = hosts.len();
-    let flintlock = Flintlock::new(opts.flintlock_timeout);
+    let flintlock = Flintlock::new(opts.flintlock_timeout).with_keyring(opts.credentials.clone());
     // host → its live managed microVMs; None when the host could not be listed.
     let mut listed: HashMap<String, Option<Vec<Listed>>> = HashMap::new();
     for host in &hosts {
@@ -288,6 +293,8 @@ fn blank_host(name: &str) -> HostRow {
         cert_pem: None,
         key_pem: None,
         basic_auth_token: None,
+        credentials_key_id: None,
+        credentials_dek: None,
         cordoned: false,
         cordoned_reason: None,
         cordoned_at: None,

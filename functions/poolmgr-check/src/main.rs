@@ -20,6 +20,8 @@ use poolmgr_check::{Mode, Options, run};
         above it, no orphan microVM in a managed flintlock namespace, no row whose microVM is gone.\n\n\
         TLS to the database: sslmode in the URL, POOLMGR_DATABASE_SSLMODE and POOLMGR_DATABASE_CA_PEM, \
         as for poolmgr itself (docs/deploy.md, \"TLS to PostgreSQL\").\n\n\
+        Hosts whose secrets are encrypted at rest are reached with POOLMGR_CREDENTIALS_KEY and \
+        POOLMGR_CREDENTIALS_OLD_KEYS, as poolmgr reaches them.\n\n\
         Exit code: 0 clean, 1 violations, 2 could not check (database or a host unreachable)."
 )]
 struct Cli {
@@ -65,7 +67,15 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let credentials = match poolmgr_core::credentials::Keyring::from_lookup(&|k: &str| std::env::var(k).ok()) {
+        Ok(k) => std::sync::Arc::new(k),
+        Err(e) => {
+            eprintln!("poolmgr-check: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let opts = Options {
+        credentials,
         database_url: cli.database_url,
         db_tls,
         flintlock_overrides: cli.flintlock,

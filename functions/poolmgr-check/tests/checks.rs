@@ -17,6 +17,7 @@ fn opts(app: &TestApp) -> Options {
         namespace_prefix: "poolmgr-".into(),
         deployment_id: None,
         flintlock_timeout: Duration::from_secs(3),
+        credentials: app.state.config.credentials.clone(),
     }
 }
 

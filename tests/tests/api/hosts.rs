@@ -148,10 +148,10 @@ async fn secrets_are_stored_but_never_returned_by_any_route() {
     assert_eq!(b.tls.ca_pem.as_deref(), Some(CA_PEM));
     assert_eq!(b.tls.cert_pem.as_deref(), Some(CERT_PEM));
 
-    // Stored, so flintlock calls can use them.
-    let row = host_row(&app, "host-a").await.unwrap();
-    assert_eq!(row["basic_auth_token"], json!(TOKEN));
-    assert_eq!(row["key_pem"], json!(KEY_PEM));
+    // Stored sealed (issue 25 item 4), so flintlock calls can use them and a dump cannot.
+    assert_no_secrets(&host_row(&app, "host-a").await.unwrap());
+    let stored = app.host_secrets("host-a").await;
+    assert_eq!((stored.basic_auth_token.as_deref(), stored.key_pem.as_deref()), (Some(TOKEN), Some(KEY_PEM)));
 
     assert_no_secrets(app.get(ADMIN, "/v1/hosts/host-a").await.assert_ok(200));
     let list = app.get(ADMIN, "/v1/hosts").await;
@@ -955,7 +955,8 @@ async fn host_transport_is_explicit_and_a_put_without_tls_keeps_it() {
     assert_eq!(body["exec"], json!("disabled"));
     let conn = app.conn().await;
     let (h, _) = poolmgr_core::store::host_get(&**conn, "mtls").await.unwrap().unwrap();
-    assert_eq!((h.tls_insecure, h.key_pem.as_deref()), (false, Some(pem("PRIVATE KEY").as_str())), "key kept");
+    let kept = app.host_secrets("mtls").await.key_pem;
+    assert_eq!((h.tls_insecure, kept.as_deref()), (false, Some(pem("PRIVATE KEY").as_str())), "key kept");
     // An explicit plaintext PUT does change it (the admin said so).
     app.put(ADMIN, "/v1/hosts/mtls", json!({"address": "10.0.0.6:9090", "tls": {"insecure": true}}))
         .await

@@ -45,6 +45,7 @@
 mod autoscaling;
 mod bad_input;
 mod claims;
+mod credentials;
 mod db_resilience;
 mod db_role;
 mod db_tls;

@@ -358,14 +358,16 @@ fn each_function_runs_as_a_role_that_grants_only_what_it_uses() {
     const INVOKE: &str = "lambda:InvokeFunction";
     const DLQ: &str = "sqs:SendMessage";
     let both = ["AppDatabaseSecret", "TokensSecret"];
+    // Those that seal or open hosts' secrets also read the credentials key (issue 25 item 4).
+    let three = ["AppDatabaseSecret", "TokensSecret", "CredentialsKeySecret"];
     let expected: [(&str, &[&str], &[&str]); 7] = [
         ("MigrateFunction", &["DatabaseSecret", "AppDatabaseSecret"], &[SECRET]),
-        ("ClaimsFunction", &both, &[SECRET, INVOKE]),
-        ("LeasesFunction", &both, &[SECRET, INVOKE]),
-        ("PoolsFunction", &both, &[SECRET, INVOKE]),
-        ("HostsFunction", &both, &[SECRET]),
+        ("ClaimsFunction", &three, &[SECRET, INVOKE]),
+        ("LeasesFunction", &three, &[SECRET, INVOKE]),
+        ("PoolsFunction", &three, &[SECRET, INVOKE]),
+        ("HostsFunction", &three, &[SECRET]),
         ("EventsFunction", &both, &[SECRET]),
-        ("ReconcileFunction", &both, &[SECRET, INVOKE, DLQ]),
+        ("ReconcileFunction", &three, &[SECRET, INVOKE, DLQ]),
     ];
     for (function, secrets, actions) in expected {
         let (name, role) = role_of(&t, function);
@@ -408,9 +410,19 @@ fn each_function_runs_as_a_role_that_grants_only_what_it_uses() {
         let want: BTreeSet<String> = secrets.iter().map(|s| s.to_string()).collect();
         assert_eq!(got_secrets, want, "{function} runs as {name}");
     }
-    // The migrate function is not even told where the tokens secret is.
+    // The migrate function is not even told where the tokens secret or the credentials key
+    // is, nor the events function where the key is.
     let env = &resource(&t, "MigrateFunction")["Properties"]["Environment"]["Variables"];
     assert_eq!(env["POOLMGR_TOKENS_SECRET_ARN"].as_str(), Some(""));
+    assert_eq!(env["POOLMGR_CREDENTIALS_SECRET_ARN"].as_str(), Some(""));
+    let env = &resource(&t, "EventsFunction")["Properties"]["Environment"]["Variables"];
+    assert_eq!(env["POOLMGR_CREDENTIALS_SECRET_ARN"].as_str(), Some(""));
+    // Every other function is: the Globals name the generated secret.
+    let globals = &t["Globals"]["Function"]["Environment"]["Variables"]["POOLMGR_CREDENTIALS_SECRET_ARN"];
+    assert!(is_ref(globals, "CredentialsKeySecret"), "{globals:?}");
+    let generated = &resource(&t, "CredentialsKeySecret")["Properties"]["GenerateSecretString"];
+    assert_eq!(str_of(&generated["GenerateStringKey"]), "credentials_key");
+    assert!(generated["PasswordLength"].as_u64().unwrap() >= 32);
 }
 
 /// Issue 25 item 9: the functions log in as the runtime role (the generated

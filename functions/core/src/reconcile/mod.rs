@@ -31,6 +31,7 @@
 //!   DELETING VMs (through [`crate::teardown`]), stragglers of deleted pools, surplus VMs.
 //! - `orphans`: the orphan scan of each host.
 //! - `retention`: deleting events older than `POOLMGR_EVENTS_RETENTION`, in batches.
+//! - `reseal`: hosts' secrets brought under the current credentials key (`crate::credentials`).
 //! - `conn`: the one connection a pool worker steps on; `error`: [`ReconcileError`].
 //!
 //! # Connections
@@ -77,6 +78,7 @@ mod orphans;
 mod pass;
 use pass::Pass;
 mod provision;
+mod reseal;
 mod retention;
 mod rollout;
 pub mod scale;
@@ -128,6 +130,8 @@ pub struct PassReport {
     pub lost: usize,
     /// Events deleted because they were older than the retention.
     pub events_pruned: u64,
+    /// Hosts whose secrets this pass sealed under the current credentials key (`reseal`).
+    pub credentials_resealed: usize,
     /// Autoscaled pools whose desired size this pass changed.
     pub scaled: usize,
     /// VM steps taken (a delete, a create or adoption, a poll of a booting VM, a create-hook
@@ -173,6 +177,7 @@ impl PassReport {
         self.orphans_deleted += o.orphans_deleted;
         self.lost += o.lost;
         self.events_pruned += o.events_pruned;
+        self.credentials_resealed += o.credentials_resealed;
         self.scaled += o.scaled;
         self.stepped += o.stepped;
         self.skipped += o.skipped;
@@ -261,6 +266,7 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     report.merge(sweeps::finish_deleted_pools(&pass).await);
     report.merge(orphans::scan_orphans(&pass).await);
     report.merge(retention::prune_events(&pass).await);
+    report.merge(reseal::reseal_credentials(state, &hosts).await);
     // Selected pools left unleased (the pools' share of the deadline ran out first), or a
     // cleanup cut short by its own budget.
     report.deadline_reached |= !pass.pending.lock().expect("pending pools").is_empty() || pass.past_cleanup_deadline();

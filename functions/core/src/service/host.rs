@@ -7,6 +7,7 @@ use utoipa::openapi::schema::{AllOfBuilder, OneOfBuilder};
 
 use crate::api::Host;
 use crate::app::AppState;
+use crate::credentials::{CredentialsError, Secrets, Stored};
 use crate::domain::{EventType, HostExec, NAME_PATTERN, Name, validate_name};
 use crate::error::ApiError;
 use crate::rules::{
@@ -161,17 +162,32 @@ fn not_found(name: &str) -> ApiError {
     ApiError::NotFound(format!("host {name} not found"))
 }
 
-fn write<'a>(name: &'a str, spec: &'a HostSpec, tls: &'a HostTls) -> HostWrite<'a> {
+fn write<'a>(name: &'a str, spec: &'a HostSpec, tls: &'a HostTls, secrets: &'a Stored) -> HostWrite<'a> {
     HostWrite {
         name,
         address: &spec.address,
         tls_insecure: tls.insecure,
         ca_pem: tls.ca_pem.as_deref(),
         cert_pem: tls.cert_pem.as_deref(),
-        key_pem: tls.key_pem.as_deref(),
-        basic_auth_token: spec.basic_auth_token.as_deref(),
+        secrets,
         exec: spec.exec,
     }
+}
+
+/// A failure of the deployment's credentials keys: the client cannot fix it by changing the
+/// request alone, so FAILED_PRECONDITION with what the operator must set.
+fn credentials_error(e: CredentialsError) -> ApiError {
+    let reason = match e {
+        CredentialsError::NoKey { .. } => "CREDENTIALS_KEY_MISSING",
+        CredentialsError::UnknownKey { .. } | CredentialsError::Corrupt { .. } => "CREDENTIALS_UNREADABLE",
+    };
+    ApiError::FailedPrecondition(e.to_string()).reason(reason)
+}
+
+/// The host's secrets (the TLS key and the token) sealed for its row (issue 25 item 4).
+fn seal(state: &AppState, name: &str, spec: &HostSpec, tls: &HostTls) -> Result<Stored, ApiError> {
+    let secrets = Secrets { key_pem: tls.key_pem.clone(), basic_auth_token: spec.basic_auth_token.clone() };
+    state.config.credentials.seal(name, &secrets).map_err(credentials_error)
 }
 
 /// A write refused because another host has the address: ALREADY_EXISTS, naming that host.
@@ -217,7 +233,9 @@ pub async fn create(state: &AppState, spec: HostSpec, by: &str) -> Result<Host, 
     let name = spec.name.clone().ok_or_else(|| ApiError::InvalidArgument("name is required".into()))?;
     validate_name("name", &name).map_err(ApiError::InvalidArgument)?;
     let tls = spec.validate(None)?;
-    let inserted = write_audited(state, EventType::HostRegistered, by, &write(&name, &spec, &tls), true).await;
+    let secrets = seal(state, &name, &spec, &tls)?;
+    let inserted =
+        write_audited(state, EventType::HostRegistered, by, &write(&name, &spec, &tls, &secrets), true).await;
     let inserted = match inserted {
         Ok(r) => r,
         Err(e) => return Err(address_taken(state, e, &spec.address).await),
@@ -238,21 +256,29 @@ pub async fn update(state: &AppState, name: &str, spec: HostSpec, by: &str) -> R
             "the body names host {body_name} but the path names {name}: hosts cannot be renamed"
         )));
     }
-    // A PUT without `tls` keeps the host's: never a silent downgrade to plaintext.
+    // A PUT without `tls` keeps the host's: never a silent downgrade to plaintext. Its key
+    // is opened here and sealed again below, with the token the PUT gives.
     let current = match &spec.tls {
         Some(_) => None,
-        None => store::host_get(&state.conn().await?, name).await?.map(|(h, _)| HostTls {
-            insecure: h.tls_insecure,
-            ca_pem: h.ca_pem,
-            cert_pem: h.cert_pem,
-            key_pem: h.key_pem,
-        }),
+        None => match store::host_get(&state.conn().await?, name).await? {
+            None => None,
+            Some((h, _)) => {
+                let opened = state.config.credentials.open(name, &h.stored_credentials()).map_err(credentials_error)?;
+                Some(HostTls {
+                    insecure: h.tls_insecure,
+                    ca_pem: h.ca_pem,
+                    cert_pem: h.cert_pem,
+                    key_pem: opened.key_pem,
+                })
+            }
+        },
     };
     if spec.tls.is_none() && current.is_none() {
         return Err(not_found(name));
     }
     let tls = spec.validate(current.as_ref())?;
-    let updated = write_audited(state, EventType::HostUpdated, by, &write(name, &spec, &tls), false).await;
+    let secrets = seal(state, name, &spec, &tls)?;
+    let updated = write_audited(state, EventType::HostUpdated, by, &write(name, &spec, &tls, &secrets), false).await;
     let updated = match updated {
         Ok(r) => r,
         Err(e) => return Err(address_taken(state, e, &spec.address).await),

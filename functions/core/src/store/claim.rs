@@ -194,7 +194,7 @@ pub async fn vm_claim_for_hook(
                     coalesce((SELECT pre_lease_commands FROM pool), '{}') AS commands,
                     to_jsonb(upd) AS vm, to_jsonb(h) AS host,
                     to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm,
-                    to_jsonb(ev_h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token'] AS existing_host,
+                    to_jsonb(ev_h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token', 'credentials_key_id', 'credentials_dek'] AS existing_host,
                     to_jsonb(f) AS in_flight, now() AS db_now
              FROM (SELECT 1) AS one
              LEFT JOIN upd ON true
@@ -238,7 +238,7 @@ pub async fn claim_get_by_request_id(c: &impl Executor, principal: &str, request
     let row = c
         .timed_query_one(
             "SELECT to_jsonb(e) AS existing_lease, to_jsonb(ev_vm) AS existing_vm,
-                    to_jsonb(ev_h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token'] AS existing_host,
+                    to_jsonb(ev_h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token', 'credentials_key_id', 'credentials_dek'] AS existing_host,
                     to_jsonb(f) AS in_flight, now() AS db_now
              FROM (SELECT 1) AS one
              LEFT JOIN leases e ON e.principal = $1 AND e.request_id = $2
@@ -335,7 +335,7 @@ pub async fn lease_insert_after_hook(
              SELECT EXISTS (SELECT 1 FROM vm) AND EXISTS (SELECT 1 FROM pool) AS vm_ok,
                     to_jsonb(ins) AS lease, to_jsonb(upd) AS vm,
                     -- The answer needs the host's name and address only.
-                    to_jsonb(h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token'] AS host
+                    to_jsonb(h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token', 'credentials_key_id', 'credentials_dek'] AS host
              FROM (SELECT 1) AS one
              LEFT JOIN ins ON true
              LEFT JOIN upd ON true

@@ -20,8 +20,15 @@ pub struct HostRow {
     pub tls_insecure: bool,
     pub ca_pem: Option<String>,
     pub cert_pem: Option<String>,
+    /// Sealed when `credentials_key_id` is set ([`crate::credentials`], V24), as is the token.
     pub key_pem: Option<String>,
     pub basic_auth_token: Option<String>,
+    /// The key-encryption key's id and the wrapped data key of the sealed secrets (V24);
+    /// `None`: stored before encryption, in plaintext (a pass seals them once a key is set).
+    #[serde(default)]
+    pub credentials_key_id: Option<String>,
+    #[serde(default)]
+    pub credentials_dek: Option<String>,
     pub cordoned: bool,
     pub cordoned_reason: Option<String>,
     pub cordoned_at: Option<DateTime<Utc>>,
@@ -52,6 +59,18 @@ impl HostRow {
             cert_pem: self.cert_pem.clone(),
             key_pem: self.key_pem.clone(),
             basic_auth_token: self.basic_auth_token.clone(),
+            credentials_key_id: self.credentials_key_id.clone(),
+            credentials_dek: self.credentials_dek.clone(),
+        }
+    }
+
+    /// The secrets as the row stores them ([`crate::credentials::Keyring::open`] reads them).
+    pub fn stored_credentials(&self) -> crate::credentials::Stored {
+        crate::credentials::Stored {
+            key_pem: self.key_pem.clone(),
+            basic_auth_token: self.basic_auth_token.clone(),
+            key_id: self.credentials_key_id.clone(),
+            dek: self.credentials_dek.clone(),
         }
     }
 }
@@ -71,15 +90,15 @@ pub async fn host_missing_for_pool(c: &impl Executor, names: &[String]) -> Resul
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
-/// The writable fields of a host.
+/// The writable fields of a host; its secrets as they are to be stored (sealed by
+/// [`crate::credentials::Keyring::seal`]: this layer never sees them in plaintext).
 pub struct HostWrite<'a> {
     pub name: &'a str,
     pub address: &'a str,
     pub tls_insecure: bool,
     pub ca_pem: Option<&'a str>,
     pub cert_pem: Option<&'a str>,
-    pub key_pem: Option<&'a str>,
-    pub basic_auth_token: Option<&'a str>,
+    pub secrets: &'a crate::credentials::Stored,
     pub exec: HostExec,
 }
 
@@ -105,8 +124,9 @@ pub async fn host_name_by_address(c: &impl Executor, address: &str) -> Result<Op
 pub async fn host_insert(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
     let row = c
         .timed_query_opt(
-            "INSERT INTO hosts AS h (name, address, tls_insecure, ca_pem, cert_pem, key_pem, basic_auth_token, exec)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+            "INSERT INTO hosts AS h (name, address, tls_insecure, ca_pem, cert_pem, key_pem, basic_auth_token, exec,
+                                     credentials_key_id, credentials_dek)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
              ON CONFLICT (name) DO NOTHING
              RETURNING to_jsonb(h) AS host, 0::bigint AS vm_count",
             &[
@@ -115,9 +135,11 @@ pub async fn host_insert(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<
                 (&h.tls_insecure, Type::BOOL),
                 (&h.ca_pem, Type::TEXT),
                 (&h.cert_pem, Type::TEXT),
-                (&h.key_pem, Type::TEXT),
-                (&h.basic_auth_token, Type::TEXT),
+                (&h.secrets.key_pem, Type::TEXT),
+                (&h.secrets.basic_auth_token, Type::TEXT),
                 (&h.exec.as_str(), Type::TEXT),
+                (&h.secrets.key_id, Type::TEXT),
+                (&h.secrets.dek, Type::TEXT),
             ],
         )
         .await?;
@@ -132,7 +154,8 @@ pub async fn host_insert(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<
 pub async fn host_update(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<(HostRow, i64)>> {
     let sql = format!(
         "UPDATE hosts AS h SET address = $2, tls_insecure = $3, ca_pem = $4, cert_pem = $5,
-             key_pem = $6, basic_auth_token = $7, exec = $8, updated_at = now()
+             key_pem = $6, basic_auth_token = $7, exec = $8, credentials_key_id = $9, credentials_dek = $10,
+             updated_at = now()
          WHERE name = $1
            -- A new address only while no VM row names the host: its microVMs are at the old
            -- one (issue 23 finding 5). Refused rows: `host_update`'s caller tells why.
@@ -148,9 +171,11 @@ pub async fn host_update(c: &impl Executor, h: &HostWrite<'_>) -> Result<Option<
                 (&h.tls_insecure, Type::BOOL),
                 (&h.ca_pem, Type::TEXT),
                 (&h.cert_pem, Type::TEXT),
-                (&h.key_pem, Type::TEXT),
-                (&h.basic_auth_token, Type::TEXT),
+                (&h.secrets.key_pem, Type::TEXT),
+                (&h.secrets.basic_auth_token, Type::TEXT),
                 (&h.exec.as_str(), Type::TEXT),
+                (&h.secrets.key_id, Type::TEXT),
+                (&h.secrets.dek, Type::TEXT),
             ],
         )
         .await?;
@@ -184,6 +209,37 @@ pub async fn host_list_page(c: &impl Executor, after: &str, limit: i64) -> Resul
         format!("SELECT to_jsonb(h) AS host, {HOST_VM_COUNT} FROM hosts h WHERE h.name > $1 ORDER BY h.name LIMIT $2");
     let rows = c.timed_query(&sql, &[(&after, Type::TEXT), (&limit, Type::INT8)]).await?;
     rows.iter().map(host_with_count).collect()
+}
+
+/// Replaces a host's stored secrets with `new` (re-wrapped under the current key, or sealed
+/// for the first time) only if they are still `old`: a host write in between wins, and the
+/// next pass looks again. Whether it was written.
+pub async fn host_reseal_credentials(
+    c: &impl Executor,
+    name: &str,
+    old: &crate::credentials::Stored,
+    new: &crate::credentials::Stored,
+) -> Result<bool> {
+    let n = c
+        .timed_execute(
+            "UPDATE hosts SET key_pem = $6, basic_auth_token = $7, credentials_key_id = $8, credentials_dek = $9
+             WHERE name = $1
+               AND key_pem IS NOT DISTINCT FROM $2 AND basic_auth_token IS NOT DISTINCT FROM $3
+               AND credentials_key_id IS NOT DISTINCT FROM $4 AND credentials_dek IS NOT DISTINCT FROM $5",
+            &[
+                (&name, Type::TEXT),
+                (&old.key_pem, Type::TEXT),
+                (&old.basic_auth_token, Type::TEXT),
+                (&old.key_id, Type::TEXT),
+                (&old.dek, Type::TEXT),
+                (&new.key_pem, Type::TEXT),
+                (&new.basic_auth_token, Type::TEXT),
+                (&new.key_id, Type::TEXT),
+                (&new.dek, Type::TEXT),
+            ],
+        )
+        .await?;
+    Ok(n == 1)
 }
 
 /// Sets or clears the cordon; `cordoned_at` moves to now on every cordon. `None` if unknown.

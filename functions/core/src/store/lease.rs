@@ -29,7 +29,7 @@ pub(super) fn lease_view(row: &Row) -> Result<LeaseView> {
 /// issue 25 item 4): only the reads that call flintlock (a release, a hook claim's take, a
 /// discard, the reconciler) load them.
 const LEASE_VIEW_SELECT: &str = "SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm,
-            to_jsonb(h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token'] AS host
+            to_jsonb(h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token', 'credentials_key_id', 'credentials_dek'] AS host
      FROM leases l
      LEFT JOIN vms v ON v.id = l.vm_id
      LEFT JOIN hosts h ON h.name = v.flintlock_host";
@@ -83,7 +83,7 @@ pub async fn lease_heartbeat(
                  RETURNING l.*
              )
              SELECT to_jsonb(l) AS lease, to_jsonb(v) AS vm,
-                    to_jsonb(h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token'] AS host
+                    to_jsonb(h) - ARRAY['ca_pem', 'cert_pem', 'key_pem', 'basic_auth_token', 'credentials_key_id', 'credentials_dek'] AS host
              FROM l
              LEFT JOIN vms v ON v.id = l.vm_id
              LEFT JOIN hosts h ON h.name = v.flintlock_host",

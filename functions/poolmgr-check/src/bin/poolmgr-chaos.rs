@@ -616,6 +616,7 @@ async fn passes(a: PassesArgs) -> anyhow::Result<bool> {
         namespace_prefix: cfg.flintlock_namespace_prefix.clone(),
         deployment_id: cfg.deployment_id.clone(),
         flintlock_timeout: Duration::from_secs(5),
+        credentials: Default::default(),
     };
     let t0 = Instant::now();
     let mut failures: Vec<String> = vec![];
