@@ -7,3 +7,8 @@ ALTER TABLE hosts
     ADD COLUMN credentials_key_id text,
     ADD COLUMN credentials_dek    text,
     ADD CONSTRAINT hosts_credentials_sealed_whole CHECK ((credentials_key_id IS NULL) = (credentials_dek IS NULL));
+
+-- Rows stored in plaintext are sealed by the reconcile pass, but not before this: during the
+-- deploy that runs this migration, functions of the version before may still run (a reconcile
+-- loop for up to its 300 s timeout), and they would send a sealed value as the host's token.
+ALTER TABLE deployment ADD COLUMN seal_host_credentials_from timestamptz NOT NULL DEFAULT now() + interval '15 minutes';

@@ -148,10 +148,14 @@ pub const CLAIM_ABANDON_SLACK: Duration = Duration::from_secs(60);
 
 impl HookConfig {
     /// The longest a live claim keeps a VM in PRE_LEASE_HOOK_RUNNING: its hooks' deadline,
-    /// then a connection and one statement for the lease (`statement_timeout`; `None`, no
+    /// the check of its host when a command outlived it (`claim_verify_timeout`), then a
+    /// connection and one statement for the lease (`statement_timeout`; `None`, no
     /// client-side limit, counts as 30 s).
     pub fn longest_claim_hold(&self, connect_timeout: Duration, statement_timeout: Option<Duration>) -> Duration {
-        self.claim_hook_deadline + connect_timeout + statement_timeout.unwrap_or(Duration::from_secs(30))
+        self.claim_hook_deadline
+            + self.claim_verify_timeout
+            + connect_timeout
+            + statement_timeout.unwrap_or(Duration::from_secs(30))
     }
 }
 
@@ -551,21 +555,22 @@ mod tests {
         let base = [("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "disabled")];
         let c = cfg(&base).unwrap();
         assert_eq!(c.hooks.claim_hook_deadline, Duration::from_secs(15));
-        // 15 s of hooks + 5 s to connect + 10 s for the lease statement, plus a minute.
-        assert_eq!(c.hooks.longest_claim_hold(c.db_connect_timeout, c.db_statement_timeout), Duration::from_secs(30));
-        assert_eq!(c.hooks.claim_abandon_after, Duration::from_secs(90));
+        // 15 s of hooks + 2 s to check a host that stopped answering mid-command + 5 s to
+        // connect + 10 s for the lease statement, plus a minute.
+        assert_eq!(c.hooks.longest_claim_hold(c.db_connect_timeout, c.db_statement_timeout), Duration::from_secs(32));
+        assert_eq!(c.hooks.claim_abandon_after, Duration::from_secs(92));
 
-        let err = cfg(&[base[0], base[1], ("POOLMGR_CLAIM_ABANDON_SECONDS", "30")]).unwrap_err().to_string();
-        assert!(err.contains("POOLMGR_CLAIM_ABANDON_SECONDS=30") && err.contains("30 s"), "{err}");
-        let ok = cfg(&[base[0], base[1], ("POOLMGR_CLAIM_ABANDON_SECONDS", "31")]).unwrap();
-        assert_eq!(ok.hooks.claim_abandon_after, Duration::from_secs(31));
+        let err = cfg(&[base[0], base[1], ("POOLMGR_CLAIM_ABANDON_SECONDS", "32")]).unwrap_err().to_string();
+        assert!(err.contains("POOLMGR_CLAIM_ABANDON_SECONDS=32") && err.contains("32 s"), "{err}");
+        let ok = cfg(&[base[0], base[1], ("POOLMGR_CLAIM_ABANDON_SECONDS", "33")]).unwrap();
+        assert_eq!(ok.hooks.claim_abandon_after, Duration::from_secs(33));
         // A longer hook deadline moves both the bound and the derived default.
         let long = [base[0], base[1], ("POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS", "20")];
-        assert!(cfg(&[long[0], long[1], long[2], ("POOLMGR_CLAIM_ABANDON_SECONDS", "31")]).is_err());
-        assert_eq!(cfg(&long).unwrap().hooks.claim_abandon_after, Duration::from_secs(95));
+        assert!(cfg(&[long[0], long[1], long[2], ("POOLMGR_CLAIM_ABANDON_SECONDS", "33")]).is_err());
+        assert_eq!(cfg(&long).unwrap().hooks.claim_abandon_after, Duration::from_secs(97));
         // Without a client-side statement limit the lease write counts as 30 s.
         let unbounded = cfg(&[base[0], base[1], ("POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS", "0")]).unwrap();
-        assert_eq!(unbounded.hooks.claim_abandon_after, Duration::from_secs(15 + 5 + 30 + 60));
+        assert_eq!(unbounded.hooks.claim_abandon_after, Duration::from_secs(15 + 2 + 5 + 30 + 60));
         assert!(cfg(&[base[0], base[1], ("POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS", "0")]).is_err());
     }
 

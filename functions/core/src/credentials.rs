@@ -14,11 +14,11 @@
 //!   secrets' own columns, the wrapped DEK in `credentials_dek` and the KEK's id in
 //!   `credentials_key_id` (V24). `ca_pem` and `cert_pem` are public certificates and stay
 //!   as they are.
-//! - **Rotation:** the new key becomes `POOLMGR_CREDENTIALS_KEY`, the old one moves to
-//!   `POOLMGR_CREDENTIALS_OLD_KEYS` (comma-separated; decrypt only). Each reconcile pass
-//!   re-wraps the DEK of every row under an old key ([`Keyring::reseal`]; the ciphertexts
-//!   stay) and encrypts rows stored before this existed (`credentials_key_id` NULL). When
-//!   no row names the old key, drop it.
+//! - **Rotation**, in two deploys: the new key first joins `POOLMGR_CREDENTIALS_OLD_KEYS`
+//!   (comma-separated; decrypt only) everywhere, then becomes `POOLMGR_CREDENTIALS_KEY` with
+//!   the old one among the old keys. Each reconcile pass re-wraps the DEK of every row under an
+//!   old key ([`Keyring::reseal`]; the ciphertexts stay) and seals rows stored before this
+//!   existed (`credentials_key_id` NULL). When no row names the old key, drop it.
 //! - Without a key, a host with secrets is refused (400: set the key); rows stored in
 //!   plaintext before the upgrade keep working, and are encrypted once a key is set.
 //!
@@ -120,11 +120,21 @@ impl fmt::Debug for Keyring {
     }
 }
 
-/// A host's secrets in plaintext.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// A host's secrets in plaintext. Its `Debug` says only which are present.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Secrets {
     pub key_pem: Option<String>,
     pub basic_auth_token: Option<String>,
+}
+
+impl fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = |v: &Option<String>| v.as_ref().map(|_| "<redacted>");
+        f.debug_struct("Secrets")
+            .field("key_pem", &shown(&self.key_pem))
+            .field("basic_auth_token", &shown(&self.basic_auth_token))
+            .finish()
+    }
 }
 
 /// A host's secrets as its row stores them: ciphertexts with the wrapped data key and the
@@ -151,8 +161,9 @@ fn check_key(var: &str, n: usize, secret: &str) -> Result<(), String> {
              (e.g. `openssl rand -base64 32`)"
         ));
     }
-    if secret.chars().any(char::is_control) {
-        return Err(format!("{var} entry {n} contains control characters"));
+    if secret.chars().any(|c| c.is_control() || c == ',') {
+        // A comma would split the key once it moves to the comma-separated old keys.
+        return Err(format!("{var} entry {n} contains a comma or control characters"));
     }
     Ok(())
 }
@@ -408,6 +419,9 @@ mod tests {
         assert_eq!(ring.old.len(), 1, "the current key repeated among the old ones counts once");
         let err = Keyring::from_lookup(&lookup(&[(KEY_VAR, "short")])).unwrap_err();
         assert!(err.contains(KEY_VAR) && err.contains("32") && !err.contains("short"), "{err}");
+        let err = Keyring::from_lookup(&lookup(&[(KEY_VAR, &format!("{K1},x"))])).unwrap_err();
+        assert!(err.contains("comma"), "{err}");
+        assert!(!format!("{:?}", secrets()).contains("tok3n"), "Secrets' Debug shows no secret");
         let err = Keyring::from_lookup(&lookup(&[(OLD_KEYS_VAR, K1)])).unwrap_err();
         assert!(err.contains(KEY_VAR), "{err}");
         assert!(Keyring::from_lookup(&lookup(&[])).unwrap().current_id().is_none());

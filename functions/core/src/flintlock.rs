@@ -40,6 +40,11 @@ pub enum FlintlockError {
     /// The host's stored connection settings are unusable.
     #[error("flintlock host {host} is misconfigured: {message}")]
     Config { host: String, message: String },
+    /// This function cannot open the host's stored secrets (it lacks the key the row names,
+    /// or the row was altered; [`crate::credentials`]): nothing is wrong with the host or its
+    /// VMs, so never a VM's failure nor an unreachable host.
+    #[error("flintlock host {host}: {message}")]
+    Credentials { host: String, message: String },
     /// The host's flintlockd lacks an API: UNIMPLEMENTED for ServerInfo (older than
     /// v0.15.0) or for ExecCommand (exec API not enabled).
     #[error("flintlock host {host} is unsupported: {message}")]
@@ -67,6 +72,13 @@ impl FlintlockError {
     /// gives its VM back and answers 503.
     pub fn is_transport(&self) -> bool {
         matches!(self, FlintlockError::Unavailable { .. })
+    }
+
+    /// Whether this function could not open the host's stored secrets
+    /// ([`FlintlockError::Credentials`]): retryable once the key is configured, and never
+    /// the VM's failure.
+    pub fn is_credentials(&self) -> bool {
+        matches!(self, FlintlockError::Credentials { .. })
     }
 
     fn from_status(host: &str, s: tonic::Status) -> FlintlockError {
@@ -382,7 +394,10 @@ impl Flintlock {
             key_id: host.credentials_key_id.clone(),
             dek: host.credentials_dek.clone(),
         };
-        let secrets = self.keyring.open(&host.name, &stored).map_err(|e| cfg_err(e.to_string()))?;
+        let secrets = self
+            .keyring
+            .open(&host.name, &stored)
+            .map_err(|e| FlintlockError::Credentials { host: host.name.clone(), message: e.to_string() })?;
         let scheme = if host.tls_insecure { "http" } else { "https" };
         let mut ep = tonic::transport::Endpoint::from_shared(format!("{scheme}://{}", host.address))
             .map_err(|e| cfg_err(format!("address {:?}: {e}", host.address)))?

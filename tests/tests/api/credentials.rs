@@ -73,13 +73,14 @@ async fn host_secrets_are_sealed_at_rest_and_the_host_is_still_reached_with_them
     let app = TestApp::spawn().await;
     let (_sim, server) = authed_sim(TOKEN).await;
     app.post(ADMIN, "/v1/hosts", host_body("authed", &server.addr.to_string(), TOKEN)).await.assert_ok(201);
-    let pem = |what: &str| format!("-----BEGIN {what}-----\nMIIBKEYxyzzy\n-----END {what}-----\n");
+    let pem = |what: &str| format!("-----BEGIN {what}-----\nMIIB{what}xyzzy\n-----END {what}-----\n");
     let mtls = json!({"ca_pem": pem("CERTIFICATE"), "cert_pem": pem("CERTIFICATE"), "key_pem": pem("PRIVATE KEY")});
     app.post(ADMIN, "/v1/hosts", json!({"name": "mtls", "address": "10.0.0.6:9090", "tls": mtls})).await.assert_ok(201);
 
     let dumped = dump(&app).await;
     assert!(!dumped.contains(TOKEN), "the token is in the database: {dumped}");
-    assert!(!dumped.contains("MIIBKEYxyzzy\n-----END PRIVATE"), "the key is in the database");
+    assert!(!dumped.contains("MIIBPRIVATE KEYxyzzy"), "the key is in the database");
+    assert!(dumped.contains("MIIBCERTIFICATExyzzy"), "the public certificates stay readable");
     let current = app.state.config.credentials.current_id().map(str::to_owned);
     assert_eq!(key_id(&app, "authed").await, current);
     assert_eq!(key_id(&app, "mtls").await, current);
@@ -133,6 +134,10 @@ async fn plaintext_rows_are_sealed_by_a_pass_and_a_rotation_rewraps_them_under_t
         .await
         .unwrap();
     let first_id = app.state.config.credentials.current_id().map(str::to_owned);
+    // Not during the upgrade's grace (functions of the version before may still run).
+    assert_eq!(app.pass().await.credentials_resealed, 0);
+    assert_eq!(key_id(&app, "authed").await, None);
+    app.conn().await.execute("UPDATE deployment SET seal_host_credentials_from = now()", &[]).await.unwrap();
     let report = app.pass().await;
     assert_eq!(report.credentials_resealed, 1, "{report:?}");
     assert_eq!(key_id(&app, "authed").await, first_id);
@@ -190,7 +195,6 @@ async fn rewraps_racing_host_writes_never_bring_back_an_old_secret() {
         poolmgr_core::store::host_reseal_credentials(&**app.conn().await, "raced", &stale, &rewrapped).await.unwrap();
     assert!(!wrote, "a re-wrap of a replaced row writes nothing");
     assert_eq!(app.host_secrets("raced").await.basic_auth_token.as_deref(), Some("token-1"));
-    assert!(old_keyring.open("raced", &stale).is_ok());
 
     // Put the row back under the old key, then race 6 passes against 6 PUTs.
     let sealed_old = old_keyring.seal("raced", &Secrets { key_pem: None, basic_auth_token: Some("token-1".into()) });
@@ -229,4 +233,52 @@ async fn rewraps_racing_host_writes_never_bring_back_an_old_secret() {
     let port = row.address.rsplit_once(':').unwrap().1;
     assert_eq!(app.host_secrets("raced").await.basic_auth_token, Some(format!("token-{port}")), "the last PUT's token");
     assert_eq!(row.credentials_key_id.as_deref(), app.state.config.credentials.current_id());
+}
+
+/// A function that lacks the key a host's row names (a rotation half deployed, a lost key)
+/// must not hurt the host's VMs: its passes skip the host (no call, no hook failure, no
+/// quarantine, never judged unreachable) and say which key is missing; a claim whose
+/// pre-lease hook cannot reach the host gives the VM back and answers 503.
+#[tokio::test]
+async fn a_function_without_the_rows_key_skips_the_host_and_fails_no_vm() {
+    let app = TestApp::spawn().await;
+    let (_sim, server) = authed_sim(TOKEN).await;
+    app.post(ADMIN, "/v1/hosts", host_body("authed", &server.addr.to_string(), TOKEN)).await.assert_ok(201);
+    let mut spec = pool_spec("ci", 2);
+    spec["flintlock_hosts"] = json!(["authed"]);
+    spec["create_commands"] = json!(["warm-up"]);
+    spec["pre_lease_commands"] = json!(["reset-state"]);
+    spec["hook_failure_policy"] = json!("QUARANTINE");
+    app.created_pool(spec).await;
+    app.settle(200, "pool filled through its create hooks", || async { app.count_phase("ci", "AVAILABLE").await == 2 })
+        .await;
+    // One more VM wanted, which the keyless passes must not place or step on the host.
+    let mut bigger = pool_spec("ci", 3);
+    bigger["flintlock_hosts"] = json!(["authed"]);
+    bigger["create_commands"] = json!(["warm-up"]);
+    bigger["pre_lease_commands"] = json!(["reset-state"]);
+    bigger["hook_failure_policy"] = json!("QUARANTINE");
+    app.put(ADMIN, "/v1/pools/default/ci", bigger).await.assert_ok(200);
+
+    let app = app.redeployed(|env| env.push(("POOLMGR_CREDENTIALS_KEY".into(), NEXT_KEY.into())));
+    for _ in 0..3 {
+        let report = app.pass().await;
+        let said = report.errors.join("\n");
+        assert!(said.contains("authed") && said.contains("POOLMGR_CREDENTIALS_OLD_KEYS"), "{said}");
+    }
+    let r = app.claim(CLIENT_A, "ci", Some("no-key")).await;
+    r.assert_reason(503, "UNAVAILABLE", "FLINTLOCK_UNAVAILABLE");
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 2, "the VM is given back");
+    assert_eq!(app.count_events("VM_HOOK_FAILED").await, 0);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM vms WHERE phase IN ('QUARANTINED', 'FAILED')").await, 0);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM vms").await, 2, "nothing placed on a host it cannot open");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM hosts WHERE unreachable_since IS NOT NULL").await, 0);
+
+    // The key back: the claim and the third VM go through.
+    let app = app.redeployed(|env| {
+        env.push(("POOLMGR_CREDENTIALS_KEY".into(), NEXT_KEY.into()));
+        env.push(("POOLMGR_CREDENTIALS_OLD_KEYS".into(), CREDENTIALS_KEY.into()));
+    });
+    app.claimed(CLIENT_A, "ci", Some("no-key")).await;
+    app.settle(200, "the third VM", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
 }

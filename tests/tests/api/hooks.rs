@@ -476,6 +476,37 @@ async fn a_claims_pre_lease_commands_share_one_deadline() {
     assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
 }
 
+/// Issue 23 (finding 3's last case): a pre-lease command cut off by the claim's deadline on
+/// a host that had stopped answering (hung mid-command) got the hook-failure policy, and the
+/// VM was quarantined although only the host was sick. Now the claim asks the host for the
+/// VM: a host that does not answer within `POOLMGR_CLAIM_VERIFY_TIMEOUT_MS` makes it a 503
+/// with the VM given back, no VM_HOOK_FAILED; a host that answers (the command itself hung)
+/// still gets the policy (`a_claims_pre_lease_commands_share_one_deadline`).
+#[tokio::test]
+async fn a_hook_cut_off_by_the_deadline_on_a_hung_host_gives_the_vm_back_instead_of_the_policy() {
+    let app = TestApp::spawn_with(|env| {
+        env.push(("POOLMGR_CLAIM_HOOK_DEADLINE_SECONDS".into(), "1".into()));
+        env.push(("POOLMGR_CLAIM_VERIFY_TIMEOUT_MS".into(), "300".into()));
+    })
+    .await;
+    let vms = hook_pool(&app, "QUARANTINE", 1).await;
+    // The host hangs: the command never ends and GetMicroVM never answers.
+    app.sim.set_exec_rule("reset-state", slow(30_000));
+    app.sim.set_get_delay(Duration::from_secs(30));
+    let r = app.claim(CLIENT_A, "ci", Some("hung-host")).await;
+    r.assert_reason(503, "UNAVAILABLE", "FLINTLOCK_UNAVAILABLE");
+    assert!(r.headers.contains_key("retry-after"));
+    assert_eq!(app.phase_of(&vms[0].id).await.as_deref(), Some("AVAILABLE"), "the VM is given back");
+    assert_eq!(app.count_events("VM_HOOK_FAILED").await, 0, "a hung host is not a failed hook");
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM leases").await, 0);
+
+    // The host answers again: the retry with the same request_id claims.
+    app.sim.clear_exec_rules();
+    app.sim.set_get_delay(Duration::ZERO);
+    let c = app.claimed(CLIENT_A, "ci", Some("hung-host")).await;
+    assert_eq!(c.vm.id, vms[0].id);
+}
+
 #[tokio::test]
 async fn create_hooks_run_in_order_after_the_guest_agent_answers() {
     let app = TestApp::spawn().await;

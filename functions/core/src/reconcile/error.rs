@@ -47,6 +47,8 @@ impl ReconcileError {
                 FlintlockError::Unavailable { .. } | FlintlockError::Exec { .. } => true,
                 FlintlockError::Rpc { code, .. } => *code != tonic::Code::InvalidArgument,
                 FlintlockError::Config { .. } | FlintlockError::Unsupported { .. } => false,
+                // Needs the key configured first.
+                FlintlockError::Credentials { .. } => false,
             },
         }
     }

@@ -236,6 +236,11 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     });
 
     let mut report = PassReport::default();
+    for (host, why) in reseal::unreadable_hosts(state, &hosts) {
+        pass.sick(&host);
+        tracing::warn!(host, "{why}; skipping the host in this pass");
+        report.errors.push(why);
+    }
     // Sizes first: a desired size that went up is filled by this very pass.
     match scale::scale_pools(state, None).await {
         Ok(s) => report.scaled = s.scaled.len(),

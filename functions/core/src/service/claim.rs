@@ -537,8 +537,16 @@ async fn finish_hook_claim(
             };
             // Dropping the exec at the deadline cancels its stream, which stops the command.
             match tokio::time::timeout(left, run).await {
-                Err(_) => Some(past_deadline()),
-                Ok(Err(e)) if e.is_transport() => {
+                // A hung command, or a host that stopped answering mid-command? One
+                // GetMicroVM tells: only a host that answers it makes this a hook failure.
+                Err(_) => match probe_after_deadline(state, &vm, host.as_ref()).await {
+                    Probe::Answers => Some(past_deadline()),
+                    Probe::Unreachable(e) => return Err(hook_host_unreachable(state, req, &vm, Step::Hook, &e).await),
+                    Probe::VmGone(e) => return Err(hook_vm_gone(state, req, &vm, Step::Hook, &e).await),
+                },
+                // In transit, or this function cannot open the host's secrets: not the VM's
+                // failure either way; it goes back.
+                Ok(Err(e)) if e.is_transport() || e.is_credentials() => {
                     return Err(hook_host_unreachable(state, req, &vm, Step::Hook, &e).await);
                 }
                 Ok(Err(e)) if e.is_not_found() => return Err(hook_vm_gone(state, req, &vm, Step::Hook, &e).await),
@@ -648,6 +656,44 @@ async fn verify_vm(state: &AppState, req: &ClaimRequest, vm: &VmRow, host: Optio
             Err(hook_vm_gone(state, req, vm, Step::Verify, &e).await)
         }
         Err(e) => Err(hook_host_unreachable(state, req, vm, Step::Verify, &e).await),
+    }
+}
+
+/// What a GetMicroVM said of a VM whose pre-lease command the claim's deadline cut short.
+enum Probe {
+    /// The host answered and has the VM: the command itself hung (the hook failed).
+    Answers,
+    /// The host did not answer within `POOLMGR_CLAIM_VERIFY_TIMEOUT_MS`, or not at all.
+    Unreachable(crate::flintlock::FlintlockError),
+    /// The host answered without the VM.
+    VmGone(crate::flintlock::FlintlockError),
+}
+
+/// Issue 23: a pre-lease hook cut off by the claim's deadline on a host that stopped
+/// answering (hung, partitioned) got the hook-failure policy: a hung host looked like a hung
+/// command. The claim now asks the host for the VM, bounded like the claim's check; a host
+/// that cannot answer is a transport failure (the VM goes back, 503), never the policy.
+async fn probe_after_deadline(state: &AppState, vm: &VmRow, host: Option<&HostRow>) -> Probe {
+    let (Some(h), Some(uid)) = (host, vm.uid.as_deref()) else { return Probe::Answers };
+    let limit = state.config.hooks.claim_verify_timeout;
+    match tokio::time::timeout(limit, state.flintlock.get(&h.endpoint(), uid)).await {
+        Ok(Ok(Some(_))) => Probe::Answers,
+        Ok(Ok(None)) => Probe::VmGone(crate::flintlock::FlintlockError::Rpc {
+            host: h.name.clone(),
+            code: tonic::Code::NotFound,
+            message: format!("microvm {uid} not found"),
+        }),
+        Ok(Err(e)) if e.is_transport() || e.is_credentials() => Probe::Unreachable(e),
+        // Any other answer came from the host: it is up, so the command is what hung.
+        Ok(Err(_)) => Probe::Answers,
+        Err(_) => Probe::Unreachable(crate::flintlock::FlintlockError::Unavailable {
+            host: h.name.clone(),
+            message: format!(
+                "the pre-lease command outlived the claim's deadline and GetMicroVM did not answer within {} ms \
+                 (POOLMGR_CLAIM_VERIFY_TIMEOUT_MS)",
+                limit.as_millis()
+            ),
+        }),
     }
 }
 

@@ -213,7 +213,9 @@ pub async fn host_list_page(c: &impl Executor, after: &str, limit: i64) -> Resul
 
 /// Replaces a host's stored secrets with `new` (re-wrapped under the current key, or sealed
 /// for the first time) only if they are still `old`: a host write in between wins, and the
-/// next pass looks again. Whether it was written.
+/// next pass looks again. A plaintext row (`old` without a key id) is sealed only once the
+/// upgrade's grace is over (`deployment.seal_host_credentials_from`, V24). Whether it was
+/// written.
 pub async fn host_reseal_credentials(
     c: &impl Executor,
     name: &str,
@@ -225,7 +227,8 @@ pub async fn host_reseal_credentials(
             "UPDATE hosts SET key_pem = $6, basic_auth_token = $7, credentials_key_id = $8, credentials_dek = $9
              WHERE name = $1
                AND key_pem IS NOT DISTINCT FROM $2 AND basic_auth_token IS NOT DISTINCT FROM $3
-               AND credentials_key_id IS NOT DISTINCT FROM $4 AND credentials_dek IS NOT DISTINCT FROM $5",
+               AND credentials_key_id IS NOT DISTINCT FROM $4 AND credentials_dek IS NOT DISTINCT FROM $5
+               AND ($4::text IS NOT NULL OR now() >= (SELECT seal_host_credentials_from FROM deployment))",
             &[
                 (&name, Type::TEXT),
                 (&old.key_pem, Type::TEXT),
