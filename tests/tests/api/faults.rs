@@ -111,6 +111,8 @@ async fn a_claim_whose_host_hangs_on_the_check_answers_503_and_gives_the_vm_back
     app.create_pool("ci", 1).await;
     let vm = app.seed_vm("ci", Phase::Available).await;
     app.sim.set_get_delay(std::time::Duration::from_secs(30));
+    // The host's last scan was just now: its next one is not due for a while.
+    app.conn().await.execute("UPDATE hosts SET scan_until = now() + interval '1 hour'", &[]).await.unwrap();
     let started = std::time::Instant::now();
     let r = app.claim(CLIENT_A, "ci", Some("hung")).await;
     assert_eq!(r.status.as_u16(), 503, "{}", r.body);
@@ -125,6 +127,10 @@ async fn a_claim_whose_host_hangs_on_the_check_answers_503_and_gives_the_vm_back
     assert!(msg.contains("could not reach") && msg.contains("given back"), "{msg}");
     assert_eq!(app.phase_of(&vm.id).await.as_deref(), Some("AVAILABLE"));
     assert_eq!(app.count_events("VM_LOST").await, 0, "an unreachable host is not a lost VM");
+    // Finding 2 on the deployed shape: the claim found the host silent first, so its scan
+    // (which starts the dead-host clock) is due at the next pass, which the claim woke.
+    let due = app.scalar_i64("SELECT count(*) FROM hosts WHERE name = 'sim' AND scan_until = '-infinity'").await;
+    assert_eq!(due, 1, "the host's scan is due now");
     app.sim.set_get_delay(std::time::Duration::ZERO);
     let c = app.claimed(CLIENT_A, "ci", Some("hung")).await;
     assert_eq!(c.vm.id, vm.id);
@@ -784,4 +790,66 @@ async fn a_reconciler_whose_clock_drifted_times_nothing_out_early() {
         "still booting: the provision timeout (300 s) is measured on the database's clock"
     );
     assert_eq!(app.count_events("VM_HOOK_FAILED").await, 0);
+}
+
+/// Finding 2, the judgement made sound where passes are sparse (the deployed schedule, a
+/// minute apart): one failed call marked a host unreachable, and the next pass a minute later
+/// judged it dead at its start and retired every VM of a healthy host. Now a host past
+/// `POOLMGR_HOST_DEAD_SECONDS` is asked once more before its VMs are retired; one that
+/// answers is cleared and keeps its VMs.
+#[tokio::test]
+async fn a_host_that_answers_is_never_judged_dead_on_an_old_mark() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.settle(40, "2 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
+    // A mark an hour old (a blip at the end of the last loop), and no call since.
+    app.conn()
+        .await
+        .execute(
+            "UPDATE hosts SET unreachable_since = now() - interval '1 hour', unreachable_until = now() + interval '1 minute'",
+            &[],
+        )
+        .await
+        .unwrap();
+    app.pass().await;
+    assert_eq!(app.count_events("VM_LOST").await, 0, "a healthy host's VMs were retired");
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 2);
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM hosts WHERE unreachable_since IS NOT NULL").await, 0, "cleared");
+}
+
+/// Finding 2 on the deployed shape: a reconcile loop that found a host unreachable stopped
+/// after its linger, and the host was judged dead (and its pools topped up elsewhere) only by
+/// the next scheduled invocation, up to a minute later. Now the loop keeps passing until the
+/// host is judged: when it returns, the dead host's VMs are retired and replaced. The moment
+/// is forced: the host was marked just now, so the loop's first pass cannot judge it.
+#[tokio::test]
+async fn a_loop_keeps_passing_until_an_unreachable_host_is_judged_and_its_pool_refilled() {
+    use poolmgr_core::reconcile::{Start, run_loop_from};
+    let app = TestApp::spawn_with(|env| env.push(("POOLMGR_HOST_DEAD_SECONDS".into(), "2".into()))).await;
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    app.created_host(serde_json::json!({"name": "silent", "address": silent.local_addr().unwrap().to_string(), "tls": {"insecure": true}}))
+        .await;
+    let mut spec = pool_spec("ci", 2);
+    spec["flintlock_hosts"] = serde_json::json!(["silent", SIM_HOST]);
+    app.created_pool(spec).await;
+    // The pool is whole, one VM on each host; the silent one was just found unreachable.
+    for host in ["silent", SIM_HOST] {
+        let id = poolmgr_core::reconcile::new_vm_id("ci");
+        let ns = app.flintlock_namespace("default").await;
+        let uid = app.sim.insert_vm(&ns, &id, flintlock_proto::types::micro_vm_status::MicroVmState::Created);
+        app.insert_vm_row("ci", &id, host, Phase::Available, Some(&uid)).await;
+    }
+    app.conn()
+        .await
+        .execute(
+            "UPDATE hosts SET unreachable_since = now(), unreachable_until = now() + interval '1 minute' WHERE name = 'silent'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let r = run_loop_from(&app.state, std::time::Duration::from_secs(600), Start::Schedule).await.unwrap();
+    assert!(r.passes > 1, "the loop waited for the judgement: {r:?}");
+    assert_eq!(lost_vms(&app).await.len(), 1, "the dead host's VM retired");
+    let on_sim = "SELECT count(*) FROM vms WHERE flintlock_host = 'sim' AND phase = 'AVAILABLE'";
+    assert_eq!(app.scalar_i64(on_sim).await, 2, "the pool is whole again on the healthy host: {r:?}");
 }

@@ -18,7 +18,9 @@
 //! however long a pass takes. A pass that moved nothing (no VM created, found booted, deleted,
 //! no flintlock call answered) is not work: a pool that wants VMs it cannot get keeps no loop
 //! running. Passes of overlapping invocations would be safe anyway (each pool's
-//! reconcile lease); the lease only saves their cost. A scheduled invocation whose first pass
+//! reconcile lease); the lease only saves their cost. A host found unreachable and not judged
+//! dead yet also keeps a loop passing, until the pass that judges it (at most
+//! `POOLMGR_HOST_DEAD_SECONDS`), which tops its pools up on the other hosts (issue 23). A scheduled invocation whose first pass
 //! finds nothing to do returns at once ([`Start::Schedule`]): an idle fleet costs one short
 //! pass a minute.
 //!
@@ -139,12 +141,16 @@ pub async fn run_loop_from(state: &AppState, budget: Duration, start: Start) -> 
             }
         };
         let worked = moved(&pass);
+        // A host found unreachable and not judged dead yet keeps the loop passing until it is
+        // (at most POOLMGR_HOST_DEAD_SECONDS): the judging pass tops its pools up on the other
+        // hosts, which a loop that stopped would leave to the next schedule (issue 23).
+        let awaiting = pass.hosts_awaiting_judgement > 0;
         report.add(pass);
         let now = Instant::now();
         if worked {
             last_work = now;
         }
-        if !worked && !lease.asked && now.duration_since(last_work).as_secs_f64() >= linger {
+        if !worked && !awaiting && !lease.asked && now.duration_since(last_work).as_secs_f64() >= linger {
             // Nothing to do for a linger: give the lease back, unless a wake asked for a pass
             // that starts after its ask (this one may have started before it).
             match release(state, &owner, false, Some(lease.now)).await {
@@ -161,7 +167,7 @@ pub async fn run_loop_from(state: &AppState, budget: Duration, start: Start) -> 
         }
         if now + rc.loop_interval + pass_room > end {
             // The budget would not hold another pass.
-            pending = worked || lease.asked;
+            pending = worked || awaiting || lease.asked;
             break;
         }
         match &signal {

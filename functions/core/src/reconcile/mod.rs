@@ -132,6 +132,10 @@ pub struct PassReport {
     pub events_pruned: u64,
     /// Hosts whose secrets this pass sealed under the current credentials key (`reseal`).
     pub credentials_resealed: usize,
+    /// Hosts found unreachable and not judged dead yet (`POOLMGR_HOST_DEAD_SECONDS`): a
+    /// reconcile loop keeps passing until they are judged, so a pool on a host that died is
+    /// topped up on its other hosts then, not at the next scheduled invocation.
+    pub hosts_awaiting_judgement: usize,
     /// Autoscaled pools whose desired size this pass changed.
     pub scaled: usize,
     /// VM steps taken (a delete, a create or adoption, a poll of a booting VM, a create-hook
@@ -178,6 +182,7 @@ impl PassReport {
         self.lost += o.lost;
         self.events_pruned += o.events_pruned;
         self.credentials_resealed += o.credentials_resealed;
+        self.hosts_awaiting_judgement = self.hosts_awaiting_judgement.max(o.hosts_awaiting_judgement);
         self.scaled += o.scaled;
         self.stepped += o.stepped;
         self.skipped += o.skipped;
@@ -275,6 +280,10 @@ pub async fn run_pass(state: &AppState) -> Result<PassReport, ReconcileError> {
     // Selected pools left unleased (the pools' share of the deadline ran out first), or a
     // cleanup cut short by its own budget.
     report.deadline_reached |= !pass.pending.lock().expect("pending pools").is_empty() || pass.past_cleanup_deadline();
+    report.hosts_awaiting_judgement = {
+        let marked = pass.marked_unreachable.lock().expect("marked hosts");
+        marked.iter().filter(|h| !pass.dead_hosts.contains(*h)).count()
+    };
     let elapsed = t0.elapsed();
     report.duration_ms = elapsed.as_millis();
     for (host, mut h) in std::mem::take(&mut *pass.host_stats.lock().expect("host stats")) {

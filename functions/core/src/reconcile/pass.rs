@@ -89,38 +89,71 @@ impl HostFailure for TeardownError {
 /// whose host died is topped up on its other hosts by this very pass, and what the dead host
 /// still holds is deleted once it answers again (never leaked, never counted twice). Failing
 /// to retire is logged and retried by the next pass; the host is still skipped for placements.
+///
+/// Before a host's VMs are retired it is asked once more (ServerInfo, bounded by the connect
+/// timeout): passes may be a minute apart (the deployed schedule), and one failed call, a blip
+/// at the end of a loop, must not cost a healthy host its VMs a minute later. A host that
+/// answers is cleared instead. A host whose VMs are already retired is not asked again.
 pub(super) async fn judge_dead_hosts(
     state: &AppState,
     hosts: &[store::HostRow],
     now: DateTime<Utc>,
 ) -> HashSet<String> {
     let dead_after = state.config.reconcile.host_dead_after;
-    let mut dead = HashSet::new();
-    for h in hosts {
-        let Some(since) = h.unreachable_since else { continue };
-        if (now - since).to_std().unwrap_or_default() < dead_after {
-            continue;
-        }
-        dead.insert(h.name.clone());
-        let payload = serde_json::json!({
-            "host": h.name,
-            "reason": format!("host {} unreachable since {since} (POOLMGR_HOST_DEAD_SECONDS={})", h.name, dead_after.as_secs()),
-        });
-        let retired = match state.db.get().await {
-            Ok(c) => store::vm_retire_on_dead_host(&c, &h.name, &payload).await,
-            Err(e) => Err(e),
+    let overdue = hosts
+        .iter()
+        .filter(|h| h.unreachable_since.is_some_and(|since| (now - since).to_std().unwrap_or_default() >= dead_after));
+    let judged = futures::future::join_all(overdue.map(|h| judge(state, h, dead_after))).await;
+    judged.into_iter().flatten().collect()
+}
+
+/// One overdue host: its name if it is dead (asked and silent, or retired before).
+async fn judge(state: &AppState, h: &store::HostRow, dead_after: Duration) -> Option<String> {
+    let since = h.unreachable_since?;
+    let retirable = match state.db.get().await {
+        Ok(c) => store::vm_retirable_on_host(&c, &h.name).await,
+        Err(e) => Err(e),
+    };
+    // Unknown (the database failed): no retirement, and the host stays off placements.
+    let Ok(retirable) = retirable else { return Some(h.name.clone()) };
+    if retirable {
+        let probe = state.config.flintlock_timeout.min(crate::flintlock::CONNECT_TIMEOUT);
+        let asked = tokio::time::timeout(probe, state.flintlock.server_info(&h.endpoint())).await;
+        let answered = match &asked {
+            Ok(Ok(_)) => true,
+            // An answer of its own (an older flintlockd without ServerInfo, an error) is an
+            // answer: the host is up.
+            Ok(Err(e)) => !e.is_transport() && !e.is_credentials(),
+            Err(_) => false,
         };
-        match retired {
-            Ok(0) => {}
-            Ok(n) => {
-                tracing::warn!(host = %h.name, %since, retired = n, "flintlock host judged dead: its VMs retired, replacements go to the other hosts")
+        if answered {
+            tracing::info!(host = %h.name, %since, "flintlock host answers again before being judged dead");
+            if let Ok(c) = state.db.get().await
+                && let Err(e) = store::host_clear_unreachable(&c, &h.name).await
+            {
+                tracing::warn!(host = %h.name, error = %e, "could not record that the host answers");
             }
-            Err(e) => {
-                tracing::warn!(host = %h.name, error = %e, "could not retire a dead host's VMs; the next pass retries")
-            }
+            return None;
         }
     }
-    dead
+    let payload = serde_json::json!({
+        "host": h.name,
+        "reason": format!("host {} unreachable since {since} (POOLMGR_HOST_DEAD_SECONDS={})", h.name, dead_after.as_secs()),
+    });
+    let retired = match state.db.get().await {
+        Ok(c) => store::vm_retire_on_dead_host(&c, &h.name, &payload).await,
+        Err(e) => Err(e),
+    };
+    match retired {
+        Ok(0) => {}
+        Ok(n) => {
+            tracing::warn!(host = %h.name, %since, retired = n, "flintlock host judged dead: its VMs retired, replacements go to the other hosts")
+        }
+        Err(e) => {
+            tracing::warn!(host = %h.name, error = %e, "could not retire a dead host's VMs; the next pass retries")
+        }
+    }
+    Some(h.name.clone())
 }
 
 /// The share of the pass deadline kept for the cleanup: the pools' work stops at the rest.

@@ -720,6 +720,17 @@ async fn hook_host_unreachable(
 ) -> ApiError {
     tracing::warn!(vm = %vm.id, host = %vm.flintlock_host, error = %e, "{} could not reach its host; giving the VM back", step.name());
     let given_back = give_back(state, vm).await;
+    if e.is_transport() {
+        // The claim is often the first to find a host dead (issue 23 finding 2): its scan is
+        // due at the next pass, which the wake starts, so the dead-host clock starts now
+        // rather than at the next scheduled invocation. Best effort.
+        if let Ok(c) = state.conn().await
+            && let Err(err) = store::host_scan_now(&c, &vm.flintlock_host).await
+        {
+            tracing::warn!(host = %vm.flintlock_host, error = %err, "cannot ask for the host's scan");
+        }
+        state.wake("host unreachable").await;
+    }
     state.metrics.claim_failure(&req.pool, "unavailable");
     let what = match given_back {
         Ok(true) => "the VM was given back to the pool",

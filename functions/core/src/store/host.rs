@@ -329,6 +329,13 @@ pub async fn host_mark_unreachable(c: &impl Executor, name: &str, for_seconds: f
     Ok(())
 }
 
+/// A claim could not reach host `name`: its orphan scan (which lists it, and so finds out
+/// whether it is unreachable, starting the dead-host clock) is due at the next pass.
+pub async fn host_scan_now(c: &impl Executor, name: &str) -> Result<()> {
+    c.timed_execute("UPDATE hosts SET scan_until = '-infinity' WHERE name = $1", &[(&name, Type::TEXT)]).await?;
+    Ok(())
+}
+
 /// A call reached host `name` again: placements on it are fine again, and its orphan scan is
 /// due at once (rows whose microVMs it lost meanwhile, microVMs whose rows were retired while
 /// it was dead).

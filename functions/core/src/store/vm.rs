@@ -439,6 +439,20 @@ pub async fn vm_identities(c: &impl Executor, ids: &[String]) -> Result<Vec<(Str
     rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))).collect()
 }
 
+/// Whether host `host` holds rows [`vm_retire_on_dead_host`] would take (a uid-less intent,
+/// PROVISIONING, CREATE_HOOK_RUNNING or AVAILABLE): only then is a dead judgement worth asking
+/// the host once more.
+pub async fn vm_retirable_on_host(c: &impl Executor, host: &str) -> Result<bool> {
+    let row = c
+        .timed_query_one(
+            "SELECT EXISTS (SELECT 1 FROM vms WHERE flintlock_host = $1
+                              AND phase IN ('PROVISIONING', 'CREATE_HOOK_RUNNING', 'AVAILABLE'))",
+            &[(&host, Type::TEXT)],
+        )
+        .await?;
+    Ok(row.try_get(0)?)
+}
+
 /// Retires the rows on a host judged dead (issue 23 finding 2), in one statement, each with
 /// VM_LOST (`payload` plus its phase): rows without a uid (creates never answered) are
 /// dropped, and the orphan scan deletes their microVM should the host come back with one;
