@@ -64,8 +64,23 @@ async fn scan_host(
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {
     let state = pass.state;
-    let Some(listed) = db.released(pass.on_host(&host.name, state.flintlock.list(&host.endpoint(), "", None))).await
-    else {
+    // A host found unreachable (or judged dead) is asked within the connect timeout, not the
+    // call's whole timeout: a hung host held every pass for that long each time its scan came
+    // due, and with the pass the refill of its pools (issue 23 finding 2).
+    let limit = if pass.is_marked_unreachable(&host.name) {
+        state.config.flintlock_timeout.min(crate::flintlock::CONNECT_TIMEOUT)
+    } else {
+        state.config.flintlock_timeout
+    };
+    let list = async {
+        tokio::time::timeout(limit, state.flintlock.list(&host.endpoint(), "", None)).await.unwrap_or_else(|_| {
+            Err(crate::flintlock::FlintlockError::Unavailable {
+                host: host.name.clone(),
+                message: format!("a host found unreachable did not answer its scan within {} ms", limit.as_millis()),
+            })
+        })
+    };
+    let Some(listed) = db.released(pass.on_host_scan(&host.name, list)).await else {
         // It failed a call earlier in this pass; its next scan is due after the interval.
         report.skipped += 1;
         return Ok(());
@@ -120,7 +135,7 @@ async fn scan_host(
         }
         // The list may be stale by now: a VM released normally meanwhile (its microVM
         // deleted, then its row) looks like an orphan. Ask again (issue 23 finding 5).
-        match db.released(pass.on_host(&host.name, state.flintlock.get(&host.endpoint(), &uid))).await {
+        match db.released(pass.on_host_scan(&host.name, state.flintlock.get(&host.endpoint(), &uid))).await {
             Some(Ok(Some(m))) if m.status.as_ref().is_none_or(|s| s.state != MicroVmState::Deleting as i32) => {}
             Some(Ok(_)) => continue, // Gone or being deleted: somebody else's delete.
             Some(Err(e)) => {
@@ -132,7 +147,7 @@ async fn scan_host(
                 continue;
             }
         }
-        match db.released(pass.on_host(&host.name, state.flintlock.delete(&host.endpoint(), &uid))).await {
+        match db.released(pass.on_host_scan(&host.name, state.flintlock.delete(&host.endpoint(), &uid))).await {
             Some(Ok(())) => {}
             Some(Err(e)) => {
                 report.errors.push(format!("deleting orphan {uid} on {}: {e}", host.name));
@@ -177,7 +192,8 @@ async fn forget_lost_rows(
     let state = pass.state;
     let missing = store::vm_missing_on_host(db.client().await?, &host.name, present).await?;
     for (id, uid, phase) in missing {
-        let Some(got) = db.released(pass.on_host(&host.name, state.flintlock.get(&host.endpoint(), &uid))).await else {
+        let Some(got) = db.released(pass.on_host_scan(&host.name, state.flintlock.get(&host.endpoint(), &uid))).await
+        else {
             report.skipped += 1;
             return Ok(());
         };

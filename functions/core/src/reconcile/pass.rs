@@ -194,8 +194,19 @@ impl Pass<'_> {
         self.sick_hosts.lock().expect("sick hosts").insert(host.to_owned())
     }
 
+    /// Whether `host` was found unreachable (by this pass or before it) and has not answered
+    /// since: judged dead, or awaiting that judgement.
+    pub(super) fn is_marked_unreachable(&self, host: &str) -> bool {
+        self.dead_hosts.contains(host) || self.marked_unreachable.lock().expect("marked hosts").contains(host)
+    }
+
+    /// Whether the pass skips `host`'s VMs: a call of this pass found it unreachable, or it
+    /// was judged dead at the pass's start. A dead host's calls would each wait out their
+    /// timeout (a hung host) and hold the pass, and with it the refill its judgement started;
+    /// only its orphan scan still asks it ([`Pass::on_host_scan`]), which is how its return
+    /// is seen.
     pub(super) fn is_sick(&self, host: &str) -> bool {
-        self.sick_hosts.lock().expect("sick hosts").contains(host)
+        self.dead_hosts.contains(host) || self.sick_hosts.lock().expect("sick hosts").contains(host)
     }
 
     /// The hosts a placement must skip: sick in this pass, or judged dead at its start.
@@ -218,6 +229,21 @@ impl Pass<'_> {
         if self.is_sick(host) {
             return None;
         }
+        self.on_host_scan(host, call).await
+    }
+
+    /// [`Pass::on_host`] for the orphan scan's calls, which also ask a host judged dead: one
+    /// list per scan interval is how a dead host's return is noticed (and then its leftovers
+    /// deleted). A host a call of this pass found unreachable is still skipped.
+    pub(super) async fn on_host_scan<T, E: HostFailure>(
+        &self,
+        host: &str,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Option<Result<T, E>> {
+        let sick = || self.sick_hosts.lock().expect("sick hosts").contains(host);
+        if sick() {
+            return None;
+        }
         let slots = {
             let limit = self.state.config.reconcile.host_concurrency;
             let mut all = self.host_slots.lock().expect("host slots");
@@ -230,7 +256,7 @@ impl Pass<'_> {
         let until = self.cleanup_deadline.get().copied().unwrap_or(self.full_deadline);
         let deadline = tokio::time::Instant::from_std(until);
         let _slot = tokio::time::timeout_at(deadline, slots.acquire_owned()).await.ok()?.ok()?;
-        if self.is_sick(host) {
+        if sick() {
             return None;
         }
         let t = Instant::now();
