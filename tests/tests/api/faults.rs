@@ -853,3 +853,60 @@ async fn a_loop_keeps_passing_until_an_unreachable_host_is_judged_and_its_pool_r
     let on_sim = "SELECT count(*) FROM vms WHERE flintlock_host = 'sim' AND phase = 'AVAILABLE'";
     assert_eq!(app.scalar_i64(on_sim).await, 2, "the pool is whole again on the healthy host: {r:?}");
 }
+
+/// Mark the harness's host unreachable since an hour ago, as a blip long before left it.
+async fn marked_an_hour_ago(app: &TestApp) {
+    app.conn()
+        .await
+        .execute(
+            "UPDATE hosts SET unreachable_since = now() - interval '1 hour', unreachable_until = now() + interval '1 minute'",
+            &[],
+        )
+        .await
+        .unwrap();
+}
+
+/// Finding 2, the last ask made with the kind of call that failed: a flintlockd whose VM calls
+/// hang (containerd stuck) still answers ServerInfo. Asked with ServerInfo, such a host was
+/// cleared at every judgement, marked again by the pass's next call, and never judged dead,
+/// while claims skipped it and a loop waited on it. Asked with a GetMicroVM of one of its VMs
+/// (the call's whole timeout), it is judged dead and its VMs retired.
+#[tokio::test]
+async fn a_host_whose_vm_calls_hang_is_judged_dead_though_it_answers_server_info() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.settle(40, "2 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
+    app.sim.set_get_delay(std::time::Duration::from_secs(30));
+    app.sim.set_list_delay(std::time::Duration::from_secs(30));
+    marked_an_hour_ago(&app).await;
+    app.pass().await;
+    assert_eq!(lost_vms(&app).await.len(), 2, "its VMs are retired");
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 0);
+}
+
+/// Finding 2, a dead host's return: its orphan scan is how it is noticed, and the scan of a
+/// host found unreachable is bounded (a hung host held every pass for the call's timeout). The
+/// bound applies to a quick ServerInfo only: a host that came back and lists slowly (a busy
+/// containerd after a reboot) is listed with the whole timeout, cleared, and its retired VMs'
+/// microVMs deleted. With the list itself bounded it stayed dead for good.
+#[tokio::test]
+async fn a_dead_host_that_returns_and_lists_slowly_is_cleared_and_its_leftovers_deleted() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 2).await;
+    app.settle(40, "2 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
+    app.sim.set_get_delay(std::time::Duration::from_secs(30));
+    app.sim.set_list_delay(std::time::Duration::from_secs(30));
+    marked_an_hour_ago(&app).await;
+    app.pass().await;
+    assert_eq!(lost_vms(&app).await.len(), 2);
+    // Back, listing in 2.5 s: above the 2 s bound, under the call's timeout (3 s here).
+    app.sim.set_get_delay(std::time::Duration::ZERO);
+    app.sim.set_list_delay(std::time::Duration::from_millis(2500));
+    app.settle(20, "the host cleared and the retired VMs' microVMs deleted", || async {
+        app.scalar_i64("SELECT count(*) FROM hosts WHERE unreachable_since IS NOT NULL").await == 0
+            && app.scalar_i64("SELECT count(*) FROM vms WHERE phase = 'DELETING'").await == 0
+    })
+    .await;
+    app.sim.set_list_delay(std::time::Duration::ZERO);
+    app.settle(40, "the pool refilled on its host", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
+}

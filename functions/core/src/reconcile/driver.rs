@@ -144,7 +144,11 @@ pub async fn run_loop_from(state: &AppState, budget: Duration, start: Start) -> 
         // A host found unreachable and not judged dead yet keeps the loop passing until it is
         // (at most POOLMGR_HOST_DEAD_SECONDS): the judging pass tops its pools up on the other
         // hosts, which a loop that stopped would leave to the next schedule (issue 23).
-        let awaiting = pass.hosts_awaiting_judgement > 0;
+        // Bounded: a host that keeps being cleared and marked again (a flapping network) keeps
+        // no loop running longer than a judgement (and its last ask) past the loop's start or
+        // its last work.
+        let awaiting = pass.hosts_awaiting_judgement > 0
+            && now_since(last_work.max(t0)) < rc.host_dead_after + state.config.flintlock_timeout + rc.linger;
         report.add(pass);
         let now = Instant::now();
         if worked {
@@ -183,6 +187,10 @@ pub async fn run_loop_from(state: &AppState, budget: Duration, start: Start) -> 
     }
     report.duration_ms = t0.elapsed().as_millis();
     Ok(report)
+}
+
+fn now_since(t: Instant) -> Duration {
+    Instant::now().saturating_duration_since(t)
 }
 
 async fn renew(state: &AppState, owner: &str) -> Result<Option<store::LoopLease>, ReconcileError> {

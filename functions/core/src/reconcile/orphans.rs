@@ -64,21 +64,26 @@ async fn scan_host(
     report: &mut PassReport,
 ) -> Result<(), ReconcileError> {
     let state = pass.state;
-    // A host found unreachable (or judged dead) is asked within the connect timeout, not the
-    // call's whole timeout: a hung host held every pass for that long each time its scan came
-    // due, and with the pass the refill of its pools (issue 23 finding 2).
-    let limit = if pass.is_marked_unreachable(&host.name) {
-        state.config.flintlock_timeout.min(crate::flintlock::CONNECT_TIMEOUT)
-    } else {
-        state.config.flintlock_timeout
-    };
+    // A host found unreachable (or judged dead) is first asked for its ServerInfo within the
+    // connect timeout: a hung host held every pass for the call's whole timeout each time its
+    // scan came due, and with the pass the refill of its pools (issue 23 finding 2). One that
+    // answers is then listed with the whole timeout, however slowly it lists.
+    let marked = pass.is_marked_unreachable(&host.name);
     let list = async {
-        tokio::time::timeout(limit, state.flintlock.list(&host.endpoint(), "", None)).await.unwrap_or_else(|_| {
-            Err(crate::flintlock::FlintlockError::Unavailable {
-                host: host.name.clone(),
-                message: format!("a host found unreachable did not answer its scan within {} ms", limit.as_millis()),
-            })
-        })
+        if marked {
+            let limit = state.config.flintlock_timeout.min(crate::flintlock::CONNECT_TIMEOUT);
+            match tokio::time::timeout(limit, state.flintlock.server_info(&host.endpoint())).await {
+                Ok(Err(e)) if e.is_transport() => return Err(e),
+                Err(_) => {
+                    return Err(crate::flintlock::FlintlockError::Unavailable {
+                        host: host.name.clone(),
+                        message: format!("a host found unreachable did not answer within {} ms", limit.as_millis()),
+                    });
+                }
+                _ => {}
+            }
+        }
+        state.flintlock.list(&host.endpoint(), "", None).await
     };
     let Some(listed) = db.released(pass.on_host_scan(&host.name, list)).await else {
         // It failed a call earlier in this pass; its next scan is due after the interval.

@@ -47,9 +47,9 @@ pub(super) struct Pass<'a> {
     /// Hosts whose row says "unreachable" (`unreachable_until`, no placements): cleared by
     /// the first call of this pass that reaches the host.
     pub(super) marked_unreachable: Mutex<HashSet<String>>,
-    /// Hosts judged dead when the pass started ([`judge_dead_hosts`]): no placements on them.
-    /// Their calls are still made (the orphan scan, the deletes of their retired rows): the
-    /// first that reaches one clears the judgement for the next pass.
+    /// Hosts judged dead when the pass started ([`judge_dead_hosts`]): no placements on them
+    /// and no VM steps ([`Pass::is_sick`]); only their orphan scan still asks them
+    /// ([`Pass::on_host_scan`]), and one that answers clears the judgement for the next pass.
     pub(super) dead_hosts: HashSet<String>,
     /// How long a pool lease of this pass lasts: past the deadline plus a hook command
     /// started just before it, so a pool is never worked past its lease.
@@ -90,10 +90,14 @@ impl HostFailure for TeardownError {
 /// still holds is deleted once it answers again (never leaked, never counted twice). Failing
 /// to retire is logged and retried by the next pass; the host is still skipped for placements.
 ///
-/// Before a host's VMs are retired it is asked once more (ServerInfo, bounded by the connect
-/// timeout): passes may be a minute apart (the deployed schedule), and one failed call, a blip
-/// at the end of a loop, must not cost a healthy host its VMs a minute later. A host that
-/// answers is cleared instead. A host whose VMs are already retired is not asked again.
+/// Before a host's VMs are retired it is asked once more, with the kind of call that failed
+/// (a GetMicroVM of one of them, or a List for an intent, with the call's whole timeout):
+/// passes may be a minute apart (the deployed schedule), and one failed call, a blip at the
+/// end of a loop, must not cost a healthy host its VMs a minute later. A host that answers
+/// keeps its VMs for this pass and its mark as it is (only a pass's own call clears it, so a
+/// host whose ServerInfo answers while its VM calls hang is still judged). A host whose VMs
+/// are already retired is not asked again, and the retirement happens only if the mark it
+/// was judged by still stands (an overlapping pass may have reached the host meanwhile).
 pub(super) async fn judge_dead_hosts(
     state: &AppState,
     hosts: &[store::HostRow],
@@ -114,34 +118,32 @@ async fn judge(state: &AppState, h: &store::HostRow, dead_after: Duration) -> Op
         Ok(c) => store::vm_retirable_on_host(&c, &h.name).await,
         Err(e) => Err(e),
     };
-    // Unknown (the database failed): no retirement, and the host stays off placements.
-    let Ok(retirable) = retirable else { return Some(h.name.clone()) };
-    if retirable {
-        let probe = state.config.flintlock_timeout.min(crate::flintlock::CONNECT_TIMEOUT);
-        let asked = tokio::time::timeout(probe, state.flintlock.server_info(&h.endpoint())).await;
-        let answered = match &asked {
-            Ok(Ok(_)) => true,
-            // An answer of its own (an older flintlockd without ServerInfo, an error) is an
-            // answer: the host is up.
-            Ok(Err(e)) => !e.is_transport() && !e.is_credentials(),
-            Err(_) => false,
-        };
-        if answered {
+    // Unknown (the database failed), or nothing left to retire: no retirement, and the host
+    // stays off placements and steps.
+    let Ok(Some((id, uid))) = retirable else { return Some(h.name.clone()) };
+    let asked = async {
+        match &uid {
+            Some(uid) => state.flintlock.get(&h.endpoint(), uid).await.map(|_| ()),
+            None => state.flintlock.list(&h.endpoint(), "", Some(&id)).await.map(|_| ()),
+        }
+    };
+    match tokio::time::timeout(state.config.flintlock_timeout, asked).await {
+        // A secrets error tells nothing of the host: never retire on it.
+        Ok(Err(e)) if e.is_credentials() => return Some(h.name.clone()),
+        // An answer (a VM, "not found", an error of its own): the host is up.
+        Ok(Err(e)) if !e.is_transport() => return None,
+        Ok(Ok(())) => {
             tracing::info!(host = %h.name, %since, "flintlock host answers again before being judged dead");
-            if let Ok(c) = state.db.get().await
-                && let Err(e) = store::host_clear_unreachable(&c, &h.name).await
-            {
-                tracing::warn!(host = %h.name, error = %e, "could not record that the host answers");
-            }
             return None;
         }
+        Ok(Err(_)) | Err(_) => {}
     }
     let payload = serde_json::json!({
         "host": h.name,
         "reason": format!("host {} unreachable since {since} (POOLMGR_HOST_DEAD_SECONDS={})", h.name, dead_after.as_secs()),
     });
     let retired = match state.db.get().await {
-        Ok(c) => store::vm_retire_on_dead_host(&c, &h.name, &payload).await,
+        Ok(c) => store::vm_retire_on_dead_host(&c, &h.name, since, &payload).await,
         Err(e) => Err(e),
     };
     match retired {

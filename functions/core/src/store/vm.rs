@@ -439,18 +439,19 @@ pub async fn vm_identities(c: &impl Executor, ids: &[String]) -> Result<Vec<(Str
     rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))).collect()
 }
 
-/// Whether host `host` holds rows [`vm_retire_on_dead_host`] would take (a uid-less intent,
-/// PROVISIONING, CREATE_HOOK_RUNNING or AVAILABLE): only then is a dead judgement worth asking
-/// the host once more.
-pub async fn vm_retirable_on_host(c: &impl Executor, host: &str) -> Result<bool> {
+/// One row of host `host` that [`vm_retire_on_dead_host`] would take (a uid-less intent,
+/// PROVISIONING, CREATE_HOOK_RUNNING or AVAILABLE), as (id, uid), rows with a uid first: the
+/// VM a dead judgement asks the host about once more. `None`: nothing to retire.
+pub async fn vm_retirable_on_host(c: &impl Executor, host: &str) -> Result<Option<(String, Option<String>)>> {
     let row = c
-        .timed_query_one(
-            "SELECT EXISTS (SELECT 1 FROM vms WHERE flintlock_host = $1
-                              AND phase IN ('PROVISIONING', 'CREATE_HOOK_RUNNING', 'AVAILABLE'))",
+        .timed_query_opt(
+            "SELECT id, uid FROM vms WHERE flintlock_host = $1
+                 AND phase IN ('PROVISIONING', 'CREATE_HOOK_RUNNING', 'AVAILABLE')
+             ORDER BY uid IS NULL LIMIT 1",
             &[(&host, Type::TEXT)],
         )
         .await?;
-    Ok(row.try_get(0)?)
+    Ok(row.map(|r| (r.get(0), r.get(1))))
 }
 
 /// Retires the rows on a host judged dead (issue 23 finding 2), in one statement, each with
@@ -460,13 +461,24 @@ pub async fn vm_retirable_on_host(c: &impl Executor, host: &str) -> Result<bool>
 /// counting as the pool's (its replacements go to the other hosts) and are never handed out,
 /// and their microVMs are deleted once the host answers again. LEASED and
 /// PRE_LEASE_HOOK_RUNNING VMs are their claims', QUARANTINED ones the operator's: left alone.
-/// Returns how many rows it retired.
-pub async fn vm_retire_on_dead_host(c: &impl Executor, host: &str, payload: &serde_json::Value) -> Result<i64> {
+/// Nothing is retired unless the host is still marked unreachable since `judged_since` (the
+/// mark it was judged by). Returns how many rows it retired.
+pub async fn vm_retire_on_dead_host(
+    c: &impl Executor,
+    host: &str,
+    judged_since: chrono::DateTime<chrono::Utc>,
+    payload: &serde_json::Value,
+) -> Result<i64> {
     let payload = super::event::stored_payload(payload);
     let row = c
         .timed_query_one(
-            "WITH dropped AS (
+            "WITH judged AS (
+                 -- The mark the host was judged by still stands: a pass that reached the host
+                 -- meanwhile cleared or renewed it, and then nothing is retired.
+                 SELECT 1 FROM hosts WHERE name = $1 AND unreachable_since = $3
+             ), dropped AS (
                  DELETE FROM vms WHERE flintlock_host = $1 AND phase = 'PROVISIONING' AND uid IS NULL
+                   AND EXISTS (SELECT 1 FROM judged)
                  RETURNING pool_namespace, pool_name, id, phase
              ), retired AS (
                  UPDATE vms v SET phase = 'DELETING', attempts = 0, next_attempt_at = NULL, updated_at = now(),
@@ -474,6 +486,7 @@ pub async fn vm_retire_on_dead_host(c: &impl Executor, host: &str, payload: &ser
                  FROM (SELECT id, phase AS was FROM vms
                        WHERE flintlock_host = $1 AND uid IS NOT NULL
                          AND phase IN ('PROVISIONING', 'CREATE_HOOK_RUNNING', 'AVAILABLE')
+                         AND EXISTS (SELECT 1 FROM judged)
                        FOR UPDATE) old
                  WHERE v.id = old.id
                  RETURNING v.pool_namespace, v.pool_name, v.id, old.was AS phase
@@ -483,7 +496,7 @@ pub async fn vm_retire_on_dead_host(c: &impl Executor, host: &str, payload: &ser
                  FROM (SELECT * FROM dropped UNION ALL SELECT * FROM retired) x
              )
              SELECT (SELECT count(*) FROM dropped) + (SELECT count(*) FROM retired)",
-            &[(&host, Type::TEXT), (&payload, Type::JSONB)],
+            &[(&host, Type::TEXT), (&payload, Type::JSONB), (&judged_since, Type::TIMESTAMPTZ)],
         )
         .await?;
     Ok(row.try_get(0)?)
