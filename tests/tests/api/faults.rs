@@ -800,17 +800,9 @@ async fn a_reconciler_whose_clock_drifted_times_nothing_out_early() {
 #[tokio::test]
 async fn a_host_that_answers_is_never_judged_dead_on_an_old_mark() {
     let app = TestApp::spawn().await;
-    app.create_pool("ci", 2).await;
-    app.settle(40, "2 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
+    filled_pool_of_two(&app).await;
     // A mark an hour old (a blip at the end of the last loop), and no call since.
-    app.conn()
-        .await
-        .execute(
-            "UPDATE hosts SET unreachable_since = now() - interval '1 hour', unreachable_until = now() + interval '1 minute'",
-            &[],
-        )
-        .await
-        .unwrap();
+    marked_an_hour_ago(&app).await;
     app.pass().await;
     assert_eq!(app.count_events("VM_LOST").await, 0, "a healthy host's VMs were retired");
     assert_eq!(app.count_phase("ci", "AVAILABLE").await, 2);
@@ -854,6 +846,22 @@ async fn a_loop_keeps_passing_until_an_unreachable_host_is_judged_and_its_pool_r
     assert_eq!(app.scalar_i64(on_sim).await, 2, "the pool is whole again on the healthy host: {r:?}");
 }
 
+/// Pool `ci` of 2, filled.
+async fn filled_pool_of_two(app: &TestApp) {
+    app.create_pool("ci", 2).await;
+    app.settle(40, "2 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
+}
+
+/// A filled pool of 2 on the harness's host, which then hangs on every VM call (Get and List)
+/// while still answering ServerInfo, marked unreachable an hour ago; one pass judges it.
+async fn judged_dead_while_its_vm_calls_hang(app: &TestApp) {
+    filled_pool_of_two(app).await;
+    app.sim.set_get_delay(std::time::Duration::from_secs(30));
+    app.sim.set_list_delay(std::time::Duration::from_secs(30));
+    marked_an_hour_ago(app).await;
+    app.pass().await;
+}
+
 /// Mark the harness's host unreachable since an hour ago, as a blip long before left it.
 async fn marked_an_hour_ago(app: &TestApp) {
     app.conn()
@@ -874,12 +882,7 @@ async fn marked_an_hour_ago(app: &TestApp) {
 #[tokio::test]
 async fn a_host_whose_vm_calls_hang_is_judged_dead_though_it_answers_server_info() {
     let app = TestApp::spawn().await;
-    app.create_pool("ci", 2).await;
-    app.settle(40, "2 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
-    app.sim.set_get_delay(std::time::Duration::from_secs(30));
-    app.sim.set_list_delay(std::time::Duration::from_secs(30));
-    marked_an_hour_ago(&app).await;
-    app.pass().await;
+    judged_dead_while_its_vm_calls_hang(&app).await;
     assert_eq!(lost_vms(&app).await.len(), 2, "its VMs are retired");
     assert_eq!(app.count_phase("ci", "AVAILABLE").await, 0);
 }
@@ -892,12 +895,7 @@ async fn a_host_whose_vm_calls_hang_is_judged_dead_though_it_answers_server_info
 #[tokio::test]
 async fn a_dead_host_that_returns_and_lists_slowly_is_cleared_and_its_leftovers_deleted() {
     let app = TestApp::spawn().await;
-    app.create_pool("ci", 2).await;
-    app.settle(40, "2 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 2 }).await;
-    app.sim.set_get_delay(std::time::Duration::from_secs(30));
-    app.sim.set_list_delay(std::time::Duration::from_secs(30));
-    marked_an_hour_ago(&app).await;
-    app.pass().await;
+    judged_dead_while_its_vm_calls_hang(&app).await;
     assert_eq!(lost_vms(&app).await.len(), 2);
     // Back, listing in 2.5 s: above the 2 s bound, under the call's timeout (3 s here).
     app.sim.set_get_delay(std::time::Duration::ZERO);

@@ -20,9 +20,9 @@
 //! running. Passes of overlapping invocations would be safe anyway (each pool's
 //! reconcile lease); the lease only saves their cost. A host found unreachable and not judged
 //! dead yet also keeps a loop passing, until the pass that judges it (at most
-//! `POOLMGR_HOST_DEAD_SECONDS`), which tops its pools up on the other hosts (issue 23). A scheduled invocation whose first pass
-//! finds nothing to do returns at once ([`Start::Schedule`]): an idle fleet costs one short
-//! pass a minute.
+//! `POOLMGR_HOST_DEAD_SECONDS`), which tops its pools up on the other hosts (issue 23). A
+//! scheduled invocation whose first pass finds nothing to do returns at once
+//! ([`Start::Schedule`]): an idle fleet costs one short pass a minute.
 //!
 //! Never keeps state between invocations: everything that matters is in the database.
 

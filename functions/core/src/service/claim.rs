@@ -635,8 +635,23 @@ async fn verify_vm(state: &AppState, req: &ClaimRequest, vm: &VmRow, host: Optio
         return Err(hook_vm_gone(state, req, vm, Step::Verify, &e).await);
     };
     let limit = state.config.hooks.claim_verify_timeout.min(state.config.hooks.claim_hook_deadline);
-    let found = match tokio::time::timeout(limit, state.flintlock.get(&h.endpoint(), uid)).await {
-        Ok(r) => r,
+    match ask_for_vm(state, h, uid, limit).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(hook_vm_gone(state, req, vm, Step::Verify, &vm_not_found(h, uid)).await),
+        Err(e) => Err(hook_host_unreachable(state, req, vm, Step::Verify, &e).await),
+    }
+}
+
+/// One GetMicroVM of `uid` on `h`, bounded by `limit`: whether the host has the VM. Past the
+/// limit the host counts as unavailable (`POOLMGR_CLAIM_VERIFY_TIMEOUT_MS`).
+async fn ask_for_vm(
+    state: &AppState,
+    h: &HostRow,
+    uid: &str,
+    limit: std::time::Duration,
+) -> Result<bool, crate::flintlock::FlintlockError> {
+    match tokio::time::timeout(limit, state.flintlock.get(&h.endpoint(), uid)).await {
+        Ok(r) => r.map(|m| m.is_some()),
         Err(_) => Err(crate::flintlock::FlintlockError::Unavailable {
             host: h.name.clone(),
             message: format!(
@@ -644,18 +659,15 @@ async fn verify_vm(state: &AppState, req: &ClaimRequest, vm: &VmRow, host: Optio
                 limit.as_millis()
             ),
         }),
-    };
-    match found {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => {
-            let e = crate::flintlock::FlintlockError::Rpc {
-                host: h.name.clone(),
-                code: tonic::Code::NotFound,
-                message: format!("microvm {uid} not found"),
-            };
-            Err(hook_vm_gone(state, req, vm, Step::Verify, &e).await)
-        }
-        Err(e) => Err(hook_host_unreachable(state, req, vm, Step::Verify, &e).await),
+    }
+}
+
+/// The error a VM its host does not have is recorded with.
+fn vm_not_found(h: &HostRow, uid: &str) -> crate::flintlock::FlintlockError {
+    crate::flintlock::FlintlockError::Rpc {
+        host: h.name.clone(),
+        code: tonic::Code::NotFound,
+        message: format!("microvm {uid} not found"),
     }
 }
 
@@ -675,25 +687,12 @@ enum Probe {
 /// that cannot answer is a transport failure (the VM goes back, 503), never the policy.
 async fn probe_after_deadline(state: &AppState, vm: &VmRow, host: Option<&HostRow>) -> Probe {
     let (Some(h), Some(uid)) = (host, vm.uid.as_deref()) else { return Probe::Answers };
-    let limit = state.config.hooks.claim_verify_timeout;
-    match tokio::time::timeout(limit, state.flintlock.get(&h.endpoint(), uid)).await {
-        Ok(Ok(Some(_))) => Probe::Answers,
-        Ok(Ok(None)) => Probe::VmGone(crate::flintlock::FlintlockError::Rpc {
-            host: h.name.clone(),
-            code: tonic::Code::NotFound,
-            message: format!("microvm {uid} not found"),
-        }),
-        Ok(Err(e)) if e.is_transport() || e.is_credentials() => Probe::Unreachable(e),
+    match ask_for_vm(state, h, uid, state.config.hooks.claim_verify_timeout).await {
+        Ok(true) => Probe::Answers,
+        Ok(false) => Probe::VmGone(vm_not_found(h, uid)),
+        Err(e) if e.is_transport() || e.is_credentials() => Probe::Unreachable(e),
         // Any other answer came from the host: it is up, so the command is what hung.
-        Ok(Err(_)) => Probe::Answers,
-        Err(_) => Probe::Unreachable(crate::flintlock::FlintlockError::Unavailable {
-            host: h.name.clone(),
-            message: format!(
-                "the pre-lease command outlived the claim's deadline and GetMicroVM did not answer within {} ms \
-                 (POOLMGR_CLAIM_VERIFY_TIMEOUT_MS)",
-                limit.as_millis()
-            ),
-        }),
+        Err(_) => Probe::Answers,
     }
 }
 
