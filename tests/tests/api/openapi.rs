@@ -519,3 +519,43 @@ async fn validation_catches_undocumented_fields_statuses_and_types() {
     text.headers.insert("content-type", "text/html".parse().unwrap());
     assert!(!doc.violations(&Method::POST, "/v1/pools", &text).is_empty(), "an undocumented content type");
 }
+
+/// Where the document is committed (`docs/api.md` points to it), relative to this crate.
+const COMMITTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json");
+
+/// The command that rewrites [`COMMITTED`] from the Router's document.
+const REGENERATE: &str = "UPDATE_OPENAPI=1 cargo test -p poolmgr-tests --test api -- openapi::the_committed_document";
+
+/// The document as committed: pretty-printed, keys in the served order, one final newline.
+fn committed_text() -> String {
+    let mut text = serde_json::to_string_pretty(http::document()).expect("the document serializes");
+    let served: Value = serde_json::from_str(http::document_json()).expect("the served document is JSON");
+    assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), served, "the pretty document is the served one");
+    text.push('\n');
+    text
+}
+
+#[test]
+fn the_committed_document_is_the_served_one() {
+    let want = committed_text();
+    if std::env::var_os("UPDATE_OPENAPI").is_some_and(|v| v == "1") {
+        std::fs::write(COMMITTED, &want).expect("docs/openapi.json is writable");
+        return;
+    }
+    let have = std::fs::read_to_string(COMMITTED).unwrap_or_default();
+    if have != want {
+        // The first line that differs, so the failure says what changed.
+        let line = have
+            .lines()
+            .zip(want.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(have.lines().count().min(want.lines().count()));
+        panic!(
+            "docs/openapi.json is not the document the server serves (first difference at line {}: committed {:?}, served {:?}); \
+             regenerate it with `{REGENERATE}` and commit it",
+            line + 1,
+            have.lines().nth(line).unwrap_or("<end of file>"),
+            want.lines().nth(line).unwrap_or("<end of file>"),
+        );
+    }
+}
