@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 
 use flintlock_proto::types as pb;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
-use utoipa::openapi::ObjectBuilder;
-use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, ArrayBuilder, OneOfBuilder, Type};
+use utoipa::openapi::schema::{AllOfBuilder, AnyOfBuilder, ArrayBuilder, OneOfBuilder, Schema, Type};
+use utoipa::openapi::{ObjectBuilder, RefOr};
+use utoipa::{PartialSchema, ToSchema};
 
 use crate::rules::{
     CIDR, Cidr, DEFAULT_MEMORY_IN_MB, DEFAULT_PROVIDER, DEFAULT_VCPU, DEVICE_ID, DeviceId, GUEST_MAC, GuestMac,
@@ -162,8 +162,6 @@ pub struct NetworkOverrides {
 
 schema_only! {
     /// A [`MicroVmTemplate`] as [`MicroVmTemplate::validate`] accepts it: with a root volume
-    /// or an initrd.
-    /// A [`MicroVmTemplate`] as [`MicroVmTemplate::validate`] accepts it: with a root volume
     /// or an initrd, and MACVTAP interfaces or virtiofs volumes only with a provider other than
     /// the default.
     TemplateRules [MicroVmTemplate] = AllOfBuilder::new()
@@ -196,40 +194,45 @@ schema_only! {
         );
 
     /// The `root_volume`: a container image, never virtiofs.
-    RootVolume [Volume, NotBlank] = AllOfBuilder::new().item(reference::<Volume>()).item(
+    RootVolume [NotBlank] = volume_with_source(
         ObjectBuilder::new()
-            .property(
-                "source",
+            .property("container_source", reference::<NotBlank>())
+            .property("virtiofs_source", null())
+            .required("container_source"),
+    );
+
+    /// An entry of `additional_volumes`: exactly one of `container_source` and
+    /// `virtiofs_source`.
+    AdditionalVolume [NotBlank] = volume_with_source(
+        OneOfBuilder::new()
+            .item(
                 ObjectBuilder::new()
                     .property("container_source", reference::<NotBlank>())
                     .property("virtiofs_source", null())
                     .required("container_source"),
             )
-            .required("source"),
+            .item(
+                ObjectBuilder::new()
+                    .property("virtiofs_source", reference::<NotBlank>())
+                    .property("container_source", null())
+                    .required("virtiofs_source"),
+            ),
     );
+}
 
-    /// An entry of `additional_volumes`: exactly one of `container_source` and
-    /// `virtiofs_source`.
-    AdditionalVolume [Volume, NotBlank] = AllOfBuilder::new().item(reference::<Volume>()).item(
-        ObjectBuilder::new()
-            .property(
-                "source",
-                OneOfBuilder::new()
-                    .item(
-                        ObjectBuilder::new()
-                            .property("container_source", reference::<NotBlank>())
-                            .property("virtiofs_source", null())
-                            .required("container_source"),
-                    )
-                    .item(
-                        ObjectBuilder::new()
-                            .property("virtiofs_source", reference::<NotBlank>())
-                            .property("container_source", null())
-                            .required("virtiofs_source"),
-                    ),
-            )
-            .required("source"),
-    );
+/// [`Volume`]'s own schema with its `source` replaced by `source` and required: one object, not
+/// an `allOf` of `Volume` and a narrower `source`, which client generators cannot merge (they
+/// dropped every operation whose body held an additional volume). Accepts exactly what that
+/// `allOf` accepted: `Volume` is closed, and its other properties are unchanged.
+fn volume_with_source(source: impl Into<RefOr<Schema>>) -> Schema {
+    let RefOr::T(Schema::Object(mut volume)) = <Volume as PartialSchema>::schema() else {
+        unreachable!("Volume derives an object schema")
+    };
+    volume.properties.insert("source".into(), source.into());
+    if !volume.required.iter().any(|r| r == "source") {
+        volume.required.push("source".into());
+    }
+    Schema::Object(volume)
 }
 
 impl MicroVmTemplate {

@@ -30,8 +30,9 @@ pub const BEARER: &str = "bearer";
         title = "poolmgr HTTP API",
         version = "1",
         description = "Warm pools of flintlock microVMs: claim a ready VM, heartbeat its lease, release it. \
-                       Every error answers `{\"error\": {\"code\", \"status\", \"message\"}}` with the HTTP status of its code. \
-                       Tokens have a role: `client` (claims and leases) or `admin` (everything).",
+                       Every error answers `{\"error\": {\"code\", \"status\", \"reason\", \"message\", \"request_id\"}}` with the HTTP status of its code. \
+                       Tokens have a role: `client` (claims, leases and demand hints), `viewer` (every read, metrics and events) or `admin` (everything). \
+                       Reference: docs/api.md; compatibility within /v1: docs/compatibility.md.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     components(schemas(ErrorBody)),

@@ -1,9 +1,9 @@
 //! Hosts: register, update, cordon, remove.
 
 use serde::Deserialize;
-use utoipa::ToSchema;
-use utoipa::openapi::ObjectBuilder;
-use utoipa::openapi::schema::{AllOfBuilder, OneOfBuilder};
+use utoipa::openapi::schema::{AllOfBuilder, OneOfBuilder, Schema};
+use utoipa::openapi::{ObjectBuilder, RefOr};
+use utoipa::{PartialSchema, ToSchema};
 
 use crate::api::Host;
 use crate::app::AppState;
@@ -42,18 +42,38 @@ schema_only! {
         OneOfBuilder::new().item(tls_way(true, false, false)).item(tls_way(false, true, false)).item(tls_way(false, true, true)),
     );
 
-    /// The body of `POST /v1/hosts`: a [`HostSpec`] with its `name`. (HostSpec's own example
-    /// has none: a PUT's body may leave it out, and one naming another host is refused.)
-    HostCreate [HostSpec] = AllOfBuilder::new()
-        .item(reference::<HostSpec>())
-        .item(
-            ObjectBuilder::new()
-                .property("name", string().pattern(Some(NAME_PATTERN)))
-                .required("name")
-                .property("tls", reference::<HostTls>())
-                .required("tls"),
-        )
-        .examples([serde_json::json!({"name": "spare", "address": "127.0.0.1:9", "tls": {"insecure": true}})]);
+    /// The body of `POST /v1/hosts`: a [`HostSpec`] with its `name` and `tls` required (and
+    /// `tls` not null). (HostSpec's own example has no name: a PUT's body may leave it out,
+    /// and one naming another host is refused.)
+    HostCreate [HostSpec] = host_create();
+}
+
+/// [`HostCreate`]'s schema: [`HostSpec`]'s own object with `name` and `tls` narrowed and
+/// required. One object, not an `allOf` of `HostSpec` and the narrower fields, which client
+/// generators cannot merge (`name: string | null` with `name: string`): they dropped the
+/// operation. Accepts exactly what that `allOf` accepted.
+fn host_create() -> Schema {
+    let RefOr::T(Schema::Object(mut spec)) = <HostSpec as PartialSchema>::schema() else {
+        unreachable!("HostSpec derives an object schema")
+    };
+    spec.properties.insert(
+        "name".into(),
+        string().pattern(Some(NAME_PATTERN)).description(Some("The host's name, unique")).into(),
+    );
+    spec.properties.insert("tls".into(), <TlsRules as PartialSchema>::schema());
+    for field in ["name", "tls"] {
+        if !spec.required.iter().any(|r| r == field) {
+            spec.required.push(field.into());
+        }
+    }
+    spec.description = Some(
+        "The body of `POST /v1/hosts`: a HostSpec whose `name` and `tls` are required (plaintext only as \
+         `{\"insecure\": true}`)."
+            .into(),
+    );
+    spec.example = None;
+    spec.examples = vec![serde_json::json!({"name": "spare", "address": "127.0.0.1:9", "tls": {"insecure": true}})];
+    Schema::Object(spec)
 }
 
 /// One way [`TlsRules`] allows: `insecure` (required when true), a CA, a client certificate
