@@ -73,8 +73,9 @@ if [[ $# -gt 1 ]]; then
     die "too many arguments; usage: scripts/dev.sh [--no-wait | stop | --help]"
 fi
 
-command -v curl >/dev/null 2>&1 || die "curl is required; install it (apt-get install curl) and rerun"
-command -v cargo >/dev/null 2>&1 || die "cargo is required; install Rust (https://rustup.rs) and rerun"
+# Rust (rustup's, at least the workspace's rust-version), cc, curl, kill, python3 and, unless
+# DATABASE_URL is set, the PostgreSQL server binaries (scripts/lib/preflight.sh).
+preflight dev || die "install what is listed above and rerun scripts/dev.sh"
 
 mkdir -p "$DEV"
 

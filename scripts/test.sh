@@ -28,6 +28,10 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=lib/stack.sh
 . "$ROOT/scripts/lib/stack.sh"
 
+# Rust (rustup's, at least the workspace's rust-version), cc, curl, kill, python3 and, unless
+# POOLMGR_TEST_DATABASE_URL is set, the PostgreSQL server binaries (scripts/lib/preflight.sh).
+preflight test || die "install what is listed above and rerun scripts/test.sh"
+
 if [[ -z "${POOLMGR_TEST_DATABASE_URL:-}" ]]; then
     PG_TEST_DIR=$ROOT/.dev/test-pg
     mkdir -p "$ROOT/.dev"

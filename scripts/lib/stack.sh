@@ -13,7 +13,7 @@
 # (setsid) and remembered, and the EXIT trap (common.sh's at_exit) stops what is still running,
 # newest first, so a failed or interrupted script leaves nothing behind.
 #
-#   . "$ROOT/scripts/lib/stack.sh"      # sources common.sh and pg.sh too
+#   . "$ROOT/scripts/lib/stack.sh"      # sources common.sh, pg.sh and preflight.sh too
 #
 # Functions:
 #   stack_build PROFILE CARGO_ARGS...  cargo build (debug|release); sets STACK_BIN to its directory
@@ -40,6 +40,8 @@ _STACK_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 STACK_ROOT=$(cd "$_STACK_LIB_DIR/../.." && pwd)
 # shellcheck source=pg.sh
 . "$_STACK_LIB_DIR/pg.sh"
+# shellcheck source=preflight.sh
+. "$_STACK_LIB_DIR/preflight.sh"
 
 # PIDs started by stack_spawn and not stopped yet, with their names.
 declare -A _STACK_LIVE=()

@@ -3,7 +3,8 @@
 //! Router with known tokens, typed helpers per endpoint, and factories for VMs in any phase.
 //!
 //! Needs `POOLMGR_TEST_DATABASE_URL` (an admin URL that may create databases); `scripts/test.sh`
-//! starts a private PostgreSQL and sets it. Each test's database is dropped when its `TestApp`
+//! starts a private PostgreSQL and sets it. Without it (plain `cargo test`) the first test that
+//! needs the database says how to run the suite and ends the run with status 2 ([`test_env`]). Each test's database is dropped when its `TestApp`
 //! drops; `scripts/test.sh` drops leftovers of crashed runs before starting.
 //!
 //! Response bodies: [`TestResponse::json`] reads a body as its `poolmgr_core::api` type and
@@ -58,8 +59,40 @@ pub const CLIENT_B: &str = "client-b-token-0123456789";
 pub const SIM_HOST: &str = "sim";
 
 pub fn admin_url() -> String {
-    std::env::var("POOLMGR_TEST_DATABASE_URL")
-        .expect("POOLMGR_TEST_DATABASE_URL is not set: run the tests with scripts/test.sh, which starts PostgreSQL")
+    test_env("POOLMGR_TEST_DATABASE_URL")
+}
+
+/// A variable `scripts/test.sh` sets for the suite (the test server's URL, the TLS server's
+/// port and CA). Plain `cargo test` has none of them: instead of every database test panicking
+/// on its own, the first one to need one says once how to run the suite and ends the whole
+/// run with exit status 2, so no such run can pass (CI always runs `scripts/test.sh`, which
+/// sets them all, so this never happens there).
+pub fn test_env(name: &str) -> String {
+    if let Ok(v) = std::env::var(name)
+        && !v.trim().is_empty()
+    {
+        return v;
+    }
+    static ONCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _first = ONCE.lock();
+    // Straight to the process's stderr: the test harness captures `eprintln!` and would drop
+    // the message when the process exits.
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n\
+         error: {name} is not set, so there is no PostgreSQL to test against.\n\
+         \n\
+         The integration tests need a real PostgreSQL server. Run them with\n\
+         \n\
+         \x20   scripts/test.sh                                   # every test\n\
+         \x20   scripts/test.sh -p poolmgr-tests --test api -- claims::   # some of them\n\
+         \n\
+         which starts a private PostgreSQL (and a TLS-only one) for the run and sets {name};\n\
+         or set POOLMGR_TEST_DATABASE_URL to a superuser URL of a server you run and use\n\
+         scripts/test.sh all the same. Stopping this run: no test result would mean anything.\n"
+    );
+    std::process::exit(2)
 }
 
 /// `url` with its database name replaced.
@@ -67,10 +100,8 @@ pub fn admin_url() -> String {
 /// its port on 127.0.0.1 and the path of the CA that signed its certificate for
 /// [`tls::SERVER_NAME`] (`POOLMGR_TEST_TLS_PG_PORT`, `POOLMGR_TEST_TLS_CA_PEM`).
 pub fn tls_server() -> (u16, String) {
-    let port = std::env::var("POOLMGR_TEST_TLS_PG_PORT").expect(
-        "POOLMGR_TEST_TLS_PG_PORT is not set: run the tests with scripts/test.sh, which starts the TLS test server",
-    );
-    let ca = std::env::var("POOLMGR_TEST_TLS_CA_PEM").expect("POOLMGR_TEST_TLS_CA_PEM is not set: run scripts/test.sh");
+    let port = test_env("POOLMGR_TEST_TLS_PG_PORT");
+    let ca = test_env("POOLMGR_TEST_TLS_CA_PEM");
     (port.parse().expect("POOLMGR_TEST_TLS_PG_PORT is a port"), ca)
 }
 

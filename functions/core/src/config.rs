@@ -211,8 +211,8 @@ pub struct ReconcileConfig {
     /// ends a pass deadline and a margin before the invocation's own deadline, and hands on.
     pub loop_budget: Duration,
     /// Events older than this are deleted by the reconcile pass, in batches
-    /// (`POOLMGR_EVENTS_RETENTION`: `7d` by default; a number with a unit `s`, `m`, `h` or
-    /// `d`, a bare number is seconds; `off` keeps events forever, `None`).
+    /// (`POOLMGR_EVENTS_RETENTION`: `7d` by default; a humantime duration such as `90s`, `36h`,
+    /// `7d` or `1h30m`, a bare number is seconds; `off` keeps events forever, `None`).
     pub events_retention: Option<Duration>,
     /// Pools every pass checks in full (counts their VMs) whatever the selection's signals
     /// say, in key order from where the last pass stopped (`POOLMGR_RECONCILE_FULL_CHECKS`,
@@ -246,8 +246,9 @@ fn parse_num<T: std::str::FromStr>(
     }
 }
 
-/// A duration with a unit (`90s`, `15m`, `36h`, `7d`; a bare number is seconds), or `off`
-/// (`None`). Zero is refused: it would mean "delete at once", never what anyone wants.
+/// A duration in humantime's form (`90s`, `15m`, `36h`, `7d`, `1h30m`, `2days`; a bare number is
+/// seconds, as before humantime), or `off` (`None`). Zero is refused: it would mean "delete at
+/// once", never what anyone wants.
 fn parse_retention(
     lookup: &impl Fn(&str) -> Option<String>,
     key: &str,
@@ -262,23 +263,16 @@ fn parse_retention(
     if v.eq_ignore_ascii_case("off") {
         return Ok(None);
     }
-    let bad =
-        || ConfigError(format!("{key}={raw:?}: use a positive number with a unit s, m, h or d (e.g. 7d), or off"));
-    let (number, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => v.split_at(i),
-        None => (v, "s"),
+    let parsed = if v.bytes().all(|b| b.is_ascii_digit()) {
+        v.parse::<u64>().ok().map(Duration::from_secs)
+    } else {
+        humantime::parse_duration(v).ok()
     };
-    let n: u64 = number.parse().map_err(|_| bad())?;
-    let secs = match unit {
-        "s" => Some(n),
-        "m" => n.checked_mul(60),
-        "h" => n.checked_mul(3600),
-        "d" => n.checked_mul(86_400),
-        _ => None,
-    };
-    match secs {
-        Some(s) if s > 0 => Ok(Some(Duration::from_secs(s))),
-        _ => Err(bad()),
+    match parsed {
+        Some(d) if !d.is_zero() => Ok(Some(d)),
+        _ => Err(ConfigError(format!(
+            "{key}={raw:?}: use a positive duration such as 90s, 15m, 36h, 7d or 1h30m (a bare number is seconds), or off"
+        ))),
     }
 }
 
@@ -363,6 +357,12 @@ impl Config {
     }
 
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        // Every variable read here is listed, with its default, in `cli::DATABASE` or
+        // `cli::CONFIG` (what `--help` shows and poolmgr-local's reader serves).
+        let lookup = move |k: &str| {
+            debug_assert!(crate::cli::config_reads(k), "{k} is read but not listed in functions/core/src/cli.rs");
+            lookup(k)
+        };
         let database_url = lookup("DATABASE_URL").filter(|s| !s.is_empty()).ok_or_else(|| {
             ConfigError("DATABASE_URL is not set: point it at PostgreSQL (scripts/dev.sh starts one)".into())
         })?;
@@ -727,7 +727,7 @@ mod tests {
     }
 
     #[test]
-    fn events_retention_defaults_to_seven_days_and_takes_a_unit_or_off() {
+    fn events_retention_defaults_to_seven_days_and_takes_a_humantime_duration_a_bare_number_or_off() {
         let base = [("DATABASE_URL", "postgres://x"), ("POOLMGR_AUTH", "disabled")];
         let retention =
             |v: &str| cfg(&[base[0], base[1], ("POOLMGR_EVENTS_RETENTION", v)]).map(|c| c.reconcile.events_retention);
@@ -739,7 +739,15 @@ mod tests {
         assert_eq!(retention("90s").unwrap(), Some(Duration::from_secs(90)));
         assert_eq!(retention("3600").unwrap(), Some(Duration::from_secs(3600)));
         assert_eq!(retention("off").unwrap(), None);
-        for bad in ["0", "0d", "7 d", "7w", "d", "-1d", "1.5d", "99999999999999999999d"] {
+        assert_eq!(retention("OFF").unwrap(), None);
+        // humantime's forms (issue 26 item 8: one parser for durations), beside the old ones.
+        assert_eq!(retention("1h30m").unwrap(), Some(Duration::from_secs(5400)));
+        assert_eq!(retention("1h 30m").unwrap(), Some(Duration::from_secs(5400)));
+        assert_eq!(retention("2days").unwrap(), Some(Duration::from_secs(2 * 86_400)));
+        assert_eq!(retention("1w").unwrap(), Some(Duration::from_secs(7 * 86_400)));
+        assert_eq!(retention("90sec").unwrap(), Some(Duration::from_secs(90)));
+        assert_eq!(retention("1.5d").unwrap(), Some(Duration::from_secs(36 * 3600)));
+        for bad in ["0", "0d", "0s", "d", "-1d", "99999999999999999999d", "99999999999999999999", "7x", "seven"] {
             let e = retention(bad).unwrap_err().to_string();
             assert!(e.contains("POOLMGR_EVENTS_RETENTION"), "{bad:?}: {e}");
         }

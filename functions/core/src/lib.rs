@@ -28,6 +28,7 @@
 //! - [`http`]: the Routers of the HTTP contract, one file per function's routes, its
 //!   extractors and its OpenAPI document; [`api`]: its JSON objects; [`error`]: its error shape.
 //! - [`auth`]: bearer tokens and principals; [`config`]: environment configuration;
+//!   [`cli`]: the binaries' `--help`/`--version` and the table of every variable they read;
 //!   [`secrets`]: secrets named by AWS Secrets Manager ARN, resolved into that configuration;
 //!   [`credentials`]: hosts' secrets encrypted at rest (the keyring).
 //! - [`reconcile`]: the reconcile pass, one file per step (strategy arithmetic, provisioning,
@@ -42,6 +43,7 @@
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod credentials;

@@ -82,6 +82,13 @@ async fn handle(event: LambdaEvent<Value>) -> Result<Value, lambda_runtime::Erro
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
+    // `--help` and `--version` answer here, before any connection.
+    poolmgr_core::cli::Args::parse_env_only(
+        "migrate",
+        "Applies poolmgr's schema migrations to DATABASE_URL (or the database POOLMGR_DATABASE_SECRET_ARN names) \
+         and exits; on AWS Lambda, migrates on every invocation.",
+        poolmgr_core::cli::MIGRATE_BIN,
+    );
     poolmgr_core::telemetry::init();
     if std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some() {
         return lambda_runtime::run(service_fn(handle)).await;

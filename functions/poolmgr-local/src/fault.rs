@@ -23,11 +23,11 @@ pub const LOSE_CLAIM_ANSWER_EVERY: &str = "POOLMGR_LOCAL_FAULT_LOSE_CLAIM_ANSWER
 
 /// Reads the variable: `None` when unset or empty; an error for anything but a positive
 /// integer.
-pub fn lose_claim_answer_every() -> anyhow::Result<Option<u64>> {
-    match std::env::var(LOSE_CLAIM_ANSWER_EVERY) {
-        Err(_) => Ok(None),
-        Ok(v) if v.trim().is_empty() => Ok(None),
-        Ok(v) => match v.trim().parse::<u64>() {
+pub fn lose_claim_answer_every(lookup: &impl Fn(&str) -> Option<String>) -> anyhow::Result<Option<u64>> {
+    match lookup(LOSE_CLAIM_ANSWER_EVERY) {
+        None => Ok(None),
+        Some(v) if v.trim().is_empty() => Ok(None),
+        Some(v) => match v.trim().parse::<u64>() {
             Ok(n) if n >= 1 => Ok(Some(n)),
             _ => anyhow::bail!("{LOSE_CLAIM_ANSWER_EVERY}={v:?}: use a whole number of at least 1, or unset it"),
         },

@@ -11,16 +11,23 @@ use anyhow::Context;
 use std::sync::Arc;
 
 use poolmgr_core::wake::Waker;
-use poolmgr_core::{AppState, Config, db, http, telemetry};
+use poolmgr_core::{AppState, Config, cli, db, http, telemetry};
 use tokio::sync::Notify;
+
+const ABOUT: &str = "poolmgr's HTTP API (every function's routes) and a reconcile ticker on one address, \
+                     for development and single-machine installs. Migrates the database at start.";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Before anything starts: `--help` and `--version` answer and exit here. Every variable
+    // below is read through the one table `--help` prints (poolmgr_core::cli).
+    let args = cli::Args::parse("poolmgr-local", ABOUT, cli::POOLMGR_LOCAL);
     telemetry::init();
-    let cfg = Config::from_env()?;
-    let limits = serve::Limits::from_env()?;
-    let lose_claim_answer_every = fault::lose_claim_answer_every()?;
-    let addr = std::env::var("POOLMGR_HTTP_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
+    let lookup = args.lookup();
+    let cfg = Config::from_lookup(&lookup)?;
+    let limits = serve::Limits::from_lookup(&lookup)?;
+    let lose_claim_answer_every = fault::lose_claim_answer_every(&lookup)?;
+    let addr = lookup("POOLMGR_HTTP_ADDR").filter(|a| !a.trim().is_empty()).unwrap_or_else(|| "127.0.0.1:8080".into());
     let applied = db::migrate_url(&cfg.database_url, &cfg.db_tls).await.context("migrating the database")?;
     tracing::info!(?applied, version = db::latest_version(), "schema ready");
     let pool = db::pool_from_config(&cfg)?;

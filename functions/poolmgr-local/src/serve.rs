@@ -21,19 +21,19 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-/// Connection limits, from the environment.
+/// Connection limits, from the environment (through `poolmgr_core::cli`).
 pub struct Limits {
     pub max_connections: usize,
     pub header_timeout: Duration,
 }
 
 impl Limits {
-    pub fn from_env() -> anyhow::Result<Limits> {
+    pub fn from_lookup(lookup: &impl Fn(&str) -> Option<String>) -> anyhow::Result<Limits> {
         let num = |key: &str, default: u64| -> anyhow::Result<u64> {
-            match std::env::var(key) {
-                Err(_) => Ok(default),
-                Ok(v) if v.trim().is_empty() => Ok(default),
-                Ok(v) => match v.trim().parse::<u64>() {
+            match lookup(key) {
+                None => Ok(default),
+                Some(v) if v.trim().is_empty() => Ok(default),
+                Some(v) => match v.trim().parse::<u64>() {
                     Ok(n) if n >= 1 => Ok(n),
                     _ => anyhow::bail!("{key} must be a whole number of at least 1, got {v:?}"),
                 },

@@ -3,6 +3,12 @@
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
+    // `--help` and `--version` answer here, before the Lambda runtime starts.
+    poolmgr_core::cli::Args::parse_env_only(
+        "pools",
+        "poolmgr's pools function on AWS Lambda: the pool routes, probes, /metrics and /openapi.json. Its configuration is read on the first invocation.",
+        poolmgr_core::cli::FUNCTION,
+    );
     poolmgr_core::telemetry::init();
     lambda_http::run(poolmgr_core::app::LazyRouter::new(poolmgr_core::http::pools_router)).await
 }

@@ -9,6 +9,13 @@ use reconcile_fn::EmptyPayloadAsNull;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
+    // `--help` and `--version` answer here, before the Lambda runtime starts.
+    poolmgr_core::cli::Args::parse_env_only(
+        "reconcile",
+        "poolmgr's reconcile function on AWS Lambda (EventBridge Scheduler and wakes): reconcile loops over every \
+         pool. Its configuration is read on the first invocation.",
+        poolmgr_core::cli::FUNCTION,
+    );
     poolmgr_core::telemetry::init();
     let instance = Instance::new(|state| state);
     let instance = &instance;

@@ -76,3 +76,23 @@ fn a_wrong_type_fails_the_typed_read() {
     body["replayed"] = json!("false");
     response(body).json::<ClaimResponse>();
 }
+
+/// Issue 26 item 12: plain `cargo test` (no `POOLMGR_TEST_DATABASE_URL`) must neither pass nor
+/// bury the cause under hundreds of panics: the first database test says to run
+/// scripts/test.sh and ends the run with status 2. This runs this very test binary, one
+/// database test selected, with the variable removed.
+#[test]
+fn plain_cargo_test_without_a_database_says_to_run_scripts_test_sh_and_fails() {
+    let exe = std::env::current_exe().expect("this test binary");
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "claims::claim_returns_lease_vm_and_host_from_stored_data", "--test-threads", "1"])
+        .env_remove("POOLMGR_TEST_DATABASE_URL")
+        .output()
+        .expect("run the test binary");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("running 1 test"), "the test selected exists: {stdout}");
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("POOLMGR_TEST_DATABASE_URL is not set") && stderr.contains("scripts/test.sh"), "{stderr}");
+    assert_eq!(stderr.matches("is not set").count(), 1, "said once: {stderr}");
+}

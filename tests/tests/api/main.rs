@@ -14,6 +14,7 @@
 //! |---|---|
 //! | `autoscaling` | the `autoscaling` block: demand, refusals, stabilization, the ceiling, `…/expect` (issue 22) |
 //! | `bad_input` | malformed, oversized and unauthenticated requests on every route |
+//! | `binaries` | the server binaries' `--help` and `--version`: every variable, nothing started (issue 26) |
 //! | `claims` | `POST /v1/claims` and its races |
 //! | `db_resilience` | dead connections, an unreachable database, schema mismatch, EMF |
 //! | `db_role` | the runtime database role: DML only, granted by migrate (issue 25) |
@@ -44,6 +45,7 @@
 
 mod autoscaling;
 mod bad_input;
+mod binaries;
 mod claims;
 mod credentials;
 mod db_resilience;

@@ -177,6 +177,12 @@ async fn the_rules_their_tests_and_the_dashboard_name_only_metrics_and_labels_th
         "poolmgr_reconcile_last_success_timestamp_seconds",
         "poolmgr_flintlock_errors_total",
         "poolmgr_build_info",
+        // Demand sizing and rollouts.
+        "poolmgr_pool_desired_size",
+        "poolmgr_pool_claims_per_second",
+        "poolmgr_pool_refused_claims_per_second",
+        "poolmgr_pool_rollout_halted",
+        "poolmgr_pool_stale_vms",
     ] {
         assert!(named.contains(name), "infra/monitoring never reads {name}");
     }
@@ -193,6 +199,125 @@ async fn the_rules_their_tests_and_the_dashboard_name_only_metrics_and_labels_th
         for t in panel["targets"].as_array().unwrap() {
             assert!(METRIC.is_match(t["expr"].as_str().unwrap()), "{}: {}", panel["title"], t["expr"]);
         }
+    }
+}
+
+/// The expressions of the rules file: (alert name, PromQL).
+fn rule_exprs() -> Vec<(String, String)> {
+    rules()
+        .into_iter()
+        .map(|r| (r["alert"].as_str().unwrap().to_owned(), r["expr"].as_str().unwrap().to_owned()))
+        .collect()
+}
+
+/// Every rule of `poolmgr.rules.yml`.
+fn rules() -> Vec<yaml_serde::Value> {
+    let path = format!("{KIT}/poolmgr.rules.yml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let doc: yaml_serde::Value = yaml_serde::from_str(&text).expect("the rules are YAML");
+    let groups = doc["groups"].as_sequence().expect("groups");
+    groups.iter().flat_map(|g| g["rules"].as_sequence().expect("rules").iter().cloned()).collect()
+}
+
+/// The pool gauges `expr` reads other than once per pool: every process exports the same
+/// database-derived value, so a gauge must be taken as `max without(instance, job) (gauge…)`
+/// before anything else (infra/monitoring/README.md, "Counting once").
+fn pool_gauges_not_taken_once(expr: &str) -> Vec<String> {
+    let gauges: BTreeSet<&str> = poolmgr_core::metrics::POOL_GAUGES.iter().map(|(name, _, _)| *name).collect();
+    METRIC
+        .find_iter(expr)
+        .filter(|m| gauges.contains(m.as_str()))
+        .filter(|m| {
+            let before: String = expr[..m.start()].chars().filter(|c| !c.is_whitespace()).collect();
+            !before.ends_with("maxwithout(instance,job)(")
+        })
+        .map(|m| m.as_str().to_owned())
+        .collect()
+}
+
+/// Issue 26 item 7: with two processes scraped, a per-instance comparison fires each alert
+/// twice and a `sum` counts each VM twice. Every rule and every dashboard query reads the
+/// pool gauges once per pool (the template variables' `label_values` only list label values).
+#[test]
+fn every_rule_and_dashboard_query_takes_each_pool_gauge_once_per_pool() {
+    let mut wrong = Vec::new();
+    let rules = rule_exprs();
+    assert!(rules.len() >= 10, "{rules:?}");
+    for (alert, expr) in &rules {
+        for g in pool_gauges_not_taken_once(expr) {
+            wrong.push(format!("rule {alert}: {g}"));
+        }
+    }
+    let (_, text) = kit_files().into_iter().find(|(f, _)| f.ends_with(".json")).unwrap();
+    let dashboard: Value = serde_json::from_str(&text).unwrap();
+    let exprs = dashboard_exprs(&dashboard);
+    let gauge_queries = exprs.iter().filter(|e| e.contains("poolmgr_pool_") && !e.starts_with("label_values(")).count();
+    assert!(gauge_queries >= 15, "the dashboard's pool, demand and rollout panels: {exprs:#?}");
+    for expr in exprs.iter().filter(|e| !e.starts_with("label_values(")) {
+        for g in pool_gauges_not_taken_once(expr) {
+            wrong.push(format!("dashboard {expr}: {g}"));
+        }
+    }
+    assert!(wrong.is_empty(), "pool gauges read per process (wrap them in max without(instance, job)): {wrong:#?}");
+}
+
+/// The check above can fail: a bare gauge, a sum over the processes and a max that keeps the
+/// instance are reported; the gauge taken once passes whatever the spacing.
+#[test]
+fn the_once_per_pool_check_reports_a_summed_or_bare_pool_gauge() {
+    assert_eq!(pool_gauges_not_taken_once("poolmgr_pool_available + 1 < 3"), ["poolmgr_pool_available"]);
+    assert_eq!(pool_gauges_not_taken_once("sum(poolmgr_pool_leased{pool_name=~\"$pool\"})"), ["poolmgr_pool_leased"]);
+    assert_eq!(pool_gauges_not_taken_once("max by (instance) (poolmgr_pool_size)"), ["poolmgr_pool_size"]);
+    assert!(
+        pool_gauges_not_taken_once("sum(max without (instance, job)\n  (poolmgr_pool_leased{a=\"b\"}))").is_empty()
+    );
+    // Per-process metrics are not pool gauges: summing them is right.
+    assert!(pool_gauges_not_taken_once("sum(rate(poolmgr_vm_claims_total[5m]))").is_empty());
+}
+
+/// A heading's anchor as GitHub makes it: lower case, punctuation but `-` and `_` dropped,
+/// spaces as `-`.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// Issue 26 item 7: every alert links its own section of docs/troubleshooting.md, and every
+/// link inside that page lands on one of its headings.
+#[test]
+fn every_alert_has_a_runbook_url_to_its_section_of_the_troubleshooting_page() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/troubleshooting.md");
+    let page = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let anchors: BTreeSet<String> =
+        page.lines().filter_map(|l| l.strip_prefix('#')).map(|h| anchor(h.trim_start_matches('#'))).collect();
+    let rules = rules();
+    assert!(rules.len() >= 10);
+    for rule in &rules {
+        let alert = rule["alert"].as_str().expect("every rule is an alert");
+        let url = rule["annotations"]["runbook_url"].as_str().unwrap_or_else(|| panic!("{alert} has no runbook_url"));
+        let want = format!("docs/troubleshooting.md#{}", anchor(alert));
+        assert_eq!(url, want, "{alert}");
+        assert!(anchors.contains(&anchor(alert)), "docs/troubleshooting.md has no section {alert}");
+    }
+    // The symptoms the page promises, and its own links.
+    for section in [
+        "a-pool-is-stuck-below-its-size",
+        "claims-answer-429-resource_exhausted",
+        "503s-after-a-deploy",
+        "flintlock-host-errors",
+    ] {
+        assert!(anchors.contains(section), "no section #{section}: {anchors:?}");
+    }
+    let link = Regex::new(r"\]\(#([^)]+)\)").unwrap();
+    let links: Vec<String> = link.captures_iter(&page).map(|c| c[1].to_owned()).collect();
+    assert!(links.len() >= 10, "{links:?}");
+    for l in links {
+        assert!(anchors.contains(&l), "docs/troubleshooting.md links to #{l}, which is no heading of it");
     }
 }
 

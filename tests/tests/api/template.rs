@@ -527,3 +527,150 @@ fn the_functions_may_connect_only_to_the_proxy_the_flintlock_port_and_https() {
     assert_eq!((port(&p["FromPort"]), port(&p["ToPort"])), ("5432".into(), "5432".into()));
     assert!(p["CidrIp"].is_null());
 }
+
+/// Where a dashboard query or metric may point: an alarm's metric (namespace, name, and its
+/// dimensions as `name=resource`), read off every alarm of the template.
+fn alarm_metrics(t: &Value) -> BTreeSet<(String, String, BTreeSet<String>)> {
+    let dims = |m: &Value| -> BTreeSet<String> {
+        m["Dimensions"]
+            .as_sequence()
+            .map(|ds| {
+                ds.iter()
+                    .map(|d| {
+                        let target = match tagged(&d["Value"]) {
+                            Some((tag, v)) if tag == "Ref" => str_of(v).to_owned(),
+                            // `X.Attr`: the resource is what the dashboard names too.
+                            Some((tag, v)) if tag == "GetAtt" => str_of(v).split('.').next().unwrap().to_owned(),
+                            other => panic!("a dimension names a resource: {other:?}"),
+                        };
+                        format!("{}={target}", str_of(&d["Name"]))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut out = BTreeSet::new();
+    for r in t["Resources"].as_mapping().unwrap().values() {
+        if r["Type"].as_str() != Some("AWS::CloudWatch::Alarm") {
+            continue;
+        }
+        let p = &r["Properties"];
+        if let Some(name) = p["MetricName"].as_str() {
+            out.insert((str_of(&p["Namespace"]).to_owned(), name.to_owned(), dims(p)));
+        }
+        for m in p["Metrics"].as_sequence().into_iter().flatten() {
+            let m = &m["MetricStat"]["Metric"];
+            if let Some(name) = m["MetricName"].as_str() {
+                out.insert((str_of(&m["Namespace"]).to_owned(), name.to_owned(), dims(m)));
+            }
+        }
+    }
+    out
+}
+
+/// Issue 26 item 7: the stack has a CloudWatch dashboard showing every alarm, over metrics the
+/// alarms read (the same namespace, name and dimensions) or the functions write as EMF (this
+/// stack's namespace, the dimension set each is written with; pool gauges read with MAX,
+/// counters with SUM), covering demand sizing and rollouts.
+#[test]
+fn the_dashboard_shows_every_alarm_and_names_only_metrics_the_alarms_read_or_the_functions_write() {
+    let t = template();
+    let d = resource(&t, "Dashboard");
+    assert_eq!(d["Type"].as_str(), Some("AWS::CloudWatch::Dashboard"));
+    let name = sub_text(&d["Properties"]["DashboardName"]).expect("DashboardName is a !Sub");
+    assert!(name.contains("${AWS::StackName}"), "one dashboard per stack: {name}");
+    let body = sub_text(&d["Properties"]["DashboardBody"]).expect("DashboardBody is a !Sub");
+
+    // ${AWS::StackName} → stack, ${AWS::Region} → region, ${X} → X, ${X.Attr} → X (each X a
+    // resource of the template).
+    let var = regex::Regex::new(r"\$\{([A-Za-z0-9:]+)(?:\.[A-Za-z]+)?\}").unwrap();
+    let body = var.replace_all(body, |c: &regex::Captures| match &c[1] {
+        "AWS::StackName" => "stack".to_owned(),
+        "AWS::Region" => "region".to_owned(),
+        r => {
+            assert!(!t["Resources"][r].is_null(), "the dashboard names {r}, which is no resource");
+            r.to_owned()
+        }
+    });
+    let body: serde_json::Value = serde_json::from_str(&body).expect("the dashboard body is JSON");
+    let widgets = body["widgets"].as_array().expect("widgets");
+
+    // Every alarm of the template, and nothing else, in the alarm widget.
+    let alarms: BTreeSet<String> = t["Resources"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .filter(|(_, r)| r["Type"].as_str() == Some("AWS::CloudWatch::Alarm"))
+        .map(|(k, _)| str_of(k).to_owned())
+        .collect();
+    let shown: BTreeSet<String> = widgets
+        .iter()
+        .filter(|w| w["type"] == "alarm")
+        .flat_map(|w| w["properties"]["alarms"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(shown, alarms, "the alarm widget lists every alarm of the template");
+
+    let from_alarms = alarm_metrics(&t);
+    let emf_namespace = sub_text(&t["Globals"]["Function"]["Environment"]["Variables"]["POOLMGR_METRICS_NAMESPACE"])
+        .unwrap()
+        .replace("${AWS::StackName}", "stack");
+    // What the functions write: every family of a process and the pool gauges, with its labels
+    // as the EMF dimensions.
+    let metrics = poolmgr_core::metrics::Metrics::new();
+    let mut written: BTreeMap<String, (&str, BTreeSet<String>)> =
+        metrics.families().iter().map(|f| (f.name.clone(), (f.kind, f.labels.iter().cloned().collect()))).collect();
+    for (g, _, _) in poolmgr_core::metrics::POOL_GAUGES {
+        let labels = poolmgr_core::metrics::POOL_LABELS.iter().map(|l| l.to_string()).collect();
+        written.insert(g.to_owned(), ("gauge", labels));
+    }
+    let query = regex::Regex::new(
+        r#"^SELECT (MAX|SUM)\((\w+)\) FROM SCHEMA\("([^"]+)"((?:, \w+)*)\)(?: GROUP BY \w+(?:, \w+)*)?$"#,
+    )
+    .unwrap();
+
+    let mut read = BTreeSet::new();
+    let mut metric_widgets = 0;
+    for w in widgets.iter().filter(|w| w["type"] == "metric") {
+        metric_widgets += 1;
+        let title = w["properties"]["title"].as_str().unwrap_or("?");
+        for m in w["properties"]["metrics"].as_array().expect("metrics") {
+            let m = m.as_array().expect("a metric is an array");
+            if let Some(expr) = m[0]["expression"].as_str() {
+                let c = query.captures(expr).unwrap_or_else(|| panic!("{title}: not a query this test reads: {expr}"));
+                let (stat, metric, ns) = (&c[1], &c[2], &c[3]);
+                assert_eq!(ns, emf_namespace, "{title}: {expr}");
+                let (kind, labels) =
+                    written.get(metric).unwrap_or_else(|| panic!("{title}: the functions never write {metric}"));
+                let dims: BTreeSet<String> =
+                    c[4].split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect();
+                assert_eq!(&dims, labels, "{title}: {metric} is written with the dimensions {labels:?}");
+                let want = if *kind == "counter" { "SUM" } else { "MAX" };
+                assert_eq!(stat, want, "{title}: a {kind} is read with {want}");
+                read.insert(metric.to_owned());
+            } else {
+                let strings: Vec<&str> = m.iter().filter_map(|v| v.as_str()).collect();
+                let (ns, name) = (strings[0], strings[1]);
+                let dims: BTreeSet<String> = strings[2..].chunks(2).map(|kv| format!("{}={}", kv[0], kv[1])).collect();
+                let key = (ns.to_owned(), name.to_owned(), dims);
+                assert!(from_alarms.contains(&key), "{title}: {key:?} is no alarm's metric");
+                read.insert(name.to_owned());
+            }
+        }
+    }
+    assert!(metric_widgets >= 12, "{metric_widgets} metric widgets");
+    for must in [
+        "poolmgr_pool_available",
+        "poolmgr_pool_desired_size",
+        "poolmgr_pool_claims_per_second",
+        "poolmgr_pool_refused_claims_per_second",
+        "poolmgr_pool_rollout_halted",
+        "poolmgr_pool_stale_vms",
+        "poolmgr_vm_claims_total",
+        "poolmgr_flintlock_errors_total",
+        "Errors",
+        "5xx",
+        "CPUUtilization",
+    ] {
+        assert!(read.contains(must), "the dashboard never shows {must}: {read:?}");
+    }
+}
