@@ -30,6 +30,7 @@
 //! [`local::LocalServer`] runs a real `poolmgr-local` process instead of the in-process Router,
 //! for the tests of clients that talk to it over the network (`poolmgrctl`, `poolmgr-client`).
 
+pub mod https;
 pub mod local;
 pub mod tls;
 

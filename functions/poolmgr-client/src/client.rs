@@ -1,18 +1,37 @@
-//! The HTTP layer: [`Client`] (endpoint, token, time-out), one [`Call`] constructor per route
-//! (the one place each route's method, path and query are written), one typed method per
-//! route, and [`Client::send`] for callers that want the answer's bytes as the server sent
-//! them. Single attempts only: retrying is [`crate::claim`]'s and [`crate::keepalive`]'s job.
+//! The HTTP layer: [`Client`] (endpoint, token, time-outs, trusted roots, retry policy), one
+//! [`Call`] constructor per route (the one place each route's method, path and query are
+//! written), one typed method per route, [`Client::send`] for callers that want the answer's
+//! bytes as the server sent them, and [`Pages`] for the paginated lists.
+//!
+//! Retries here are only those of calls that are safe to repeat ([`Call::is_idempotent`]:
+//! GETs, heartbeats, releases), bounded by the [`RetryPolicy`]. Must never repeat another
+//! write: a retried create or update could apply twice; the claim's retrying is
+//! [`crate::claim`]'s, with one `request_id`.
 
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::Stream;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::{Method, Url};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::time::Instant;
 
 use crate::error::{ApiError, Error, Status, TransportKind};
+use crate::retry::RetryPolicy;
 use crate::types::*;
+
+/// The default limit of one request.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default limit of opening a connection (TCP and TLS handshakes): short, so an endpoint
+/// that does not answer fails fast instead of using the whole request time-out.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest page asked for when every page is read (the server's maximum).
+const ALL_PAGES_SIZE: i64 = 1000;
 
 /// A poolmgr endpoint with a token. Cheap to clone (the connection pool is shared).
 #[derive(Clone)]
@@ -21,13 +40,27 @@ pub struct Client {
     base: Url,
     token: Option<String>,
     timeout: Duration,
+    retry: RetryPolicy,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the token.
-        f.debug_struct("Client").field("endpoint", &self.base.as_str()).field("timeout", &self.timeout).finish()
+        f.debug_struct("Client")
+            .field("endpoint", &self.base.as_str())
+            .field("timeout", &self.timeout)
+            .field("retry", &self.retry)
+            .finish()
     }
+}
+
+/// A certificate authority to trust on top of the TLS backend's roots.
+#[derive(Debug, Clone)]
+enum ExtraRoot {
+    /// PEM text given directly (one or more certificates).
+    Pem(Vec<u8>),
+    /// A PEM file, read when the client is built.
+    File(PathBuf),
 }
 
 /// Builds a [`Client`]: `Client::builder(endpoint).token(t).build()`.
@@ -36,7 +69,10 @@ pub struct ClientBuilder {
     endpoint: String,
     token: Option<String>,
     timeout: Duration,
+    connect_timeout: Duration,
     user_agent: String,
+    roots: Vec<ExtraRoot>,
+    retry: RetryPolicy,
 }
 
 impl ClientBuilder {
@@ -46,17 +82,49 @@ impl ClientBuilder {
         self
     }
 
-    /// Limit of one request, connection included (default 30 s). Long-polls add their wait.
+    /// Limit of one request, from connecting to the last byte of the answer (default 30 s).
+    /// Long-polls add their wait. A claim's attempts are also cut at its deadline.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
+    /// Limit of opening a connection, TLS handshake included (default 5 s, and never more
+    /// than [`ClientBuilder::timeout`]).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The `User-Agent` header (default `poolmgr-client/VERSION`).
     pub fn user_agent(mut self, ua: impl Into<String>) -> Self {
         self.user_agent = ua.into();
         self
     }
 
+    /// Trusts the certificate authorities of this PEM file (one or more certificates), on
+    /// top of the TLS backend's roots (the platform's trust store by default): for an
+    /// endpoint whose certificate a private CA signed. Read by [`ClientBuilder::build`].
+    pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.roots.push(ExtraRoot::File(path.into()));
+        self
+    }
+
+    /// As [`ClientBuilder::ca_file`], with the PEM text itself.
+    pub fn add_root_certificate(mut self, pem: impl AsRef<[u8]>) -> Self {
+        self.roots.push(ExtraRoot::Pem(pem.as_ref().to_vec()));
+        self
+    }
+
+    /// How calls that are safe to repeat are retried (default [`RetryPolicy::default`]: 3
+    /// attempts; [`RetryPolicy::none`] for one).
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// The client; fails on an endpoint that is not an http(s) URL, a zero time-out, or a CA
+    /// file that cannot be read or holds no certificate.
     pub fn build(self) -> Result<Client, Error> {
         let endpoint = self.endpoint.trim();
         let base = Url::parse(endpoint)
@@ -66,24 +134,67 @@ impl ClientBuilder {
                 "endpoint {endpoint:?} must be an http:// or https:// URL, e.g. http://127.0.0.1:8080"
             )));
         }
-        if self.timeout.is_zero() {
-            return Err(Error::InvalidInput("the time-out must be more than 0".into()));
+        if self.timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(Error::InvalidInput("the time-outs must be more than 0".into()));
         }
-        let http = reqwest::Client::builder()
+        let b = reqwest::Client::builder()
             .user_agent(self.user_agent)
-            .connect_timeout(self.timeout)
-            .build()
-            .map_err(|e| Error::InvalidInput(format!("cannot build the HTTP client: {}", chain(&e))))?;
-        Ok(Client { http, base, token: self.token, timeout: self.timeout })
+            .connect_timeout(self.connect_timeout.min(self.timeout));
+        let b = add_roots(b, &self.roots)?;
+        let http =
+            b.build().map_err(|e| Error::InvalidInput(format!("cannot build the HTTP client: {}", chain(&e))))?;
+        Ok(Client { http, base, token: self.token, timeout: self.timeout, retry: self.retry })
+    }
+}
+
+/// The PEM text of an extra root and where it came from, for messages.
+fn read_root(root: &ExtraRoot) -> Result<(Vec<u8>, String), Error> {
+    match root {
+        ExtraRoot::Pem(p) => Ok((p.clone(), "the root certificate given".to_owned())),
+        ExtraRoot::File(f) => std::fs::read(f)
+            .map(|p| (p, format!("CA file {}", f.display())))
+            .map_err(|e| Error::InvalidInput(format!("cannot read the CA file {}: {e}", f.display()))),
+    }
+}
+
+#[cfg(any(feature = "rustls-native-roots", feature = "rustls-webpki-roots", feature = "native-tls"))]
+fn add_roots(mut b: reqwest::ClientBuilder, roots: &[ExtraRoot]) -> Result<reqwest::ClientBuilder, Error> {
+    for root in roots {
+        let (pem, what) = read_root(root)?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| Error::InvalidInput(format!("{what} is not PEM certificates: {}", chain(&e))))?;
+        if certs.is_empty() {
+            return Err(Error::InvalidInput(format!("{what} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")));
+        }
+        for c in certs {
+            b = b.add_root_certificate(c);
+        }
+    }
+    Ok(b)
+}
+
+#[cfg(not(any(feature = "rustls-native-roots", feature = "rustls-webpki-roots", feature = "native-tls")))]
+fn add_roots(b: reqwest::ClientBuilder, roots: &[ExtraRoot]) -> Result<reqwest::ClientBuilder, Error> {
+    match roots.first() {
+        Some(r) => Err(Error::InvalidInput(format!(
+            "{} cannot be used: poolmgr-client was built without a TLS feature",
+            read_root(r)?.1
+        ))),
+        None => Ok(b),
     }
 }
 
 /// One request of the contract: method, path segments (each escaped), query, JSON body.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Call {
+    /// The HTTP method.
     pub method: Method,
+    /// The path's segments under the endpoint, unescaped.
     pub path: Vec<String>,
+    /// The query's pairs, unescaped.
     pub query: Vec<(&'static str, String)>,
+    /// The JSON body, if any.
     pub body: Option<serde_json::Value>,
     /// Added to the client's time-out (long-polls).
     pub extra_timeout: Duration,
@@ -107,6 +218,27 @@ impl Call {
     fn query(mut self, key: &'static str, value: impl ToString) -> Call {
         self.query.push((key, value.to_string()));
         self
+    }
+
+    /// The same call with query parameter `key` set to `value` (replacing any it had).
+    pub fn with_query(mut self, key: &'static str, value: impl ToString) -> Call {
+        self.query.retain(|(k, _)| *k != key);
+        self.query(key, value)
+    }
+
+    /// Whether sending this call twice has the effect of sending it once, so a transient
+    /// failure may be retried without a `request_id`: every GET; a heartbeat (it only moves
+    /// `expires_at`); a release (`DELETE /v1/leases/{id}`: a repeat finds the lease gone,
+    /// which [`Client::release`] counts as released after an unanswered attempt). Creates,
+    /// updates, deletes of pools, hosts and VMs, and claims are not.
+    pub fn is_idempotent(&self) -> bool {
+        let p: Vec<&str> = self.path.iter().map(String::as_str).collect();
+        match (&self.method, p.as_slice()) {
+            (m, _) if *m == Method::GET || *m == Method::HEAD => true,
+            (m, ["v1", "leases", _, "heartbeat"]) if *m == Method::POST => true,
+            (m, ["v1", "leases", _]) if *m == Method::DELETE => true,
+            _ => false,
+        }
     }
 
     fn pool_filter(self, pool: Option<&PoolRef>) -> Call {
@@ -290,9 +422,13 @@ impl Call {
 
 /// A success answer: status, headers and the body exactly as received.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Reply {
+    /// The HTTP status (2xx).
     pub status: u16,
+    /// The answer's headers.
     pub headers: HeaderMap,
+    /// The body as received.
     pub body: Bytes,
     /// `METHOD /path`, for messages.
     what: String,
@@ -344,21 +480,37 @@ impl Client {
         Client::builder(endpoint).build()
     }
 
+    /// A builder for a client of `endpoint`: token, time-outs, trusted roots, retries.
     pub fn builder(endpoint: &str) -> ClientBuilder {
         ClientBuilder {
             endpoint: endpoint.to_owned(),
             token: None,
-            timeout: Duration::from_secs(30),
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             user_agent: concat!("poolmgr-client/", env!("CARGO_PKG_VERSION")).to_owned(),
+            roots: Vec::new(),
+            retry: RetryPolicy::default(),
         }
     }
 
+    /// The endpoint, as a URL.
     pub fn endpoint(&self) -> &str {
         self.base.as_str()
     }
 
+    /// Whether a token is sent.
     pub fn has_token(&self) -> bool {
         self.token.is_some()
+    }
+
+    /// The limit of one request (without a long-poll's wait).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// How calls that are safe to repeat are retried.
+    pub fn retry_policy(&self) -> RetryPolicy {
+        self.retry
     }
 
     /// The URL of a call: segments escaped, under the endpoint's own path.
@@ -375,13 +527,63 @@ impl Client {
         url
     }
 
-    /// Sends one request. A 2xx answer is returned as received; anything else is an
-    /// [`Error`]: the contract's error body as [`Error::Api`], no (complete) answer as
-    /// [`Error::Transport`].
+    /// Sends a request. A call that is safe to repeat ([`Call::is_idempotent`]) is retried
+    /// on a transient failure as the client's [`RetryPolicy`] says; any other is sent once.
+    /// A 2xx answer is returned as received; anything else is an [`Error`]: the contract's
+    /// error body as [`Error::Api`], no (complete) answer as [`Error::Transport`].
     pub async fn send(&self, call: Call) -> Result<Reply, Error> {
-        let url = self.url(&call);
+        if call.is_idempotent() { self.send_retrying(&call, None).await.0 } else { self.send_once(call).await }
+    }
+
+    /// Sends a request exactly once, whatever it is.
+    pub async fn send_once(&self, call: Call) -> Result<Reply, Error> {
+        self.attempt(&call, None).await
+    }
+
+    /// The time-out of one attempt of `call`: the client's (plus a long-poll's wait), cut to
+    /// what is left before `until` — but never below [`MIN_ATTEMPT`] (or the client's own
+    /// time-out if that is less), so the last attempt before a deadline can still get a
+    /// fast answer.
+    fn attempt_timeout(&self, call: &Call, until: Option<Instant>) -> Duration {
+        let full = self.timeout + call.extra_timeout;
+        match until {
+            Some(u) => full.min(u.saturating_duration_since(Instant::now()).max(MIN_ATTEMPT.min(full))),
+            None => full,
+        }
+    }
+
+    /// `call` with the client's retries, each attempt's time-out cut at `until` and no retry
+    /// starting after it. Also says whether an earlier attempt failed transiently (for the
+    /// release's "NOT_FOUND after that means released").
+    pub(crate) async fn send_retrying(&self, call: &Call, until: Option<Instant>) -> (Result<Reply, Error>, bool) {
+        let mut retried = false;
+        let mut attempt = 1u32;
+        loop {
+            let err = match self.attempt(call, until).await {
+                Ok(r) => return (Ok(r), retried),
+                Err(e) => e,
+            };
+            let now = Instant::now();
+            let mut delay = self.retry.backoff.delay(attempt, err.retry_after(), &mut rand::rng());
+            if let Some(u) = until {
+                delay = delay.min(u.saturating_duration_since(now));
+            }
+            if !err.is_transient() || attempt >= self.retry.attempts || until.is_some_and(|u| now + delay >= u) {
+                return (Err(err), retried);
+            }
+            // A lost answer may have taken effect; a release's 503 leaves the lease to the
+            // reconciler, which ends it: either way a later NOT_FOUND is that release's doing.
+            retried = true;
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+        }
+    }
+
+    /// One attempt of `call`, its time-out cut at `until`.
+    pub(crate) async fn attempt(&self, call: &Call, until: Option<Instant>) -> Result<Reply, Error> {
+        let url = self.url(call);
         let what = format!("{} {}", call.method, url.path());
-        let timeout = self.timeout + call.extra_timeout;
+        let timeout = self.attempt_timeout(call, until);
         let mut b = self.http.request(call.method.clone(), url).timeout(timeout);
         if let Some(t) = &self.token {
             b = b.bearer_auth(t);
@@ -390,20 +592,16 @@ impl Client {
             b = b.json(body);
         }
         let transport = |e: reqwest::Error, sent: bool| -> Error {
-            if e.is_timeout() {
-                Error::Transport {
-                    kind: TransportKind::Timeout,
-                    message: format!("no answer from {} within {:.1}s ({what})", self.base, timeout.as_secs_f64()),
-                }
+            let (kind, message) = if e.is_timeout() {
+                let m = format!("no answer from {} within {:.1}s ({what})", self.base, timeout.as_secs_f64());
+                (TransportKind::Timeout, m)
             } else if e.is_connect() {
-                Error::Transport {
-                    kind: TransportKind::Connect,
-                    message: format!("cannot connect to {}: {}", self.base, root_cause(&e)),
-                }
+                (TransportKind::Connect, format!("cannot connect to {}: {}", self.base, root_cause(&e)))
             } else {
                 let how = if sent { "the answer was cut off" } else { "failed" };
-                Error::Transport { kind: TransportKind::Interrupted, message: format!("{what} {how}: {}", chain(&e)) }
-            }
+                (TransportKind::Interrupted, format!("{what} {how}: {}", chain(&e)))
+            };
+            Error::transport(kind, message, Some(Box::new(e)))
         };
         let resp = b.send().await.map_err(|e| transport(e, false))?;
         let status = resp.status().as_u16();
@@ -454,21 +652,34 @@ impl Client {
     /// retries safe.
     pub async fn claim_once(&self, req: &ClaimRequest) -> Result<ClaimResponse, Error> {
         check_request_id(req.request_id.as_deref())?;
-        self.call(Call::claim(req)).await
+        self.send_once(Call::claim(req)).await?.json()
     }
 
+    /// The lease (404 once it ended, or for another principal's lease).
     pub async fn get_lease(&self, lease_id: &str) -> Result<Lease, Error> {
         self.call(Call::get_lease(lease_id)).await
     }
 
     /// Extends the lease: `expires_at` becomes now + the pool's `heartbeat_expiry_seconds`.
+    /// Retried on transient failures (a heartbeat is safe to repeat).
     pub async fn heartbeat(&self, lease_id: &str) -> Result<Lease, Error> {
         Ok(self.call::<HeartbeatResponse>(Call::heartbeat(lease_id)).await?.lease)
     }
 
-    /// Releases the lease; its VM is deleted.
+    /// Releases the lease; its VM is deleted. Retried on transient failures as the client's
+    /// [`RetryPolicy`] says; NOT_FOUND after an attempt whose answer was lost (or a 503)
+    /// means that attempt released it, and counts as done.
     pub async fn release(&self, lease_id: &str) -> Result<(), Error> {
-        self.call_empty(Call::release(lease_id)).await
+        self.release_until(lease_id, None).await
+    }
+
+    /// As [`Client::release`], retrying until `until` (and within the retry policy).
+    pub(crate) async fn release_until(&self, lease_id: &str, until: Option<Instant>) -> Result<(), Error> {
+        match self.send_retrying(&Call::release(lease_id), until).await {
+            (Ok(_), _) => Ok(()),
+            (Err(e), true) if e.status() == Some(&Status::NotFound) => Ok(()),
+            (Err(e), _) => Err(e),
+        }
     }
 
     /// One page of leases.
@@ -476,56 +687,55 @@ impl Client {
         self.call(Call::list_leases(q)).await
     }
 
+    /// Every lease `q` selects (its `page_token` is the starting point), following the pages.
+    pub async fn list_leases_all(&self, q: &LeaseQuery) -> Result<Vec<Lease>, Error> {
+        self.pages::<LeaseList>(Call::list_leases(q)).all().await
+    }
+
+    /// Every lease `q` selects, as a stream that asks for the next page when it needs it.
+    pub fn leases(&self, q: &LeaseQuery) -> impl Stream<Item = Result<Lease, Error>> + Send + 'static {
+        self.pages::<LeaseList>(Call::list_leases(q)).into_stream()
+    }
+
+    /// Creates a pool (the spec is checked first: [`PoolSpec::validate`]).
     pub async fn create_pool(&self, spec: &PoolSpec) -> Result<Pool, Error> {
-        spec.validate().map_err(Error::InvalidInput)?;
+        spec.validate()?;
         self.call(Call::create_pool(spec)).await
     }
 
+    /// Replaces the spec of the pool the spec names.
     pub async fn update_pool(&self, spec: &PoolSpec) -> Result<Pool, Error> {
-        spec.validate().map_err(Error::InvalidInput)?;
+        spec.validate()?;
         self.call(Call::update_pool(spec)).await
     }
 
+    /// One pool, with its status.
     pub async fn get_pool(&self, p: &PoolRef) -> Result<Pool, Error> {
         self.call(Call::get_pool(p)).await
     }
 
     /// Every pool (optionally one namespace's), following the pages.
     pub async fn list_pools(&self, namespace: Option<&str>) -> Result<Vec<Pool>, Error> {
-        self.all_pages(|| Call::list_pools(namespace), |l: PoolList| (l.pools, l.next_page_token)).await
+        self.pages::<PoolList>(Call::list_pools(namespace)).all().await
     }
 
-    /// Every item of a paginated list: pages of the largest size, each asked with the token the
-    /// last one gave, until one gives none. A server that repeats a token is an error rather
-    /// than a loop.
-    async fn all_pages<L: DeserializeOwned, T>(
-        &self,
-        call: impl Fn() -> Call,
-        split: impl Fn(L) -> (Vec<T>, String),
-    ) -> Result<Vec<T>, Error> {
-        let mut all = Vec::new();
-        let mut token = String::new();
-        loop {
-            let mut c = call().query("page_size", 1000);
-            if !token.is_empty() {
-                c = c.query("page_token", &token);
-            }
-            let (items, next) = split(self.call::<L>(c).await?);
-            all.extend(items);
-            if next.is_empty() {
-                return Ok(all);
-            }
-            if next == token {
-                return Err(Error::Decode(format!("the server repeated page token {next:?}: its list never ends")));
-            }
-            token = next;
-        }
+    /// Every pool (optionally one namespace's), as a stream of pages read when needed.
+    pub fn pools(&self, namespace: Option<&str>) -> impl Stream<Item = Result<Pool, Error>> + Send + 'static {
+        self.pages::<PoolList>(Call::list_pools(namespace)).into_stream()
+    }
+
+    /// The pages of a paginated list `call` (one of [`Call::list_leases`],
+    /// [`Call::list_pools`], [`Call::list_vms`], [`Call::list_hosts`]), read one at a time.
+    /// `P` is the page's type: [`LeaseList`], [`PoolList`], [`VmList`], [`HostList`], or a
+    /// caller's own ([`Page`]).
+    pub fn pages<P: Page>(&self, call: Call) -> Pages<P> {
+        Pages { client: self.clone(), call, token: None, done: false, _page: PhantomData }
     }
 
     /// Announces `req.claims` claims within `req.within_seconds`: the pool pre-warms for them
     /// (up to its autoscaling ceiling; without autoscaling it only refills faster).
     pub async fn expect(&self, p: &PoolRef, req: &ExpectRequest) -> Result<Expected, Error> {
-        req.validate().map_err(Error::InvalidInput)?;
+        req.validate()?;
         self.call(Call::expect(p, req)).await
     }
 
@@ -534,10 +744,17 @@ impl Client {
         self.call_empty(Call::delete_pool(p, force)).await
     }
 
+    /// Every VM `q` selects, following the pages.
     pub async fn list_vms(&self, q: &VmQuery) -> Result<Vec<Vm>, Error> {
-        self.all_pages(|| Call::list_vms(q), |l: VmList| (l.vms, l.next_page_token)).await
+        self.pages::<VmList>(Call::list_vms(q)).all().await
     }
 
+    /// Every VM `q` selects, as a stream of pages read when needed.
+    pub fn vms(&self, q: &VmQuery) -> impl Stream<Item = Result<Vm, Error>> + Send + 'static {
+        self.pages::<VmList>(Call::list_vms(q)).into_stream()
+    }
+
+    /// One VM.
     pub async fn get_vm(&self, id: &str) -> Result<Vm, Error> {
         self.call(Call::get_vm(id)).await
     }
@@ -547,41 +764,162 @@ impl Client {
         self.call_empty(Call::delete_vm(id)).await
     }
 
+    /// Registers a flintlock host.
     pub async fn create_host(&self, spec: &HostSpec) -> Result<Host, Error> {
         self.call(Call::create_host(spec)).await
     }
 
+    /// Replaces a host's address, TLS settings and credentials.
     pub async fn update_host(&self, spec: &HostSpec) -> Result<Host, Error> {
         self.call(Call::update_host(spec)).await
     }
 
+    /// One host.
     pub async fn get_host(&self, name: &str) -> Result<Host, Error> {
         self.call(Call::get_host(name)).await
     }
 
+    /// Every host, following the pages.
     pub async fn list_hosts(&self) -> Result<Vec<Host>, Error> {
-        self.all_pages(Call::list_hosts, |l: HostList| (l.hosts, l.next_page_token)).await
+        self.pages::<HostList>(Call::list_hosts()).all().await
     }
 
+    /// Every host, as a stream of pages read when needed.
+    pub fn hosts(&self) -> impl Stream<Item = Result<Host, Error>> + Send + 'static {
+        self.pages::<HostList>(Call::list_hosts()).into_stream()
+    }
+
+    /// Unregisters a host (refused while a pool names it or it has VMs).
     pub async fn delete_host(&self, name: &str) -> Result<(), Error> {
         self.call_empty(Call::delete_host(name)).await
     }
 
+    /// Stops new placements on a host.
     pub async fn cordon_host(&self, name: &str, reason: Option<&str>) -> Result<Host, Error> {
         self.call(Call::cordon_host(name, reason)).await
     }
 
+    /// Allows new placements on a host again.
     pub async fn uncordon_host(&self, name: &str) -> Result<Host, Error> {
         self.call(Call::uncordon_host(name)).await
     }
 
-    /// Events after `q.after`; with `wait_seconds` the server long-polls for new ones.
+    /// Events after `q.after`; with `wait_seconds` the server long-polls for new ones. One
+    /// request: [`Client::event_feed`] follows the cursor.
     pub async fn events(&self, q: &EventQuery) -> Result<EventList, Error> {
         self.call(Call::events(q)).await
     }
 
+    /// `GET /healthz`: the server and its database answer.
     pub async fn health(&self) -> Result<Health, Error> {
         self.call(Call::health()).await
+    }
+}
+
+/// The shortest time-out an attempt gets when a deadline is nearly spent.
+pub(crate) const MIN_ATTEMPT: Duration = Duration::from_secs(1);
+
+/// One page of a paginated list: its items and the token of the next page.
+pub trait Page: DeserializeOwned + Send + 'static {
+    /// What the page lists.
+    type Item: Send + 'static;
+    /// The token to ask for the next page with; empty on the last page.
+    fn next_page_token(&self) -> &str;
+    /// The page's items.
+    fn into_items(self) -> Vec<Self::Item>;
+}
+
+macro_rules! page {
+    ($list:ty, $item:ty, $field:ident) => {
+        impl Page for $list {
+            type Item = $item;
+            fn next_page_token(&self) -> &str {
+                &self.next_page_token
+            }
+            fn into_items(self) -> Vec<$item> {
+                self.$field
+            }
+        }
+    };
+}
+page!(LeaseList, Lease, leases);
+page!(PoolList, Pool, pools);
+page!(VmList, Vm, vms);
+page!(HostList, Host, hosts);
+
+/// The pages of one list, read in order ([`Client::pages`]). Each page is asked with the
+/// token the previous one gave; a server that repeats a token is an error rather than a
+/// loop. Cancel-safe: dropping [`Pages::next_page`]'s future loses nothing, the next call
+/// asks for the same page again.
+#[derive(Debug)]
+pub struct Pages<P> {
+    client: Client,
+    call: Call,
+    /// The token of the page to read next (`None`: the call's own, the first).
+    token: Option<String>,
+    done: bool,
+    _page: PhantomData<fn() -> P>,
+}
+
+impl<P: Page> Pages<P> {
+    /// The next page, or `None` after the last.
+    pub async fn next_page(&mut self) -> Result<Option<P>, Error> {
+        if self.done {
+            return Ok(None);
+        }
+        let call = match &self.token {
+            Some(t) => self.call.clone().with_query("page_token", t),
+            None => self.call.clone(),
+        };
+        let asked = call.query.iter().find(|(k, _)| *k == "page_token").map(|(_, v)| v.clone());
+        let page: P = self.client.send(call).await?.json()?;
+        let next = page.next_page_token();
+        if next.is_empty() {
+            self.done = true;
+        } else if asked.as_deref() == Some(next) {
+            return Err(Error::Decode(format!("the server repeated page token {next:?}: its list never ends")));
+        } else {
+            self.token = Some(next.to_owned());
+        }
+        Ok(Some(page))
+    }
+
+    /// Every remaining item, in pages of the largest size unless the call chose one.
+    pub async fn all(mut self) -> Result<Vec<P::Item>, Error> {
+        self.largest_pages();
+        let mut all = Vec::new();
+        while let Some(p) = self.next_page().await? {
+            all.extend(p.into_items());
+        }
+        Ok(all)
+    }
+
+    /// The remaining items as a stream (pages of the largest size unless the call chose one,
+    /// each read when the items before it are used up). It ends after the first error.
+    pub fn into_stream(mut self) -> impl Stream<Item = Result<P::Item, Error>> + Send + 'static {
+        self.largest_pages();
+        let state = (self, VecDeque::<P::Item>::new(), false);
+        futures_util::stream::unfold(state, |(mut pages, mut buf, failed)| async move {
+            loop {
+                if failed {
+                    return None;
+                }
+                if let Some(item) = buf.pop_front() {
+                    return Some((Ok(item), (pages, buf, false)));
+                }
+                match pages.next_page().await {
+                    Ok(Some(p)) => buf.extend(p.into_items()),
+                    Ok(None) => return None,
+                    Err(e) => return Some((Err(e), (pages, buf, true))),
+                }
+            }
+        })
+    }
+
+    fn largest_pages(&mut self) {
+        if !self.call.query.iter().any(|(k, _)| *k == "page_size") {
+            self.call = self.call.clone().with_query("page_size", ALL_PAGES_SIZE);
+        }
     }
 }
 

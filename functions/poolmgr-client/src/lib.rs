@@ -4,42 +4,69 @@
 //! Retries are safe by default: [`Client::claim`] picks one `request_id` per logical claim
 //! and retries connection failures, time-outs, 503, 409 ABORTED and 429 (honouring
 //! `Retry-After`) with that same id, so an answer lost on the way back can never cost a
-//! second VM. [`Client::keep_alive`] heartbeats the lease in the background until the
-//! returned guard is released or dropped.
+//! second VM. Calls that are safe to repeat (GETs, heartbeats, releases) are retried a few
+//! times on transient failures ([`RetryPolicy`]); other writes never are.
+//! [`Client::run_leased`] runs a job under a lease: claim, heartbeats, release whatever
+//! happens.
 //!
 //! ```no_run
-//! use std::time::Duration;
-//! use poolmgr_client::{Client, PoolRef};
+//! use poolmgr_client::{ClaimOptions, Client, PoolRef};
 //!
 //! # async fn run() -> Result<(), poolmgr_client::Error> {
-//! let client = Client::builder("http://127.0.0.1:8080").token(std::env::var("POOLMGR_TOKEN").unwrap_or_default()).build()?;
-//! let claim = client.claim(&PoolRef::new("default", "ci").unwrap()).await?;   // retried safely
-//! println!("VM {} on {}", claim.vm.id, claim.vm.flintlock_host.address);
-//! let lease = client.keep_alive(&claim.lease);                                // heartbeats until released
-//! // ... run the job on the VM ...
-//! lease.release(Duration::from_secs(30)).await?;                              // the VM is deleted
+//! let client = Client::builder("https://poolmgr.example.com")
+//!     .token(std::env::var("POOLMGR_TOKEN").unwrap_or_default())
+//!     .ca_file("/etc/poolmgr/ca.pem")      // a private CA, on top of the platform's roots
+//!     .build()?;
+//! let pool = PoolRef::parse("default/ci")?;
+//! let run = client
+//!     .run_leased(&pool, &ClaimOptions::default(), |lease| async move {
+//!         // ... run the job on lease.vm() ...
+//!         lease.vm().id.clone()
+//!     })
+//!     .await?;                                // the lease is released by now
+//! println!("ran on {}", run.output);
 //! # Ok(()) }
 //! ```
 //!
 //! Never depends on poolmgr's server crates: only HTTP, JSON and Tokio.
 //!
+//! # TLS
+//!
+//! Cargo features pick the TLS backend: `rustls-native-roots` (default: rustls trusting the
+//! platform's trust store, e.g. `/etc/ssl/certs`, or `SSL_CERT_FILE`), `rustls-webpki-roots`
+//! (Mozilla's roots compiled in; with the first, both sets), `native-tls` (the platform's TLS
+//! library). [`ClientBuilder::ca_file`] and [`ClientBuilder::add_root_certificate`] add a
+//! private CA on top of any of them.
+//!
 //! # Layout
 //!
 //! - [`client`]: [`Client`] and its builder, [`Call`] (one constructor per route: method,
-//!   path, query, body), one typed method per route, and [`Client::send`] for the raw answer.
-//! - [`claim`]: [`Client::claim`] / [`Client::claim_with`], [`ClaimOptions`], [`Backoff`].
-//! - [`keepalive`]: [`Client::keep_alive`] and [`LeaseGuard`].
+//!   path, query, body), one typed method per route, [`Client::send`] for the raw answer,
+//!   [`Pages`] for the paginated lists.
+//! - [`claim`]: [`Client::claim`] / [`Client::claim_with`], [`ClaimOptions`].
+//! - [`retry`]: [`Backoff`] and [`RetryPolicy`].
+//! - [`keepalive`]: [`Client::keep_alive`], [`LeaseGuard`] and [`LeaseWatch`].
+//! - [`run`]: a job under a lease, [`Client::run_leased`].
+//! - [`events`]: [`Client::event_feed`], [`EventFeed`].
 //! - [`types`]: the contract's JSON objects, tolerant of fields a newer server adds.
-//! - [`error`]: [`Error`], with the contract's [`Status`] values.
+//! - [`error`]: [`Error`], with the contract's [`Status`] values, and [`ValidationError`].
+
+#![warn(missing_docs)]
 
 pub mod claim;
 pub mod client;
 pub mod error;
+pub mod events;
 pub mod keepalive;
+pub mod retry;
+pub mod run;
 pub mod types;
 
-pub use claim::{Backoff, ClaimOptions, Claimed, OnRetry, RetryNotice};
-pub use client::{Call, Client, ClientBuilder, Reply};
-pub use error::{ApiError, Error, Status, TransportKind};
-pub use keepalive::{LeaseGuard, LeaseState};
+pub use claim::{ClaimOptions, Claimed, OnRetry, RetryNotice};
+pub use client::{Call, Client, ClientBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, Page, Pages, Reply};
+pub use error::{ApiError, Error, REASON_HOOK_FAILED, Status, TransportKind, TransportSource, ValidationError};
+pub use events::EventFeed;
+pub use keepalive::{LeaseGuard, LeaseState, LeaseWatch, RELEASE_DEADLINE};
+pub use retry::{Backoff, RetryPolicy};
+pub use run::{ActiveLease, LeasedRun};
 pub use types::*;

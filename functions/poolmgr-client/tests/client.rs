@@ -30,22 +30,17 @@ fn client_a(endpoint: &str) -> Client {
 }
 
 fn spec(name: &str, size: i32) -> PoolSpec {
-    PoolSpec {
-        namespace: Some("default".into()),
-        name: name.into(),
-        size,
-        flintlock_hosts: vec!["sim".into()],
-        replenishment: Replenishment { strategy: Strategy::ReplaceOnDelete, min_size: None },
-        microvm_template: poolmgr_tests::template(),
-        create_commands: vec![],
-        pre_lease_commands: vec![],
-        hook_failure_policy: None,
-        heartbeat_interval_seconds: None,
-        heartbeat_expiry_seconds: None,
-        max_lease_seconds: None,
-        autoscaling: None,
-        rollout: None,
-    }
+    let mut s =
+        PoolSpec::new("default", name, size, Replenishment::new(Strategy::ReplaceOnDelete), poolmgr_tests::template());
+    s.flintlock_hosts = vec!["sim".into()];
+    s
+}
+
+/// `spec("x", 1)` changed by `f`.
+fn spec_with(f: impl FnOnce(&mut PoolSpec)) -> PoolSpec {
+    let mut s = spec("x", 1);
+    f(&mut s);
+    s
 }
 
 fn pool(name: &str) -> PoolRef {
@@ -53,13 +48,7 @@ fn pool(name: &str) -> PoolRef {
 }
 
 async fn register_sim(s: &LocalServer) -> Host {
-    let host = HostSpec {
-        name: "sim".into(),
-        address: s.sim_server.addr.to_string(),
-        tls: HostTls { insecure: true, ..Default::default() },
-        basic_auth_token: None,
-        exec: None,
-    };
+    let host = HostSpec::new("sim", &s.sim_server.addr.to_string(), HostTls::insecure());
     admin(s).create_host(&host).await.unwrap()
 }
 
@@ -218,12 +207,9 @@ async fn a_claim_whose_answer_is_lost_is_retried_with_the_same_id_and_costs_one_
     let proxy = Proxy::start(&s.endpoint, 1).await;
     let retries = Arc::new(Mutex::new(Vec::new()));
     let seen = retries.clone();
-    let opts = ClaimOptions {
-        on_retry: Some(Arc::new(move |n: &RetryNotice<'_>| {
-            seen.lock().unwrap().push((n.attempt, n.request_id.to_owned(), n.error.to_string()))
-        })),
-        ..ClaimOptions::default()
-    };
+    let opts = ClaimOptions::default().with_on_retry(move |n: &RetryNotice<'_>| {
+        seen.lock().unwrap().push((n.attempt, n.request_id.to_owned(), n.error.to_string()))
+    });
     let got = client_a(&proxy.endpoint()).claim_with(&pool("ci"), &opts).await.unwrap();
 
     // The server committed the first attempt; its answer never arrived.
@@ -262,14 +248,14 @@ async fn poolmgr_locals_fault_point_loses_claim_answers_after_commit_and_the_cli
     let c = client_a(&s.endpoint);
 
     // One attempt only: the answer is lost, yet the lease exists.
-    let once = c.claim_once(&ClaimRequest { pool: pool("ci"), request_id: Some("r-once".into()) }).await;
+    let once = c.claim_once(&ClaimRequest::new(pool("ci"), Some("r-once".into()))).await;
     match &once {
         Err(e @ Error::Transport { kind: TransportKind::Interrupted, .. }) => assert!(e.outcome_unknown()),
         other => panic!("the answer should have been lost: {other:?}"),
     }
     assert_eq!(lease_count(&s).await, 1);
     // Its retry with the same id is a replay, whose answer is never lost.
-    let again = c.claim_once(&ClaimRequest { pool: pool("ci"), request_id: Some("r-once".into()) }).await.unwrap();
+    let again = c.claim_once(&ClaimRequest::new(pool("ci"), Some("r-once".into()))).await.unwrap();
     assert!(again.replayed);
 
     // The client's claim: first answer lost, the retry replays it.
@@ -299,13 +285,9 @@ async fn every_route_reads_the_servers_objects_exactly() {
     assert_eq!((sim.name.as_str(), sim.exec, sim.tls.insecure), ("sim", HostExec::Auto, true));
     exact::<Host>(&a.send(Call::get_host("sim")).await.unwrap());
     exact::<HostList>(&a.send(Call::list_hosts()).await.unwrap());
-    let spare = HostSpec {
-        name: "spare".into(),
-        address: "127.0.0.1:9".into(),
-        tls: HostTls { insecure: true, ..Default::default() },
-        basic_auth_token: Some("s3cret".into()),
-        exec: Some(HostExec::Disabled),
-    };
+    let mut spare = HostSpec::new("spare", "127.0.0.1:9", HostTls::insecure());
+    spare.basic_auth_token = Some("s3cret".into());
+    spare.exec = Some(HostExec::Disabled);
     let h = a.create_host(&spare).await.unwrap();
     assert_eq!((h.exec, h.basic_auth_token), (HostExec::Disabled, None));
     api_error(a.create_host(&spare).await, 409, Status::AlreadyExists);
@@ -313,7 +295,9 @@ async fn every_route_reads_the_servers_objects_exactly() {
     assert_eq!((h.cordoned, h.cordoned_reason.as_deref()), (true, Some("disk")));
     assert!(h.cordoned_at.is_some());
     assert!(!a.uncordon_host("spare").await.unwrap().cordoned);
-    let h = a.update_host(&HostSpec { address: "127.0.0.1:10".into(), exec: None, ..spare.clone() }).await.unwrap();
+    let mut moved = spare.clone();
+    (moved.address, moved.exec) = ("127.0.0.1:10".into(), None);
+    let h = a.update_host(&moved).await.unwrap();
     assert_eq!((h.address.as_str(), h.exec), ("127.0.0.1:10", HostExec::Auto));
     a.delete_host("spare").await.unwrap();
     api_error(a.get_host("spare").await, 404, Status::NotFound);
@@ -336,7 +320,7 @@ async fn every_route_reads_the_servers_objects_exactly() {
 
     // Claims and leases (a client token).
     let c = client_a(&s.endpoint);
-    let req = ClaimRequest { pool: pool("ci"), request_id: Some("r-1".into()) };
+    let req = ClaimRequest::new(pool("ci"), Some("r-1".into()));
     let first = exact::<ClaimResponse>(&c.send(Call::claim(&req)).await.unwrap());
     assert!(!first.replayed);
     let replay = c.send(Call::claim(&req)).await.unwrap();
@@ -348,13 +332,11 @@ async fn every_route_reads_the_servers_objects_exactly() {
     assert_eq!(lease, first.lease);
     let hb = exact::<HeartbeatResponse>(&c.send(Call::heartbeat(&lease.lease_id)).await.unwrap());
     assert!(hb.lease.expires_at >= lease.expires_at);
-    let page = exact::<LeaseList>(
-        &c.send(Call::list_leases(&LeaseQuery { page_size: Some(1), ..Default::default() })).await.unwrap(),
-    );
+    let page = exact::<LeaseList>(&c.send(Call::list_leases(&LeaseQuery::default().with_page_size(1))).await.unwrap());
     assert_eq!(page.leases.len(), 1);
     assert!(!page.next_page_token.is_empty());
     let rest = c
-        .list_leases(&LeaseQuery { page_size: Some(1), page_token: Some(page.next_page_token), pool: Some(pool("ci")) })
+        .list_leases(&LeaseQuery::pool(Some(pool("ci"))).with_page_size(1).with_page_token(page.next_page_token))
         .await
         .unwrap();
     assert_eq!(rest.leases.len(), 1);
@@ -375,7 +357,7 @@ async fn every_route_reads_the_servers_objects_exactly() {
     // VMs.
     let vms = exact::<VmList>(&a.send(Call::list_vms(&VmQuery::pool(&pool("ci")))).await.unwrap());
     assert_eq!(vms.vms.len(), 3);
-    let leased = a.list_vms(&VmQuery { phase: Some(Phase::Leased), ..Default::default() }).await.unwrap();
+    let leased = a.list_vms(&VmQuery::default().with_phase(Phase::Leased)).await.unwrap();
     assert_eq!(leased.len(), 2);
     let vm = exact::<Vm>(&a.send(Call::get_vm(&first.vm.id)).await.unwrap());
     assert_eq!((vm.phase, vm.lease_id.as_deref()), (Phase::Leased, Some(first.lease.lease_id.as_str())));
@@ -384,9 +366,9 @@ async fn every_route_reads_the_servers_objects_exactly() {
 
     // The last VM, without a request id; the pool is empty then: 429 with Retry-After, at
     // once when not waiting for a VM.
-    let last = c.claim_once(&ClaimRequest { pool: pool("ci"), request_id: None }).await.unwrap();
+    let last = c.claim_once(&ClaimRequest::new(pool("ci"), None)).await.unwrap();
     assert_eq!(last.lease.request_id, None);
-    let no_wait = ClaimOptions { wait_for_vm: false, ..ClaimOptions::default() };
+    let no_wait = ClaimOptions::default().with_wait_for_vm(false);
     let e = api_error(c.claim_with(&pool("ci"), &no_wait).await, 429, Status::ResourceExhausted);
     assert_eq!(e.retry_after, Some(Duration::from_secs(1)));
     assert_eq!(e.reason.as_deref(), Some("POOL_EXHAUSTED"));
@@ -396,11 +378,11 @@ async fn every_route_reads_the_servers_objects_exactly() {
     c.release(&first.lease.lease_id).await.unwrap();
     api_error(c.release(&first.lease.lease_id).await, 404, Status::NotFound);
     api_error(c.heartbeat(&first.lease.lease_id).await, 404, Status::NotFound);
-    let q = EventQuery { after: 0, pool: Some(pool("ci")), limit: Some(1000), wait_seconds: None };
+    let q = EventQuery::after(0).with_pool(Some(pool("ci"))).with_limit(1000);
     let events = exact::<EventList>(&a.send(Call::events(&q)).await.unwrap());
     assert!(events.events.iter().any(|e| e.kind == "VM_CLAIMED" && e.lease_id == Some(first.lease.lease_id.clone())));
     // A long-poll from the end returns when the next event commits.
-    let q = EventQuery { after: events.next_after, pool: Some(pool("ci")), limit: Some(10), wait_seconds: Some(20) };
+    let q = EventQuery::after(events.next_after).with_pool(Some(pool("ci"))).with_limit(10).with_wait_seconds(Some(20));
     let poll = tokio::spawn({
         let a = a.clone();
         async move { a.events(&q).await }
@@ -422,46 +404,31 @@ async fn the_specs_refused_locally_are_the_ones_the_server_refuses() {
     register_sim(&s).await;
     let a = admin(&s);
     let bad: Vec<(&str, PoolSpec)> = vec![
-        ("name", PoolSpec { name: "CI".into(), ..spec("x", 1) }),
-        ("namespace", PoolSpec { namespace: Some("a_b".into()), ..spec("x", 1) }),
-        ("size", PoolSpec { size: -1, ..spec("x", 1) }),
-        ("size", PoolSpec { size: MAX_POOL_SIZE + 1, ..spec("x", 1) }),
-        ("flintlock_hosts", PoolSpec { flintlock_hosts: vec!["Sim".into()], ..spec("x", 1) }),
-        (
-            "min_size",
-            PoolSpec {
-                replenishment: Replenishment { strategy: Strategy::MinSizeThreshold, min_size: None },
-                ..spec("x", 1)
-            },
-        ),
-        (
-            "min_size",
-            PoolSpec {
-                replenishment: Replenishment { strategy: Strategy::MinSizeThreshold, min_size: Some(2) },
-                ..spec("x", 1)
-            },
-        ),
-        ("heartbeat_interval_seconds", PoolSpec { heartbeat_interval_seconds: Some(0), ..spec("x", 1) }),
+        ("name", spec_with(|s| s.name = "CI".into())),
+        ("namespace", spec_with(|s| s.namespace = Some("a_b".into()))),
+        ("size", spec_with(|s| s.size = -1)),
+        ("size", spec_with(|s| s.size = MAX_POOL_SIZE + 1)),
+        ("flintlock_hosts", spec_with(|s| s.flintlock_hosts = vec!["Sim".into()])),
+        ("min_size", spec_with(|s| s.replenishment = Replenishment::new(Strategy::MinSizeThreshold))),
+        ("min_size", spec_with(|s| s.replenishment = Replenishment::min_size_threshold(2))),
+        ("heartbeat_interval_seconds", spec_with(|s| s.heartbeat_interval_seconds = Some(0))),
         (
             "heartbeat_expiry_seconds",
-            PoolSpec { heartbeat_interval_seconds: Some(60), heartbeat_expiry_seconds: Some(30), ..spec("x", 1) },
+            spec_with(|s| (s.heartbeat_interval_seconds, s.heartbeat_expiry_seconds) = (Some(60), Some(30))),
         ),
-        ("microvm_template", PoolSpec { microvm_template: json!("kernel"), ..spec("x", 1) }),
+        ("microvm_template", spec_with(|s| s.microvm_template = json!("kernel"))),
     ];
     for (field, spec) in bad {
         let local = spec.validate().expect_err(field);
-        assert!(local.contains(field), "{field}: {local}");
+        assert!(local.message().contains(field), "{field}: {local}");
         assert!(matches!(a.create_pool(&spec).await, Err(Error::InvalidInput(_))), "{field}: sent anyway");
         // Sent without the local check, the server refuses it too.
         api_error(a.send(Call::create_pool(&spec)).await, 400, Status::InvalidArgument);
     }
     // And what passes locally, the server takes.
-    let ok = PoolSpec {
-        replenishment: Replenishment { strategy: Strategy::MinSizeThreshold, min_size: Some(1) },
-        heartbeat_interval_seconds: Some(5),
-        heartbeat_expiry_seconds: Some(5),
-        ..spec("fine", 1)
-    };
+    let mut ok = spec("fine", 1);
+    ok.replenishment = Replenishment::min_size_threshold(1);
+    (ok.heartbeat_interval_seconds, ok.heartbeat_expiry_seconds) = (Some(5), Some(5));
     ok.validate().unwrap();
     a.create_pool(&ok).await.unwrap();
     // The name rules are the server's own.
@@ -487,13 +454,11 @@ async fn a_claim_waits_for_an_empty_pool_until_its_deadline_with_one_request_id(
     let c = client_a(&s.endpoint);
     let ids = Arc::new(Mutex::new(Vec::new()));
     let seen = ids.clone();
-    let opts = ClaimOptions {
-        request_id: Some("job-7".into()),
-        deadline: Duration::from_millis(1500),
-        backoff: Backoff { first: Duration::from_millis(50), max: Duration::from_millis(200) },
-        on_retry: Some(Arc::new(move |n: &RetryNotice<'_>| seen.lock().unwrap().push(n.request_id.to_owned()))),
-        ..ClaimOptions::default()
-    };
+    let opts = ClaimOptions::default()
+        .with_request_id("job-7")
+        .with_deadline(Duration::from_millis(1500))
+        .with_backoff(Backoff { first: Duration::from_millis(50), max: Duration::from_millis(200) })
+        .with_on_retry(move |n: &RetryNotice<'_>| seen.lock().unwrap().push(n.request_id.to_owned()));
     let started = Instant::now();
     api_error(c.claim_with(&pool("ci"), &opts).await, 429, Status::ResourceExhausted);
     assert!(started.elapsed() >= Duration::from_millis(1500), "gave up early: {:?}", started.elapsed());
@@ -504,7 +469,7 @@ async fn a_claim_waits_for_an_empty_pool_until_its_deadline_with_one_request_id(
     // The pool fills while the claim waits: it gets a VM.
     let waiting = tokio::spawn({
         let c = c.clone();
-        let opts = ClaimOptions { deadline: Duration::from_secs(60), ..opts.clone() };
+        let opts = opts.clone().with_deadline(Duration::from_secs(60));
         async move { c.claim_with(&pool("ci"), &opts).await }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -520,16 +485,16 @@ async fn a_claim_waits_for_an_empty_pool_until_its_deadline_with_one_request_id(
         format!("http://{}", l.local_addr().unwrap())
     };
     let started = Instant::now();
-    let opts = ClaimOptions { deadline: Duration::from_millis(800), ..opts };
+    let opts = opts.with_deadline(Duration::from_millis(800));
     match client_a(&closed).claim_with(&pool("ci"), &opts).await {
-        Err(Error::Transport { kind: TransportKind::Connect, message }) => {
+        Err(Error::Transport { kind: TransportKind::Connect, message, .. }) => {
             assert!(message.contains("cannot connect to"), "{message}")
         }
         other => panic!("{other:?}"),
     }
     assert!(started.elapsed() >= Duration::from_millis(800));
     // Bad input is refused before anything is sent.
-    let long = ClaimOptions { request_id: Some("r".repeat(256)), ..ClaimOptions::default() };
+    let long = ClaimOptions::default().with_request_id("r".repeat(256));
     assert!(matches!(client_a(&closed).claim_with(&pool("ci"), &long).await, Err(Error::InvalidInput(_))));
 }
 
@@ -538,7 +503,8 @@ async fn keep_alive_heartbeats_until_released_and_dropping_it_lets_the_lease_exp
     let s = LocalServer::start().await;
     register_sim(&s).await;
     let a = admin(&s);
-    let short = PoolSpec { heartbeat_interval_seconds: Some(1), heartbeat_expiry_seconds: Some(3), ..spec("ci", 3) };
+    let mut short = spec("ci", 3);
+    (short.heartbeat_interval_seconds, short.heartbeat_expiry_seconds) = (Some(1), Some(3));
     a.create_pool(&short).await.unwrap();
     wait_available(&a, &pool("ci"), 3).await;
     let c = client_a(&s.endpoint);
@@ -587,4 +553,408 @@ async fn keep_alive_heartbeats_until_released_and_dropping_it_lets_the_lease_exp
     let why = tokio::time::timeout(Duration::from_secs(10), guard.lost()).await.expect("the loss is noticed");
     assert_eq!(why.status(), Some(&Status::NotFound));
     assert!(matches!(guard.state(), LeaseState::Lost(_)));
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 26: leased runs, private CAs, deadlines and retries, errors a program can act on
+// ---------------------------------------------------------------------------------------
+
+/// A server that answers request n with `answers[n]` (the last one repeats) and records each
+/// request line; `None` reads the request and never answers.
+struct Scripted {
+    endpoint: String,
+    requests: Arc<Mutex<Vec<String>>>,
+}
+
+impl Scripted {
+    async fn start(answers: Vec<Option<(u16, &'static str)>>) -> Scripted {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let (r, mut w) = conn.into_split();
+                let Some((line, _)) = read_message(&mut BufReader::new(r)).await else { continue };
+                let n = {
+                    let mut seen = seen.lock().unwrap();
+                    seen.push(line);
+                    seen.len() - 1
+                };
+                let answer = answers[n.min(answers.len() - 1)];
+                tokio::spawn(async move {
+                    let Some((status, body)) = answer else {
+                        // Hold the connection open, answer nothing.
+                        tokio::time::sleep(Duration::from_secs(600)).await;
+                        drop(w);
+                        return;
+                    };
+                    let msg = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = w.write_all(msg.as_bytes()).await;
+                    let _ = w.shutdown().await;
+                });
+            }
+        });
+        Scripted { endpoint, requests }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+const UNAVAILABLE: (u16, &str) =
+    (503, r#"{"error":{"code":503,"status":"UNAVAILABLE","reason":"DATABASE","message":"retry","request_id":"q"}}"#);
+const GONE: (u16, &str) =
+    (404, r#"{"error":{"code":404,"status":"NOT_FOUND","message":"no lease l-1","request_id":"q"}}"#);
+const HEALTHY: (u16, &str) = (200, r#"{"status":"ok"}"#);
+
+fn quick(endpoint: &str) -> Client {
+    let fast = RetryPolicy::new(3, Backoff::new(Duration::from_millis(10), Duration::from_millis(20)));
+    Client::builder(endpoint).token(CLIENT_A).retry(fast).build().unwrap()
+}
+
+#[tokio::test]
+async fn safe_calls_are_retried_on_transient_failures_and_other_writes_never_are() {
+    // A GET: two 503s, then the answer.
+    let s = Scripted::start(vec![Some(UNAVAILABLE), Some(UNAVAILABLE), Some(HEALTHY)]).await;
+    assert_eq!(quick(&s.endpoint).health().await.unwrap().status, "ok");
+    assert_eq!(s.requests().len(), 3);
+    // Bounded: 3 attempts, then the last error.
+    let s = Scripted::start(vec![Some(UNAVAILABLE)]).await;
+    let e = quick(&s.endpoint).health().await.unwrap_err();
+    assert_eq!((e.status(), e.reason()), (Some(&Status::Unavailable), Some("DATABASE")));
+    assert_eq!(s.requests().len(), 3);
+    // A heartbeat is safe to repeat.
+    let s = Scripted::start(vec![Some(UNAVAILABLE), Some(GONE)]).await;
+    assert_eq!(quick(&s.endpoint).heartbeat("l-1").await.unwrap_err().status(), Some(&Status::NotFound));
+    assert_eq!(s.requests(), ["POST /v1/leases/l-1/heartbeat HTTP/1.1"; 2]);
+    // A release: NOT_FOUND after a failed attempt means that attempt released it.
+    let s = Scripted::start(vec![Some(UNAVAILABLE), Some(GONE)]).await;
+    quick(&s.endpoint).release("l-1").await.unwrap();
+    assert_eq!(s.requests(), ["DELETE /v1/leases/l-1 HTTP/1.1"; 2]);
+    // ... but NOT_FOUND at once is an unknown lease.
+    let s = Scripted::start(vec![Some(GONE)]).await;
+    assert_eq!(quick(&s.endpoint).release("l-1").await.unwrap_err().status(), Some(&Status::NotFound));
+    // Writes that are not idempotent: one attempt each.
+    let s = Scripted::start(vec![Some(UNAVAILABLE)]).await;
+    let e = quick(&s.endpoint).create_host(&HostSpec::new("h", "127.0.0.1:1", HostTls::insecure())).await;
+    assert_eq!(e.unwrap_err().status(), Some(&Status::Unavailable));
+    let e = quick(&s.endpoint).delete_pool(&pool("ci"), false).await;
+    assert_eq!(e.unwrap_err().status(), Some(&Status::Unavailable));
+    assert_eq!(s.requests(), ["POST /v1/hosts HTTP/1.1", "DELETE /v1/pools/default/ci HTTP/1.1"]);
+    // RetryPolicy::none: one attempt even for a GET.
+    let s = Scripted::start(vec![Some(UNAVAILABLE), Some(HEALTHY)]).await;
+    let once = Client::builder(&s.endpoint).retry(RetryPolicy::none()).build().unwrap();
+    assert!(once.health().await.is_err());
+    assert_eq!(s.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_claims_deadline_cuts_the_attempt_in_flight_and_names_the_id_that_recovers_it() {
+    let s = Scripted::start(vec![None]).await;
+    // The client's own time-out is 30 s: only the deadline can end this attempt early.
+    let c = Client::builder(&s.endpoint).timeout(Duration::from_secs(30)).build().unwrap();
+    let opts = ClaimOptions::default().with_request_id("job-cut").with_deadline(Duration::from_millis(1500));
+    let started = Instant::now();
+    let e = c.claim_with(&pool("ci"), &opts).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(1400) && took < Duration::from_secs(5), "{took:?}");
+    assert!(matches!(e, Error::Transport { kind: TransportKind::Timeout, .. }), "{e:?}");
+    assert!(e.outcome_unknown());
+    assert!(e.to_string().contains("request_id job-cut"), "{e}");
+    assert_eq!(s.requests(), ["POST /v1/claims HTTP/1.1"], "one attempt, cut at the deadline");
+}
+
+#[tokio::test]
+async fn a_transport_error_keeps_the_http_librarys_error_as_its_source() {
+    let closed = format!("http://127.0.0.1:{}", poolmgr_tests::unused_port());
+    let e = quick(&closed).health().await.unwrap_err();
+    assert!(matches!(e, Error::Transport { kind: TransportKind::Connect, .. }), "{e:?}");
+    let src = std::error::Error::source(&e).expect("the cause is kept");
+    let http = src.downcast_ref::<reqwest::Error>().expect("it is the HTTP library's error");
+    assert!(http.is_connect(), "{http:?}");
+    // Its own chain goes down to the operating system's refusal.
+    let mut cur: &dyn std::error::Error = src;
+    let mut io = None;
+    while let Some(next) = cur.source() {
+        if let Some(e) = next.downcast_ref::<std::io::Error>() {
+            io = Some(e.kind());
+        }
+        cur = next;
+    }
+    assert_eq!(io, Some(std::io::ErrorKind::ConnectionRefused));
+    // Clone keeps it.
+    assert!(std::error::Error::source(&e.clone()).is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_endpoint_signed_by_a_private_ca_needs_that_ca() {
+    let s = LocalServer::start().await;
+    let front = poolmgr_tests::https::HttpsFront::start(&s.endpoint).await;
+    let dir = std::env::temp_dir().join(format!("poolmgr-client-ca-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, &front.ca_pem).unwrap();
+
+    // Without the CA: the certificate is refused, and the error says so through its chain.
+    let e = quick(&front.endpoint).health().await.unwrap_err();
+    assert!(matches!(e, Error::Transport { kind: TransportKind::Connect, .. }), "{e:?}");
+    let mut chain = e.to_string();
+    let mut cur = std::error::Error::source(&e);
+    while let Some(c) = cur {
+        chain.push_str(&format!(" / {c}"));
+        cur = c.source();
+    }
+    assert!(chain.to_lowercase().contains("certificate"), "{chain}");
+
+    // With it, from a file or as PEM text, by name or by address.
+    let with_file = Client::builder(&front.endpoint).ca_file(&ca_file).token(ADMIN).build().unwrap();
+    assert_eq!(with_file.health().await.unwrap().status, "ok");
+    assert!(with_file.list_pools(None).await.unwrap().is_empty());
+    let by_ip = format!("https://127.0.0.1:{}", front.addr.port());
+    let with_pem = Client::builder(&by_ip).add_root_certificate(&front.ca_pem).build().unwrap();
+    assert_eq!(with_pem.health().await.unwrap().status, "ok");
+
+    // A CA file that is missing or holds no certificate is refused when the client is built.
+    let e = Client::builder(&front.endpoint).ca_file(dir.join("missing.pem")).build().unwrap_err();
+    assert!(matches!(&e, Error::InvalidInput(m) if m.contains("missing.pem")), "{e:?}");
+    std::fs::write(dir.join("junk.pem"), "not a certificate").unwrap();
+    let e = Client::builder(&front.endpoint).ca_file(dir.join("junk.pem")).build().unwrap_err();
+    assert!(matches!(&e, Error::InvalidInput(m) if m.contains("junk.pem")), "{e:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_of_every_list_is_followed_by_the_paginators() {
+    let s = LocalServer::start().await;
+    register_sim(&s).await;
+    let a = admin(&s);
+    for name in ["p1", "p2", "p3"] {
+        a.create_pool(&spec(name, if name == "p1" { 3 } else { 0 })).await.unwrap();
+    }
+    wait_available(&a, &pool("p1"), 3).await;
+    let c = client_a(&s.endpoint);
+    let mut claimed = Vec::new();
+    for _ in 0..3 {
+        claimed.push(c.claim(&pool("p1")).await.unwrap().lease.lease_id);
+    }
+    claimed.sort();
+
+    // Pages of one: three pages, each asked with the token the last gave.
+    let mut pages = a.pages::<PoolList>(Call::list_pools(None).with_query("page_size", 1));
+    let mut names = Vec::new();
+    while let Some(p) = pages.next_page().await.unwrap() {
+        assert_eq!(p.pools.len(), 1);
+        names.push(p.pools[0].spec.name.clone());
+    }
+    assert_eq!(names, ["p1", "p2", "p3"]);
+    // The streams and the Vec forms read every page too.
+    use futures_util::TryStreamExt;
+    let pools: Vec<Pool> = a.pools(None).try_collect().await.unwrap();
+    assert_eq!(pools.len(), 3);
+    let by_one = LeaseQuery::default().with_page_size(1);
+    let leases: Vec<String> = c.list_leases_all(&by_one).await.unwrap().into_iter().map(|l| l.lease_id).collect();
+    assert_eq!(leases, claimed, "ordered by lease_id, every page");
+    let streamed: Vec<Lease> = c.leases(&by_one).try_collect().await.unwrap();
+    assert_eq!(streamed.len(), 3);
+    let vms: Vec<Vm> = a.vms(&VmQuery::pool(&pool("p1"))).try_collect().await.unwrap();
+    assert_eq!(vms.len(), 3);
+    let hosts: Vec<Host> = a.hosts().try_collect().await.unwrap();
+    assert_eq!(hosts.len(), 1);
+    // A stream ends after its first error.
+    let denied: Vec<Result<Pool, Error>> = c.pools(None).collect_all().await;
+    assert_eq!(denied.len(), 1);
+    assert_eq!(denied[0].as_ref().unwrap_err().status(), Some(&Status::PermissionDenied));
+
+    // The event feed: the cursor moves past what it returned, and following waits for more.
+    let mut feed = a.event_feed::<Event>(EventQuery::after(0).with_pool(Some(pool("p1"))));
+    let first = feed.next_batch().await.unwrap();
+    assert!(first.iter().filter(|e| e.kind == "VM_CLAIMED").count() == 3, "{first:?}");
+    assert_eq!(feed.cursor(), first.last().unwrap().id);
+    let cursor = feed.cursor();
+    let mut follow = Box::pin(feed.follow(Backoff::default()));
+    c.release(&claimed[0]).await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(25), follow.try_next()).await.unwrap().unwrap().unwrap();
+    assert!(next.id > cursor, "{next:?}");
+    assert_eq!(next.lease_id.as_deref(), Some(claimed[0].as_str()));
+}
+
+/// Collects a stream of results, errors included.
+trait CollectAll<T> {
+    async fn collect_all(self) -> Vec<T>;
+}
+
+impl<T, S: futures_util::Stream<Item = T>> CollectAll<T> for S {
+    async fn collect_all(self) -> Vec<T> {
+        use futures_util::StreamExt;
+        self.collect().await
+    }
+}
+
+/// Waits until `pool` has no lease (at most `within`).
+async fn no_lease_within(s: &LocalServer, within: Duration, why: &str) {
+    let deadline = Instant::now() + within;
+    while lease_count(s).await != 0 {
+        assert!(Instant::now() < deadline, "{why}: a lease is left");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_run_heartbeats_while_the_job_runs_and_releases_whatever_happens() {
+    let s = LocalServer::start().await;
+    register_sim(&s).await;
+    let a = admin(&s);
+    // A short expiry: the job outlives three expiry windows, so only heartbeats keep it.
+    let mut short = spec("short", 1);
+    (short.heartbeat_interval_seconds, short.heartbeat_expiry_seconds) = (Some(1), Some(2));
+    a.create_pool(&short).await.unwrap();
+    // The default expiry (120 s): a lease gone within seconds was released, not expired.
+    a.create_pool(&spec("long", 3)).await.unwrap();
+    wait_available(&a, &pool("short"), 1).await;
+    wait_available(&a, &pool("long"), 3).await;
+    let c = client_a(&s.endpoint);
+    let opts = ClaimOptions::default().with_deadline(Duration::from_secs(30));
+
+    // The job returns: its output comes back, the lease lived through it and is gone after.
+    let run = c
+        .run_leased(&pool("short"), &opts, |lease| {
+            let c = c.clone();
+            async move {
+                tokio::time::sleep(Duration::from_secs(6)).await;
+                let now = c.get_lease(&lease.lease().lease_id).await.expect("alive after 3 expiry windows");
+                assert!(now.last_heartbeat_at > lease.lease().claimed_at);
+                assert!(lease.watch.lost_now().is_none());
+                (lease.lease().lease_id.clone(), lease.vm().id.clone())
+            }
+        })
+        .await
+        .unwrap();
+    let (lease_id, vm_id) = run.output.clone();
+    assert_eq!((lease_id.as_str(), vm_id.as_str()), (run.claim.lease.lease_id.as_str(), run.claim.vm.id.as_str()));
+    assert!(run.lost.is_none() && run.release.is_ok(), "{run:?}");
+    api_error(c.get_lease(&lease_id).await, 404, Status::NotFound);
+    assert_eq!(lease_count(&s).await, 0);
+
+    // The job fails (an error value): released all the same.
+    let run = c.run_leased(&pool("long"), &opts, |_| async { Err::<(), _>("job failed") }).await.unwrap();
+    assert_eq!(run.output, Err("job failed"));
+    run.release.unwrap();
+    assert_eq!(lease_count(&s).await, 0);
+
+    // The job panics: released, then the panic goes on.
+    let panicked = tokio::spawn({
+        let c = c.clone();
+        let opts = opts.clone();
+        async move { c.run_leased(&pool("long"), &opts, |_| async { panic!("job panicked") }).await.map(|r| r.output) }
+    })
+    .await;
+    assert!(panicked.unwrap_err().is_panic());
+    no_lease_within(&s, Duration::from_secs(10), "after a panic").await;
+
+    // The run is dropped midway (its task aborted): the release is spawned.
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn({
+        let c = c.clone();
+        let opts = opts.clone();
+        async move {
+            c.run_leased(&pool("long"), &opts, |lease| async move {
+                let _ = started_tx.send(lease.lease().lease_id.clone());
+                std::future::pending::<()>().await
+            })
+            .await
+        }
+    });
+    let dropped = started_rx.await.unwrap();
+    assert_eq!(lease_count(&s).await, 1);
+    task.abort();
+    no_lease_within(&s, Duration::from_secs(10), "after the run was dropped").await;
+    api_error(c.get_lease(&dropped).await, 404, Status::NotFound);
+
+    // The lease is lost while the job runs (released elsewhere): the job can notice, and the
+    // run reports it.
+    let run = c
+        .run_leased(&pool("long"), &opts, |mut lease| {
+            let a = a.clone();
+            async move {
+                a.release(&lease.lease().lease_id).await.unwrap();
+                tokio::time::timeout(Duration::from_secs(120), lease.watch.lost()).await.expect("the loss is noticed")
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(run.output.status(), Some(&Status::NotFound));
+    assert_eq!(run.lost.as_ref().and_then(Error::status), Some(&Status::NotFound));
+    run.release.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_that_releases_on_drop_releases_and_a_plain_one_does_not() {
+    let s = LocalServer::start().await;
+    register_sim(&s).await;
+    let a = admin(&s);
+    a.create_pool(&spec("ci", 2)).await.unwrap();
+    wait_available(&a, &pool("ci"), 2).await;
+    let c = client_a(&s.endpoint);
+
+    let kept = c.claim(&pool("ci")).await.unwrap().lease;
+    drop(c.keep_alive(&kept));
+    let released = c.claim(&pool("ci")).await.unwrap().lease;
+    drop(c.keep_alive(&released).release_on_drop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.get_lease(&released.lease_id).await.is_ok() {
+        assert!(Instant::now() < deadline, "the dropped guard did not release its lease");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The plain guard's lease is still there (it expires in 120 s).
+    assert_eq!(c.get_lease(&kept.lease_id).await.unwrap().lease_id, kept.lease_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_pre_lease_hook_is_retried_with_the_same_id_only_when_asked() {
+    let s = LocalServer::start().await;
+    register_sim(&s).await;
+    let a = admin(&s);
+    let mut hooked = spec("hooked", 2);
+    hooked.pre_lease_commands = vec!["reset-state".into()];
+    hooked.hook_failure_policy = Some(HookFailurePolicy::DeleteAndReplace);
+    a.create_pool(&hooked).await.unwrap();
+    wait_available(&a, &pool("hooked"), 2).await;
+    let c = client_a(&s.endpoint);
+    s.sim.set_exec_exit_code("reset-state", 1);
+
+    // Off by default: the hook's failure is the answer, with its reason.
+    let retries = Arc::new(AtomicUsize::new(0));
+    let counted = retries.clone();
+    let opts = ClaimOptions::default()
+        .with_request_id("hook-job")
+        .with_deadline(Duration::from_secs(30))
+        .with_on_retry(move |_| {
+            counted.fetch_add(1, Ordering::SeqCst);
+        });
+    let e = api_error(c.claim_with(&pool("hooked"), &opts).await, 500, Status::Internal);
+    assert_eq!(e.reason.as_deref(), Some(REASON_HOOK_FAILED));
+    assert!(e.is_hook_failure());
+    assert_eq!(retries.load(Ordering::SeqCst), 0);
+    assert_eq!(lease_count(&s).await, 0);
+    wait_available(&a, &pool("hooked"), 2).await;
+
+    // Asked for: the hook is fixed before the retry, which claims with the same id.
+    let sim = s.sim.clone();
+    let ids = Arc::new(Mutex::new(Vec::new()));
+    let seen = ids.clone();
+    let opts = opts.with_retry_hook_failure(true).with_on_retry(move |n| {
+        seen.lock().unwrap().push((n.request_id.to_owned(), n.error.reason().map(str::to_owned)));
+        sim.clear_exec_rules();
+    });
+    let got = c.claim_with(&pool("hooked"), &opts).await.unwrap();
+    assert_eq!(got.attempts, 2);
+    assert_eq!(*ids.lock().unwrap(), [("hook-job".to_owned(), Some("HOOK_FAILED".to_owned()))]);
+    assert_eq!(got.response.lease.request_id.as_deref(), Some("hook-job"));
+    assert!(!got.response.replayed, "the failed attempt had left no lease: the retry is a fresh claim");
+    assert_eq!(lease_count(&s).await, 1);
 }

@@ -10,7 +10,10 @@ use poolmgr_client::Phase;
 ///
 /// Exit codes: 0 success, 1 other errors, 2 usage or invalid argument, 3 not found,
 /// 4 conflict (already exists, aborted, failed precondition), 5 resource exhausted,
-/// 6 unavailable (server, database or flintlock unreachable, connection failures, time-outs).
+/// 6 unavailable (server, database or flintlock unreachable, connection failures, time-outs),
+/// 7 lease lost during `lease run`. `lease run` otherwise exits with its command's code
+/// (128+N for a command killed by signal N, 127 when it cannot be found, 126 when it cannot
+/// be run).
 #[derive(Debug, Parser)]
 #[command(name = "poolmgrctl", version, propagate_version = true, max_term_width = 100)]
 pub struct Cli {
@@ -51,6 +54,14 @@ pub struct Global {
     /// Time-out of one HTTP request (e.g. 30s, 2m, 1500ms; a bare number is seconds).
     #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Time-out of opening a connection to the endpoint, TLS handshake included.
+    #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+    /// Trust the CA certificates (PEM) of this file for an https:// endpoint, on top of the
+    /// system's trust store [env: POOLMGR_CA_FILE; else the context's ca_file]. (Not
+    /// `--ca-file`: `host add --ca-file` is the flintlock host's CA.)
+    #[arg(long, global = true, value_name = "FILE")]
+    pub server_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -103,8 +114,8 @@ pub enum ContextCmd {
     List,
     /// Make NAME the current context.
     Use { name: String },
-    /// Create or change context NAME from the global --endpoint, --token and --token-file
-    /// given with it (e.g. `poolmgrctl --endpoint URL --token-file F context set prod`); what
+    /// Create or change context NAME from the global --endpoint, --token, --token-file and
+    /// --server-ca-file given with it (e.g. `poolmgrctl --endpoint URL --token-file F context set prod`); what
     /// is not given keeps its value. The file is written with mode 0600.
     Set {
         name: String,
@@ -241,6 +252,42 @@ pub enum LeaseCmd {
         /// --request-id is given. Without it an empty pool fails at once.
         #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
         wait: Option<Duration>,
+    },
+    /// Run a command under a lease: claim, heartbeat while it runs, release when it ends.
+    ///
+    /// Claims like `lease claim` with a request id (a generated UUID unless --request-id),
+    /// then runs CMD with the VM's facts in its environment: POOLMGR_LEASE_ID,
+    /// POOLMGR_REQUEST_ID, POOLMGR_POOL (NAMESPACE/NAME), POOLMGR_VM_ID, POOLMGR_VM_UID,
+    /// POOLMGR_HOST and POOLMGR_HOST_ADDRESS (the flintlock host), POOLMGR_LEASE_EXPIRES_AT,
+    /// POOLMGR_VM_INTERFACES (device ids, space-separated), per interface N (0, 1, … in device
+    /// id order) POOLMGR_VM_IFACE_N_DEVICE, POOLMGR_VM_IFACE_N_MAC,
+    /// POOLMGR_VM_IFACE_N_HOST_DEVICE, POOLMGR_VM_IFACE_N_INDEX, POOLMGR_VM_MAC (the first
+    /// interface's), and POOLMGR_CLAIM_JSON (the whole claim answer). The contract carries no
+    /// IP address: find the guest by its MAC address or TAP device.
+    ///
+    /// The lease is heartbeated while CMD runs and released when CMD exits, whatever the exit
+    /// (the release is retried for 30s). SIGTERM and SIGHUP are forwarded to CMD, and SIGINT
+    /// too unless poolmgrctl runs in a terminal's foreground (the terminal already sent it to
+    /// CMD); poolmgrctl then waits for CMD. If the lease is lost while CMD runs (it expired or
+    /// was released elsewhere: its VM is being deleted), CMD is sent SIGTERM and poolmgrctl
+    /// exits 7 once CMD has exited. Otherwise it exits with CMD's code, 128+N when CMD was
+    /// killed by signal N. Only a SIGKILL of poolmgrctl skips the release: the lease then
+    /// expires after the pool's heartbeat_expiry_seconds. What it does is said on standard
+    /// error.
+    Run {
+        /// NAMESPACE/NAME, or NAME in namespace `default`.
+        #[arg(long)]
+        pool: String,
+        /// Idempotency key of the claim (default: a generated UUID).
+        #[arg(long, value_name = "ID")]
+        request_id: Option<String>,
+        /// How long to wait for a VM (e.g. 30s, 5m). Without it an empty pool fails at once;
+        /// transient failures are retried for 30s.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        wait: Option<Duration>,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        command: Vec<String>,
     },
     /// Extend a lease: expires_at becomes now + the pool's heartbeat_expiry_seconds.
     Heartbeat { lease_id: String },

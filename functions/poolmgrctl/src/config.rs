@@ -51,6 +51,10 @@ pub struct Context {
     /// a relative path is relative to the config file's directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<String>,
+    /// A PEM file of CA certificates to trust for this endpoint (a private CA); `~/` and
+    /// relative paths as for `token_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
 }
 
 /// A lookup of one environment variable.
@@ -230,11 +234,14 @@ pub struct Target {
     pub token: Option<String>,
     /// The context used, if any.
     pub context: Option<String>,
+    /// Extra CA certificates to trust (PEM file).
+    pub ca_file: Option<PathBuf>,
 }
 
-/// Resolves endpoint and token: flags > environment (`POOLMGR_ENDPOINT`, `POOLMGR_TOKEN`,
-/// `POOLMGR_TOKEN_FILE`) > the context (`--context`, `POOLMGR_CONTEXT`, else the file's
-/// `current_context`) > the default endpoint and no token.
+/// Resolves endpoint, token and CA file: flags > environment (`POOLMGR_ENDPOINT`,
+/// `POOLMGR_TOKEN`, `POOLMGR_TOKEN_FILE`, `POOLMGR_CA_FILE`) > the context (`--context`,
+/// `POOLMGR_CONTEXT`, else the file's `current_context`) > the default endpoint, no token and
+/// the system's trust store only.
 pub fn resolve(g: &Global, env: &Env) -> Result<Target, CliError> {
     let mut endpoint = g.endpoint.clone().or_else(|| env.var("POOLMGR_ENDPOINT"));
     let mut token = match (&g.token, &g.token_file) {
@@ -246,6 +253,7 @@ pub fn resolve(g: &Global, env: &Env) -> Result<Target, CliError> {
             (None, None) => None,
         },
     };
+    let mut ca_file = g.server_ca_file.clone().or_else(|| env.var("POOLMGR_CA_FILE").map(PathBuf::from));
     let wanted = g.context.clone().or_else(|| env.var("POOLMGR_CONTEXT"));
     let mut used = None;
     if endpoint.is_none() || token.is_none() || wanted.is_some() {
@@ -282,6 +290,11 @@ pub fn resolve(g: &Global, env: &Env) -> Result<Target, CliError> {
                     (None, None) => None,
                 };
             }
+            if ca_file.is_none()
+                && let Some(f) = &ctx.ca_file
+            {
+                ca_file = Some(resolve_path(f, path.parent().unwrap_or(Path::new(".")), env));
+            }
             used = Some(name);
         }
     }
@@ -289,6 +302,7 @@ pub fn resolve(g: &Global, env: &Env) -> Result<Target, CliError> {
         endpoint: endpoint.unwrap_or_else(|| DEFAULT_ENDPOINT.to_owned()),
         token: token.filter(|t| !t.is_empty()),
         context: used,
+        ca_file,
     })
 }
 
@@ -366,7 +380,8 @@ mod tests {
             Target {
                 endpoint: "http://dev:1".into(),
                 token: Some("tok-from-file".into()),
-                context: Some("dev".into())
+                context: Some("dev".into()),
+                ca_file: None,
             }
         );
         // --context, or POOLMGR_CONTEXT, picks another.
@@ -394,8 +409,26 @@ mod tests {
         let none = env(&[("XDG_CONFIG_HOME", "/nonexistent/poolmgrctl")]);
         assert_eq!(
             resolve(&global(&[]), &none).unwrap(),
-            Target { endpoint: DEFAULT_ENDPOINT.into(), token: None, context: None }
+            Target { endpoint: DEFAULT_ENDPOINT.into(), token: None, context: None, ca_file: None }
         );
+    }
+
+    #[test]
+    fn the_ca_file_comes_from_the_flag_then_the_environment_then_the_context() {
+        let d = dir();
+        let xdg =
+            write_config(&d.0, "current_context: a\ncontexts:\n  a: {endpoint: 'https://a:1', ca_file: corp.pem}\n");
+        let x = [("XDG_CONFIG_HOME", xdg.as_str())];
+        // The context's, relative to the config file.
+        let t = resolve(&global(&[]), &env(&x)).unwrap();
+        assert_eq!(t.ca_file, Some(d.0.join("poolmgr/corp.pem")));
+        let e = env(&[x[0], ("POOLMGR_CA_FILE", "/env.pem")]);
+        assert_eq!(resolve(&global(&[]), &e).unwrap().ca_file, Some(PathBuf::from("/env.pem")));
+        let t = resolve(&global(&["--server-ca-file", "/flag.pem"]), &e).unwrap();
+        assert_eq!(t.ca_file, Some(PathBuf::from("/flag.pem")));
+        // None anywhere: the system's trust store alone.
+        let none = env(&[("XDG_CONFIG_HOME", "/nonexistent/poolmgrctl")]);
+        assert_eq!(resolve(&global(&[]), &none).unwrap().ca_file, None);
     }
 
     #[test]
@@ -426,7 +459,12 @@ mod tests {
         let mut cfg = ConfigFile { current_context: Some("a".into()), ..Default::default() };
         cfg.contexts.insert(
             "a".into(),
-            Context { endpoint: Some("http://a:1".into()), token: Some("t".into()), token_file: None },
+            Context {
+                endpoint: Some("http://a:1".into()),
+                token: Some("t".into()),
+                token_file: None,
+                ca_file: Some("ca.pem".into()),
+            },
         );
         save(&p, &cfg).unwrap();
         assert_eq!(load(&p).unwrap(), cfg);

@@ -40,7 +40,7 @@ pub fn run(g: &Global, format: Format, cmd: ContextCmd) -> Result<(), CliError> 
                         .iter()
                         .map(|(name, c)| {
                             json!({"name": name, "current": current == Some(name.as_str()), "endpoint": c.endpoint,
-                                   "token_file": c.token_file, "has_token": c.token.is_some() || c.token_file.is_some()})
+                                   "token_file": c.token_file, "ca_file": c.ca_file, "has_token": c.token.is_some() || c.token_file.is_some()})
                         })
                         .collect();
                     let doc = json!({"config": path, "current_context": current, "contexts": contexts});
@@ -87,6 +87,13 @@ pub fn run(g: &Global, format: Format, cmd: ContextCmd) -> Result<(), CliError> 
                     (entry.token, entry.token_file) = (None, Some(abs.to_string_lossy().into_owned()));
                 }
                 (None, None) => {}
+            }
+            if let Some(f) = &g.server_ca_file {
+                let abs = std::path::absolute(f)
+                    .map_err(|e| CliError::usage(format!("--server-ca-file {}: {e}", f.display())))?;
+                // Checked now, not on first use.
+                poolmgr_client::Client::builder("https://localhost").ca_file(&abs).build()?;
+                entry.ca_file = Some(abs.to_string_lossy().into_owned());
             }
             if current || cfg.current_context.is_none() {
                 cfg.current_context = Some(name.clone());

@@ -12,6 +12,9 @@ use crate::output::printable;
 pub struct CliError {
     pub status: String,
     pub message: String,
+    /// An exit code decided elsewhere (`lease run` passes its command's through); nothing is
+    /// printed for it.
+    pub exit: Option<u8>,
 }
 
 pub const EXIT_OTHER: u8 = 1;
@@ -20,15 +23,23 @@ pub const EXIT_NOT_FOUND: u8 = 3;
 pub const EXIT_CONFLICT: u8 = 4;
 pub const EXIT_EXHAUSTED: u8 = 5;
 pub const EXIT_UNAVAILABLE: u8 = 6;
+/// `lease run`: the lease was lost while the command ran (it expired or was released
+/// elsewhere); the command was sent SIGTERM.
+pub const EXIT_LEASE_LOST: u8 = 7;
 
 impl CliError {
     pub fn new(status: &str, message: impl Into<String>) -> CliError {
-        CliError { status: status.to_owned(), message: message.into() }
+        CliError { status: status.to_owned(), message: message.into(), exit: None }
+    }
+
+    /// Exit with `code` and print nothing more: what had to be said is on standard error.
+    pub fn exit_with(code: u8) -> CliError {
+        CliError { status: "exit".into(), message: String::new(), exit: Some(code) }
     }
 
     /// A bad invocation or input caught before anything was sent.
-    pub fn usage(message: impl Into<String>) -> CliError {
-        CliError::new("invalid_argument", message)
+    pub fn usage(message: impl fmt::Display) -> CliError {
+        CliError::new("invalid_argument", message.to_string())
     }
 
     pub fn unavailable(message: impl Into<String>) -> CliError {
@@ -36,6 +47,9 @@ impl CliError {
     }
 
     pub fn exit_code(&self) -> u8 {
+        if let Some(code) = self.exit {
+            return code;
+        }
         match self.status.as_str() {
             // INVALID_ARGUMENT from the server is the same class as a local usage error: the
             // invocation is wrong and a retry cannot help.

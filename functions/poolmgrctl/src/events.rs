@@ -3,8 +3,8 @@
 use std::pin::pin;
 use std::time::Duration;
 
-use poolmgr_client::{Call, EventQuery};
-use serde::Deserialize;
+use poolmgr_client::EventQuery;
+use poolmgr_client::events::MAX_WAIT_SECONDS;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -13,16 +13,8 @@ use crate::error::{CliError, EXIT_UNAVAILABLE};
 use crate::output::{Table, cell, compact_json, emit, pool_cell, yaml};
 use crate::{Ctx, parse_pool_ref};
 
-/// The server's longest long-poll (`wait_seconds` ≤ 20).
-const LONG_POLL_SECONDS: u64 = 20;
 const RETRY_DELAY: Duration = Duration::from_secs(2);
 const HEADERS: [&str; 6] = ["ID", "TIME", "TYPE", "POOL", "VM", "LEASE_ID"];
-
-#[derive(Deserialize)]
-struct Page {
-    events: Vec<Box<RawValue>>,
-    next_after: i64,
-}
 
 pub async fn run(ctx: &Ctx, cmd: EventsCmd) -> Result<(), CliError> {
     let EventsCmd::Tail { pool, since, no_follow, limit } = cmd;
@@ -31,36 +23,34 @@ pub async fn run(ctx: &Ctx, cmd: EventsCmd) -> Result<(), CliError> {
     }
     let pool = pool.as_deref().map(parse_pool_ref).transpose()?;
     let follow = !no_follow;
-    let mut after = since;
+    // The library's feed keeps the cursor; the events stay as the server wrote them.
+    let q = EventQuery::after(since)
+        .with_pool(pool)
+        .with_limit(limit)
+        .with_wait_seconds(follow.then_some(MAX_WAIT_SECONDS));
+    let mut feed = ctx.client.event_feed::<Box<RawValue>>(q);
     let mut ctrl_c = pin!(tokio::signal::ctrl_c());
     let mut collected: Vec<Value> = Vec::new();
     let mut header_done = false;
     loop {
-        let q = EventQuery {
-            after,
-            pool: pool.clone(),
-            limit: Some(limit),
-            wait_seconds: follow.then_some(LONG_POLL_SECONDS),
-        };
         let r = tokio::select! {
-            r = ctx.send(Call::events(&q)) => r,
-            _ = &mut ctrl_c => return stopped(after),
+            r = feed.next_batch() => r.map_err(|e| ctx.explain(e)),
+            _ = &mut ctrl_c => return stopped(feed.cursor()),
         };
-        let r = match r {
-            Ok(r) => r,
+        let events = match r {
+            Ok(events) => events,
             Err(e) if follow && e.exit_code() == EXIT_UNAVAILABLE => {
                 eprintln!("{e}; retrying in {}s", RETRY_DELAY.as_secs());
                 tokio::select! {
                     _ = tokio::time::sleep(RETRY_DELAY) => continue,
-                    _ = &mut ctrl_c => return stopped(after),
+                    _ = &mut ctrl_c => return stopped(feed.cursor()),
                 }
             }
             Err(e) => return Err(e),
         };
-        let page: Page = r.json()?;
-        let n = page.events.len();
+        let n = events.len();
         let mut text = String::new();
-        for raw in &page.events {
+        for raw in &events {
             match ctx.format {
                 Format::Json => text.push_str(&compact_json(raw.get().as_bytes())?),
                 Format::Yaml => text.push_str(&format!("---\n{}", yaml(raw.get().as_bytes())?)),
@@ -79,7 +69,6 @@ pub async fn run(ctx: &Ctx, cmd: EventsCmd) -> Result<(), CliError> {
             }
         }
         emit(&text)?;
-        after = after.max(page.next_after);
         if !follow && (n as i64) < limit {
             if ctx.format == Format::Table {
                 let mut t = Table::new(&HEADERS);

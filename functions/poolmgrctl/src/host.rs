@@ -23,9 +23,8 @@ pub async fn run(ctx: &Ctx, cmd: HostCmd) -> Result<(), CliError> {
         }
         HostCmd::Get { name } => show_one(ctx, &ctx.send(Call::get_host(&name)).await?),
         HostCmd::List => {
-            let r = ctx.send(Call::list_hosts()).await?;
-            let v: Value = r.json()?;
-            show(ctx, &r.body, v["hosts"].as_array().map(Vec::as_slice).unwrap_or_default())
+            let (raw, hosts) = ctx.list_all(Call::list_hosts(), "hosts").await?;
+            show(ctx, &raw, &hosts)
         }
         HostCmd::Cordon { name, reason } => {
             show_one(ctx, &ctx.send(Call::cordon_host(&name, reason.as_deref())).await?)
@@ -42,9 +41,9 @@ fn read_pem(flag: &str, path: &Path) -> Result<String, CliError> {
 fn host_spec(a: &HostArgs) -> Result<HostSpec, CliError> {
     poolmgr_client::validate_name("name", &a.name).map_err(CliError::usage)?;
     let tls = match &a.ca_file {
-        None => HostTls { insecure: true, ..Default::default() },
+        None => HostTls::insecure(),
         Some(ca) => {
-            let mut tls = HostTls { insecure: false, ca_pem: Some(read_pem("--ca-file", ca)?), ..Default::default() };
+            let mut tls = HostTls::with_ca(read_pem("--ca-file", ca)?);
             if let (Some(c), Some(k)) = (&a.cert_file, &a.key_file) {
                 tls.cert_pem = Some(read_pem("--cert-file", c)?);
                 tls.key_pem = Some(read_pem("--key-file", k)?);
@@ -52,13 +51,10 @@ fn host_spec(a: &HostArgs) -> Result<HostSpec, CliError> {
             tls
         }
     };
-    Ok(HostSpec {
-        name: a.name.clone(),
-        address: a.address.clone(),
-        tls,
-        basic_auth_token: a.basic_auth_token.clone(),
-        exec: a.exec.map(Into::into),
-    })
+    let mut spec = HostSpec::new(&a.name, &a.address, tls);
+    spec.basic_auth_token = a.basic_auth_token.clone();
+    spec.exec = a.exec.map(Into::into);
+    Ok(spec)
 }
 
 fn show_one(ctx: &Ctx, r: &Reply) -> Result<(), CliError> {

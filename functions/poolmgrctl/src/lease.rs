@@ -5,10 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use poolmgr_client::{Call, ClaimOptions, ClaimRequest, LeaseQuery, PoolRef, RetryNotice};
-use serde::{Deserialize, Serialize};
+use poolmgr_client::{Call, ClaimOptions, ClaimRequest, Claimed, LeaseQuery, PoolRef, RetryNotice};
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 use crate::cli::{Format, LeaseCmd};
 use crate::error::CliError;
@@ -16,7 +14,7 @@ use crate::output::{Table, cell, emit, emit_document, pool_cell, printable};
 use crate::{Ctx, parse_pool_ref};
 
 /// Transient failures of an idempotent claim are retried this long when --wait is not given.
-const DEFAULT_TRANSIENT_RETRY: Duration = Duration::from_secs(30);
+pub const DEFAULT_TRANSIENT_RETRY: Duration = Duration::from_secs(30);
 
 pub async fn run(ctx: &Ctx, cmd: LeaseCmd) -> Result<(), CliError> {
     match cmd {
@@ -24,6 +22,10 @@ pub async fn run(ctx: &Ctx, cmd: LeaseCmd) -> Result<(), CliError> {
             let pool = parse_pool_ref(&pool)?;
             let request_id = request_id.filter(|r| !r.is_empty());
             claim(ctx, &pool, request_id, auto_request_id, wait).await
+        }
+        LeaseCmd::Run { pool, request_id, wait, command } => {
+            let pool = parse_pool_ref(&pool)?;
+            crate::run::run(ctx, &pool, request_id.filter(|r| !r.is_empty()), wait, command).await
         }
         LeaseCmd::Heartbeat { lease_id } => {
             let r = ctx.send(Call::heartbeat(&lease_id)).await?;
@@ -60,7 +62,7 @@ async fn claim(
     wait: Option<Duration>,
 ) -> Result<(), CliError> {
     if request_id.is_none() && !auto && wait.is_none() {
-        let r = ctx.send(Call::claim(&ClaimRequest { pool: pool.clone(), request_id: None })).await?;
+        let r = ctx.send(Call::claim(&ClaimRequest::new(pool.clone(), None))).await?;
         return print_claim(ctx, &r.body, &r.json()?);
     }
     let id = match request_id {
@@ -71,13 +73,25 @@ async fn claim(
             r
         }
     };
+    let c = claim_reporting(ctx, pool, id, wait).await?;
+    print_claim(ctx, &c.reply.body, &c.reply.json()?)
+}
+
+/// The retrying claim with request id `id`, its progress on standard error: until `wait`
+/// (waiting for an empty pool to refill), or 30 s of transient failures without it.
+pub async fn claim_reporting(
+    ctx: &Ctx,
+    pool: &PoolRef,
+    id: String,
+    wait: Option<Duration>,
+) -> Result<Claimed, CliError> {
     let failed = Arc::new(AtomicU32::new(0));
     let seen = failed.clone();
-    let opts = ClaimOptions {
-        request_id: Some(id),
-        deadline: wait.unwrap_or(DEFAULT_TRANSIENT_RETRY),
-        wait_for_vm: wait.is_some(),
-        on_retry: Some(Arc::new(move |n: &RetryNotice<'_>| {
+    let opts = ClaimOptions::default()
+        .with_request_id(id)
+        .with_deadline(wait.unwrap_or(DEFAULT_TRANSIENT_RETRY))
+        .with_wait_for_vm(wait.is_some())
+        .with_on_retry(move |n: &RetryNotice<'_>| {
             seen.store(n.attempt, Ordering::Relaxed);
             eprintln!(
                 "claim: attempt {}: {}; retrying in {:.1}s ({:.0}s left)",
@@ -86,9 +100,7 @@ async fn claim(
                 n.delay.as_secs_f64(),
                 n.remaining.as_secs_f64()
             );
-        })),
-        ..ClaimOptions::default()
-    };
+        });
     let start = Instant::now();
     match ctx.client.claim_with(pool, &opts).await {
         Ok(c) => {
@@ -100,7 +112,7 @@ async fn claim(
                     if c.response.replayed { " (replayed)" } else { "" }
                 );
             }
-            print_claim(ctx, &c.reply.body, &c.reply.json()?)
+            Ok(c)
         }
         Err(e) => {
             let attempts = failed.load(Ordering::Relaxed) + 1;
@@ -153,27 +165,11 @@ fn show(ctx: &Ctx, raw: &[u8], leases: &[Value]) -> Result<(), CliError> {
     }
 }
 
-#[derive(Deserialize, Serialize)]
-struct Page {
-    leases: Vec<Box<RawValue>>,
-    #[serde(default)]
-    next_page_token: String,
-}
-
-/// Every page of `GET /v1/leases`, printed as one answer (`next_page_token` empty).
+/// Every page of `GET /v1/leases` (the library's paginator), printed as one answer
+/// (`next_page_token` empty).
 async fn list(ctx: &Ctx, pool: Option<PoolRef>, page_size: Option<i64>) -> Result<(), CliError> {
-    let mut all = Page { leases: Vec::new(), next_page_token: String::new() };
-    let mut token = String::new();
-    loop {
-        let q = LeaseQuery { pool: pool.clone(), page_size, page_token: Some(token.clone()) };
-        let page: Page = ctx.send(Call::list_leases(&q)).await?.json()?;
-        all.leases.extend(page.leases);
-        if page.next_page_token.is_empty() || page.next_page_token == token {
-            break;
-        }
-        token = page.next_page_token;
-    }
-    let raw = serde_json::to_vec(&all).map_err(|e| CliError::new("internal", e.to_string()))?;
-    let leases: Vec<Value> = all.leases.iter().map(|l| serde_json::from_str(l.get()).unwrap_or(Value::Null)).collect();
+    let mut q = LeaseQuery::pool(pool);
+    q.page_size = page_size;
+    let (raw, leases) = ctx.list_all(Call::list_leases(&q), "leases").await?;
     show(ctx, &raw, &leases)
 }

@@ -14,12 +14,16 @@ mod host;
 mod lease;
 mod output;
 mod pool;
+mod run;
 mod vm;
 
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
 use poolmgr_client::{Call, Client, PoolRef, Reply};
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::cli::{Cli, Command, Format};
 use crate::error::CliError;
@@ -46,9 +50,45 @@ impl Ctx {
         e
     }
 
+    /// Every page of a paginated list (`key` is its field: `pools`, `vms`, `hosts`,
+    /// `leases`), read through the client's paginator: the items as the server sent them, and
+    /// one document `{key: [...], "next_page_token": ""}` holding all of them.
+    pub async fn list_all(&self, call: Call, key: &str) -> Result<(Vec<u8>, Vec<Value>), CliError> {
+        let mut pages = self.client.pages::<RawPage>(call);
+        let mut items: Vec<Box<RawValue>> = Vec::new();
+        while let Some(p) = pages.next_page().await.map_err(|e| self.explain(e))? {
+            items.extend(p.items);
+        }
+        let mut doc = serde_json::Map::new();
+        doc.insert(key.to_owned(), serde_json::to_value(&items).map_err(|e| CliError::new("internal", e.to_string()))?);
+        doc.insert("next_page_token".into(), Value::String(String::new()));
+        let raw = serde_json::to_vec(&doc).map_err(|e| CliError::new("internal", e.to_string()))?;
+        let values = items.iter().map(|i| serde_json::from_str(i.get()).unwrap_or(Value::Null)).collect();
+        Ok((raw, values))
+    }
+
     /// Prints a table (without its header under --no-headers).
     pub fn table(&self, t: &Table) -> Result<(), CliError> {
         output::emit(&t.render(!self.no_headers))
+    }
+}
+
+/// One page of any list, its items kept as the server wrote them.
+#[derive(Deserialize)]
+struct RawPage {
+    #[serde(alias = "leases", alias = "pools", alias = "vms", alias = "hosts")]
+    items: Vec<Box<RawValue>>,
+    #[serde(default)]
+    next_page_token: String,
+}
+
+impl poolmgr_client::Page for RawPage {
+    type Item = Box<RawValue>;
+    fn next_page_token(&self) -> &str {
+        &self.next_page_token
+    }
+    fn into_items(self) -> Vec<Box<RawValue>> {
+        self.items
     }
 }
 
@@ -75,7 +115,9 @@ fn main() -> ExitCode {
     match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{e}");
+            if e.exit.is_none() {
+                eprintln!("{e}");
+            }
             ExitCode::from(e.exit_code())
         }
     }
@@ -85,9 +127,13 @@ async fn run(g: cli::Global, command: Command) -> Result<(), CliError> {
     let target = config::resolve(&g, &config::Env::process())?;
     let mut b = Client::builder(&target.endpoint)
         .timeout(g.timeout)
+        .connect_timeout(g.connect_timeout)
         .user_agent(concat!("poolmgrctl/", env!("CARGO_PKG_VERSION")));
     if let Some(t) = target.token {
         b = b.token(t);
+    }
+    if let Some(ca) = target.ca_file {
+        b = b.ca_file(ca);
     }
     let client = b.build()?;
     let ctx = Ctx { client, format: g.output, no_headers: g.no_headers };

@@ -18,24 +18,23 @@ pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
         PoolCmd::Create(f) => {
             let spec = load_spec(&f.file)?;
             let r = ctx.send(Call::create_pool(&spec)).await?;
-            show_pools(ctx, &r, &[r.json()?])
+            show_pools(ctx, &r.body, &[r.json()?])
         }
         PoolCmd::Update(f) => {
             let spec = load_spec(&f.file)?;
             let r = ctx.send(Call::update_pool(&spec)).await?;
-            show_pools(ctx, &r, &[r.json()?])
+            show_pools(ctx, &r.body, &[r.json()?])
         }
         PoolCmd::Get { pool } => {
             let r = ctx.send(Call::get_pool(&parse_pool_ref(&pool)?)).await?;
-            show_pools(ctx, &r, &[r.json()?])
+            show_pools(ctx, &r.body, &[r.json()?])
         }
         PoolCmd::List { namespace } => {
             if let Some(ns) = &namespace {
                 poolmgr_client::validate_name("namespace", ns).map_err(CliError::usage)?;
             }
-            let r = ctx.send(Call::list_pools(namespace.as_deref())).await?;
-            let v: Value = r.json()?;
-            show_pools(ctx, &r, v["pools"].as_array().map(Vec::as_slice).unwrap_or_default())
+            let (raw, pools) = ctx.list_all(Call::list_pools(namespace.as_deref()), "pools").await?;
+            show_pools(ctx, &raw, &pools)
         }
         PoolCmd::Delete { pool, force } => {
             let p = parse_pool_ref(&pool)?;
@@ -48,7 +47,7 @@ pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
         PoolCmd::Expect { pool, claims, within } => {
             let p = parse_pool_ref(&pool)?;
             let within_seconds = i32::try_from(within.as_secs()).unwrap_or(i32::MAX);
-            let req = ExpectRequest { claims, within_seconds };
+            let req = ExpectRequest::new(claims, within_seconds);
             req.validate().map_err(CliError::usage)?;
             let r = ctx.send(Call::expect(&p, &req)).await?;
             match ctx.format {
@@ -80,7 +79,7 @@ pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
     }
 }
 
-fn show_pools(ctx: &Ctx, r: &Reply, pools: &[Value]) -> Result<(), CliError> {
+fn show_pools(ctx: &Ctx, raw: &[u8], pools: &[Value]) -> Result<(), CliError> {
     match ctx.format {
         Format::Table => {
             let mut t = Table::new(&[
@@ -114,7 +113,7 @@ fn show_pools(ctx: &Ctx, r: &Reply, pools: &[Value]) -> Result<(), CliError> {
             }
             ctx.table(&t)
         }
-        f => emit_document(f, &r.body),
+        f => emit_document(f, raw),
     }
 }
 

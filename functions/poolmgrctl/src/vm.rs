@@ -20,10 +20,8 @@ pub async fn run(ctx: &Ctx, cmd: VmCmd) -> Result<(), CliError> {
                 q.namespace = Some(ns);
             }
             q.phase = phase;
-            let r = ctx.send(Call::list_vms(&q)).await?;
-            let v: Value = r.json()?;
-            let vms = v["vms"].as_array().cloned().unwrap_or_default();
-            show(ctx, &r.body, &vms)
+            let (raw, vms) = ctx.list_all(Call::list_vms(&q), "vms").await?;
+            show(ctx, &raw, &vms)
         }
         VmCmd::Get { id } => {
             let r = ctx.send(Call::get_vm(&id)).await?;

@@ -956,3 +956,223 @@ async fn manual_pages_come_from_the_command_tree() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------
+// Issue 26: lease run, private CAs
+// ---------------------------------------------------------------------------------------
+
+impl Stack {
+    /// Creates pool default/`name` with these heartbeat settings through the API.
+    async fn pool_with_heartbeats(&self, name: &str, size: i32, interval: i32, expiry: i32) {
+        let mut spec = spec_json(name, size);
+        spec["heartbeat_interval_seconds"] = json!(interval);
+        spec["heartbeat_expiry_seconds"] = json!(expiry);
+        let (status, body) = self.api(reqwest::Method::POST, "/v1/pools", Some(spec)).await;
+        assert_eq!(status, 201, "{body}");
+    }
+
+    async fn lease_ids(&self) -> Vec<String> {
+        let db = self.server.db.client().await;
+        db.query("SELECT lease_id FROM leases", &[]).await.unwrap().iter().map(|r| r.get(0)).collect()
+    }
+
+    /// Waits until no lease is left (the release is part of the CLI's exit, so this is quick).
+    async fn no_lease_left(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.lease_ids().await.is_empty() {
+            assert!(Instant::now() < deadline, "a lease was left behind: {:?}", self.lease_ids().await);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// `KEY=VALUE` lines as a map.
+fn env_file(path: &str) -> std::collections::BTreeMap<String, String> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_owned(), v.to_owned())).collect()
+}
+
+fn signal(child: &Child, sig: &str) {
+    let pid = child.id().expect("child still running");
+    let s = std::process::Command::new("kill").args([sig, &pid.to_string()]).status().expect("run kill");
+    assert!(s.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_run_exports_the_vm_and_passes_the_commands_exit_through_after_releasing() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    s.create_pool("ci", 3).await;
+    s.wait_available("ci", 3).await;
+    let env_out = s.dir.join("env").to_string_lossy().into_owned();
+
+    // A failing command: its code comes back, and the lease is gone by then.
+    let script = format!("env | grep '^POOLMGR_' | grep -v -e TOKEN -e ENDPOINT > {env_out}; exit 3");
+    let o = s.ctl(&["lease", "run", "--pool", "ci", "--", "sh", "-c", &script]).await;
+    assert_eq!(o.code, 3, "{o:#?}");
+    assert!(s.lease_ids().await.is_empty(), "released before exiting: {o:#?}");
+    let env = env_file(&env_out);
+    let lease_id = env["POOLMGR_LEASE_ID"].clone();
+    assert!(
+        o.stderr.contains(&format!("claimed lease {lease_id} (VM {} on host sim)", env["POOLMGR_VM_ID"])),
+        "{o:#?}"
+    );
+    assert!(o.stderr.contains(&format!("released lease {lease_id}")), "{o:#?}");
+    assert_eq!(env["POOLMGR_POOL"], "default/ci");
+    assert_eq!(env["POOLMGR_HOST"], "sim");
+    assert_eq!(env["POOLMGR_HOST_ADDRESS"], s.server.sim_server.addr.to_string());
+    assert!(uuid::Uuid::parse_str(&env["POOLMGR_REQUEST_ID"]).is_ok(), "{env:?}");
+    let claim: Value = serde_json::from_str(&env["POOLMGR_CLAIM_JSON"]).unwrap();
+    assert_eq!(claim["lease"]["lease_id"], json!(lease_id));
+    assert_eq!(claim["vm"]["uid"], json!(env["POOLMGR_VM_UID"]));
+    // Every interface of the claim answer, in device id order (eth1 is the template's).
+    let ifaces = claim["vm"]["network_interfaces"].as_object().unwrap();
+    let mut devices: Vec<&String> = ifaces.keys().collect();
+    devices.sort();
+    assert!(devices.iter().any(|d| *d == "eth1"), "{claim}");
+    let joined: Vec<&str> = devices.iter().map(|d| d.as_str()).collect();
+    assert_eq!(env["POOLMGR_VM_INTERFACES"], joined.join(" "));
+    for (n, d) in devices.iter().enumerate() {
+        let i = &ifaces[d.as_str()];
+        assert_eq!(env[&format!("POOLMGR_VM_IFACE_{n}_DEVICE")], **d);
+        assert_eq!(json!(env[&format!("POOLMGR_VM_IFACE_{n}_MAC")]), i["mac_address"]);
+        assert_eq!(json!(env[&format!("POOLMGR_VM_IFACE_{n}_HOST_DEVICE")]), i["host_device_name"]);
+        assert_eq!(env[&format!("POOLMGR_VM_IFACE_{n}_INDEX")], i["index"].to_string());
+    }
+    assert_eq!(json!(env["POOLMGR_VM_MAC"]), ifaces[devices[0].as_str()]["mac_address"]);
+    let (status, _) = s.api(reqwest::Method::GET, &format!("/v1/leases/{lease_id}"), None).await;
+    assert_eq!(status, 404);
+
+    // Success, with a request id of our own.
+    let o = s
+        .ctl(&[
+            "lease",
+            "run",
+            "--pool",
+            "ci",
+            "--request-id",
+            "job-1",
+            "--",
+            "sh",
+            "-c",
+            "test \"$POOLMGR_REQUEST_ID\" = job-1",
+        ])
+        .await;
+    assert_eq!(o.code, 0, "{o:#?}");
+    // A command that cannot be found: 127, released all the same.
+    let o = s.ctl(&["lease", "run", "--pool", "ci", "--", "/nonexistent/poolmgr-cmd"]).await;
+    assert_eq!(o.code, 127, "{o:#?}");
+    assert!(o.stderr.contains("cannot run") && o.stderr.contains("released lease"), "{o:#?}");
+    // Killed by a signal: 128 + 9, released.
+    let o = s.ctl(&["lease", "run", "--pool", "ci", "--", "sh", "-c", "kill -KILL $$"]).await;
+    assert_eq!(o.code, 137, "{o:#?}");
+    assert!(o.stderr.contains("released lease"), "{o:#?}");
+    assert!(s.lease_ids().await.is_empty());
+    // No command: a usage error, nothing claimed.
+    let o = s.ctl(&["lease", "run", "--pool", "ci"]).await;
+    assert_eq!(o.code, 2, "{o:#?}");
+}
+
+/// A command that says it started, then waits; on SIGTERM it writes `marker` and exits 143.
+fn trapping_script(marker: &str) -> String {
+    format!("trap 'echo term > {marker}; exit 143' TERM; echo started; while :; do sleep 0.1; done")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_run_forwards_sigterm_to_the_command_and_releases_before_exiting_with_its_code() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    s.create_pool("ci", 1).await;
+    s.wait_available("ci", 1).await;
+    let marker = s.dir.join("term").to_string_lossy().into_owned();
+    let mut run = s.spawn_ctl(&["lease", "run", "--pool", "ci", "--", "sh", "-c", &trapping_script(&marker)]);
+    read_until(&mut run, Duration::from_secs(60), |o| o.contains("started")).await;
+    assert_eq!(s.lease_ids().await.len(), 1, "the command runs under a lease");
+    signal(&run, "-TERM");
+    let o = out(tokio::time::timeout(Duration::from_secs(60), run.wait_with_output()).await.unwrap().unwrap());
+    assert_eq!(o.code, 143, "{o:#?}");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap_or_default(), "term\n", "the command got SIGTERM: {o:#?}");
+    assert!(o.stderr.contains("SIGTERM; forwarding it") && o.stderr.contains("released lease"), "{o:#?}");
+    assert!(s.lease_ids().await.is_empty(), "{o:#?}");
+
+    // SIGINT too (not in a terminal here, so it is forwarded).
+    s.wait_available("ci", 1).await;
+    let _ = std::fs::remove_file(&marker);
+    let script = format!("trap 'echo int > {marker}; exit 130' INT; echo started; while :; do sleep 0.1; done");
+    let mut run = s.spawn_ctl(&["lease", "run", "--pool", "ci", "--", "sh", "-c", &script]);
+    read_until(&mut run, Duration::from_secs(60), |o| o.contains("started")).await;
+    sigint(&run);
+    let o = out(tokio::time::timeout(Duration::from_secs(60), run.wait_with_output()).await.unwrap().unwrap());
+    assert_eq!(o.code, 130, "{o:#?}");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap_or_default(), "int\n", "{o:#?}");
+    s.no_lease_left().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_run_heartbeats_and_when_the_lease_is_lost_stops_the_command_and_exits_7() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    // Heartbeats every second keep a 3 s lease; the command outlives several windows.
+    s.pool_with_heartbeats("ci", 1, 1, 3).await;
+    s.wait_available("ci", 1).await;
+    let marker = s.dir.join("term").to_string_lossy().into_owned();
+    let mut run = s.spawn_ctl(&["lease", "run", "--pool", "ci", "--", "sh", "-c", &trapping_script(&marker)]);
+    read_until(&mut run, Duration::from_secs(60), |o| o.contains("started")).await;
+    let ids = s.lease_ids().await;
+    assert_eq!(ids.len(), 1);
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let lease = s.get(&format!("/v1/leases/{}", ids[0])).await;
+    assert_ne!(lease["last_heartbeat_at"], lease["claimed_at"], "heartbeats kept it: {lease}");
+
+    // Released elsewhere: the next heartbeat finds it gone.
+    let (status, _) = s.api(reqwest::Method::DELETE, &format!("/v1/leases/{}", ids[0]), None).await;
+    assert_eq!(status, 204);
+    let o = out(tokio::time::timeout(Duration::from_secs(60), run.wait_with_output()).await.unwrap().unwrap());
+    assert_eq!(o.code, 7, "{o:#?}");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap_or_default(), "term\n", "{o:#?}");
+    assert!(o.stderr.contains(&format!("lease {} lost (not_found", ids[0])), "{o:#?}");
+    assert!(o.stderr.contains("nothing to release"), "{o:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_endpoint_is_trusted_through_the_ca_flag_environment_context_or_system_store() {
+    let s = Stack::start().await;
+    let front = poolmgr_tests::https::HttpsFront::start(&s.endpoint).await;
+    let ca = s.write("ca.pem", &front.ca_pem);
+    let ep = front.endpoint.as_str();
+
+    // Without the CA: unavailable (exit 6), and the message says why.
+    let o = s.ctl_via(ep, &[], &["pool", "list"]).await;
+    o.fails(6, "unavailable");
+    assert!(o.stderr.to_lowercase().contains("certificate"), "{o:#?}");
+    // The flag, the environment.
+    s.ctl_via(ep, &[], &["--server-ca-file", &ca, "pool", "list"]).await.ok();
+    s.ctl_via(ep, &[("POOLMGR_CA_FILE", ca.as_str())], &["pool", "list"]).await.ok();
+    // The system's trust store (here: the file rustls-native-certs is pointed at).
+    s.ctl_via(ep, &[("SSL_CERT_FILE", ca.as_str())], &["pool", "list"]).await.ok();
+    // A context's ca_file.
+    let home = s.dir.join("home");
+    let token = s.write_mode("admin.token", ADMIN, 0o600);
+    bare(&home, &[], &["--endpoint", ep, "--token-file", &token, "--server-ca-file", &ca, "context", "set", "tls"])
+        .await
+        .ok();
+    let config = std::fs::read_to_string(home.join("poolmgr/config.yaml")).unwrap();
+    assert!(config.contains("ca_file:") && config.contains("ca.pem"), "{config}");
+    bare(&home, &[], &["pool", "list"]).await.ok();
+    // A CA file that is no certificate: a usage error naming it.
+    let junk = s.write("junk.pem", "junk");
+    let o = s.ctl_via(ep, &[], &["--server-ca-file", &junk, "pool", "list"]).await;
+    o.fails(2, "invalid_argument");
+    assert!(o.stderr.contains("junk.pem"), "{o:#?}");
+}
+
+impl Stack {
+    /// The CLI against `endpoint` with the admin token and extra environment variables.
+    async fn ctl_via(&self, endpoint: &str, env: &[(&str, &str)], args: &[&str]) -> Out {
+        let mut c = ctl_cmd(endpoint, ADMIN, args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        run(c).await
+    }
+}
