@@ -10,7 +10,8 @@ use poolmgr_client::Phase;
 ///
 /// Exit codes: 0 success, 1 other errors, 2 usage or invalid argument, 3 not found,
 /// 4 conflict (already exists, aborted, failed precondition), 5 resource exhausted,
-/// 6 unavailable (server, database or flintlock unreachable, connection failures, time-outs).
+/// 6 unavailable (server, database or flintlock unreachable, connection failures, time-outs),
+/// 7 `pool wait` timed out.
 #[derive(Debug, Parser)]
 #[command(name = "poolmgrctl", version, propagate_version = true, max_term_width = 100)]
 pub struct Cli {
@@ -42,9 +43,15 @@ pub struct Global {
     /// or ~/.config/poolmgr/config.yaml].
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Output format.
-    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Format::Table)]
-    pub output: Format,
+    /// Output format: table (the default), json, yaml, name (one resource name per line:
+    /// NAMESPACE/NAME for pools, ids for leases and VMs, names for hosts), or
+    /// jsonpath=TEMPLATE (kubectl's: `-o jsonpath='{.lease.lease_id}'`).
+    #[arg(short = 'o', long, global = true, value_name = "FORMAT", value_parser = parse_format)]
+    pub output: Option<Format>,
+    /// Filter the JSON output with a jq program (jaq), each result on a line, strings as
+    /// their text like `jq -r` (e.g. `--jq .lease.lease_id`). Implies -o json.
+    #[arg(long, global = true, value_name = "EXPR")]
+    pub jq: Option<String>,
     /// Tables without their header line.
     #[arg(long, global = true)]
     pub no_headers: bool,
@@ -53,7 +60,8 @@ pub struct Global {
     pub timeout: Duration,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// What a command prints (`-o`, `--jq`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Format {
     /// Aligned columns for people.
     Table,
@@ -61,6 +69,30 @@ pub enum Format {
     Json,
     /// The API's objects as YAML.
     Yaml,
+    /// One name per line: what the command showed or acted on.
+    Name,
+    /// A kubectl-style JSONPath template over the JSON (`crate::filter::Template`).
+    JsonPath(String),
+    /// A jq program over the JSON (`--jq`; `crate::filter::jq`).
+    Jq(String),
+}
+
+/// `-o`: `table`, `json`, `yaml`, `name` or `jsonpath=TEMPLATE` (checked here, before
+/// anything is sent).
+pub fn parse_format(s: &str) -> Result<Format, String> {
+    match s {
+        "table" => Ok(Format::Table),
+        "json" => Ok(Format::Json),
+        "yaml" => Ok(Format::Yaml),
+        "name" => Ok(Format::Name),
+        _ => match s.split_once('=') {
+            Some(("jsonpath", t)) => {
+                crate::filter::Template::parse(t)?;
+                Ok(Format::JsonPath(t.to_owned()))
+            }
+            _ => Err("use table, json, yaml, name or jsonpath=TEMPLATE (e.g. jsonpath='{.lease.lease_id}')".into()),
+        },
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -156,6 +188,20 @@ pub enum PoolCmd {
     /// pausing, resuming or undoing one (admin token).
     #[command(subcommand)]
     Rollout(RolloutCmd),
+    /// Wait until a pool has at least --available VMs AVAILABLE, polling its status, with
+    /// progress on standard error; then print the pool. The global --timeout bounds the whole
+    /// wait here (default 30s, like `kubectl wait`). Exit 0 once met; 7 when --timeout passed
+    /// first (the message says what the pool has and what to do); 3 for an unknown pool.
+    Wait {
+        /// NAMESPACE/NAME, or NAME in namespace `default`.
+        pool: String,
+        /// How many AVAILABLE VMs to wait for.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(0..=10000))]
+        available: i64,
+        /// Poll interval.
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+        interval: Duration,
+    },
     /// Show a pool's live counts, its desired size and why (autoscaling: the measured claim
     /// and refusal rates, the provisioning time, announced claims).
     Status {

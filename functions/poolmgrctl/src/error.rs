@@ -20,6 +20,8 @@ pub const EXIT_NOT_FOUND: u8 = 3;
 pub const EXIT_CONFLICT: u8 = 4;
 pub const EXIT_EXHAUSTED: u8 = 5;
 pub const EXIT_UNAVAILABLE: u8 = 6;
+/// `pool wait`: the condition was not met within --timeout.
+pub const EXIT_WAIT_TIMED_OUT: u8 = 7;
 
 impl CliError {
     pub fn new(status: &str, message: impl Into<String>) -> CliError {
@@ -44,6 +46,7 @@ impl CliError {
             "already_exists" | "aborted" | "failed_precondition" => EXIT_CONFLICT,
             "resource_exhausted" => EXIT_EXHAUSTED,
             "unavailable" => EXIT_UNAVAILABLE,
+            "deadline_exceeded" => EXIT_WAIT_TIMED_OUT,
             _ => EXIT_OTHER,
         }
     }
@@ -92,6 +95,7 @@ mod tests {
             ("failed_precondition", 4),
             ("resource_exhausted", 5),
             ("unavailable", 6),
+            ("deadline_exceeded", 7),
             ("internal", 1),
             ("unauthenticated", 1),
             ("permission_denied", 1),

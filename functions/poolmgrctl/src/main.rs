@@ -10,6 +10,7 @@ mod config;
 mod context;
 mod error;
 mod events;
+mod filter;
 mod host;
 mod lease;
 mod output;
@@ -30,6 +31,8 @@ pub struct Ctx {
     pub client: Client,
     pub format: Format,
     pub no_headers: bool,
+    /// The global --timeout: one request's, or a whole `pool wait`'s.
+    pub timeout: std::time::Duration,
 }
 
 impl Ctx {
@@ -50,6 +53,16 @@ impl Ctx {
     pub fn table(&self, t: &Table) -> Result<(), CliError> {
         output::emit(&t.render(!self.no_headers))
     }
+
+    /// After a command that answers nothing (a delete, a release): `done` in a table, the
+    /// name under `-o name`, nothing otherwise.
+    pub fn done(&self, name: &str, done: &str) -> Result<(), CliError> {
+        match self.format {
+            Format::Table => output::emit(&format!("{done}\n")),
+            Format::Name => output::emit(&format!("{}\n", output::printable(name))),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// `NAMESPACE/NAME`, or `NAME` in namespace `default`.
@@ -66,10 +79,14 @@ fn main() -> ExitCode {
             output::emit(&String::from_utf8_lossy(&out))
         }
         Command::Man { dir } => output::man_pages(Cli::command(), dir.as_deref()),
-        Command::Context(c) => context::run(&cli.global, cli.global.output, c),
-        command => match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(rt) => rt.block_on(run(cli.global, command)),
-            Err(e) => Err(CliError::new("internal", format!("cannot start the async runtime: {e}"))),
+        Command::Context(c) => output::resolve_format(&cli.global).and_then(|f| context::run(&cli.global, f, c)),
+        command => match (
+            output::resolve_format(&cli.global),
+            tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        ) {
+            (Err(e), _) => Err(e),
+            (Ok(format), Ok(rt)) => rt.block_on(run(cli.global, format, command)),
+            (Ok(_), Err(e)) => Err(CliError::new("internal", format!("cannot start the async runtime: {e}"))),
         },
     };
     match done {
@@ -81,7 +98,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(g: cli::Global, command: Command) -> Result<(), CliError> {
+async fn run(g: cli::Global, format: Format, command: Command) -> Result<(), CliError> {
     let target = config::resolve(&g, &config::Env::process())?;
     let mut b = Client::builder(&target.endpoint)
         .timeout(g.timeout)
@@ -90,7 +107,7 @@ async fn run(g: cli::Global, command: Command) -> Result<(), CliError> {
         b = b.token(t);
     }
     let client = b.build()?;
-    let ctx = Ctx { client, format: g.output, no_headers: g.no_headers };
+    let ctx = Ctx { client, format, no_headers: g.no_headers, timeout: g.timeout };
     match command {
         Command::Pool(c) => pool::run(&ctx, c).await,
         Command::Lease(c) => lease::run(&ctx, c).await,

@@ -554,28 +554,26 @@ async fn leases_vms_and_events() {
     let lease_id = first["lease"]["lease_id"].as_str().unwrap().to_owned();
     let vm_id = first["vm"]["id"].as_str().unwrap().to_owned();
     assert_eq!(first["lease"], s.get(&format!("/v1/leases/{lease_id}")).await);
+    let vm_uid = first["vm"]["uid"].as_str().unwrap().to_owned();
+    assert_ne!(vm_uid, vm_id);
     let t = s.ctl(&["lease", "claim", "--pool", "ci", "--request-id", "r-1"]).await.ok().table();
-    assert_eq!(t[0], ["LEASE_ID", "POOL", "VM", "HOST", "EXPIRES", "REQUEST_ID", "REPLAYED"]);
-    assert_eq!(t[1][..4], [lease_id.as_str(), "default/ci", vm_id.as_str(), "sim"]);
-    assert_eq!(t[1][5..], ["r-1", "true"]);
+    // One name for one thing: VM is the VM's id, UID its flintlock uid (as in `lease list`).
+    assert_eq!(t[0], ["LEASE_ID", "POOL", "VM", "UID", "HOST", "EXPIRES", "REQUEST_ID", "REPLAYED"]);
+    assert_eq!(t[1][..5], [lease_id.as_str(), "default/ci", vm_id.as_str(), vm_uid.as_str(), "sim"]);
+    assert_eq!(t[1][6..], ["r-1", "true"]);
 
     // get / list
     let direct = s.get(&format!("/v1/leases/{lease_id}")).await;
     assert_eq!(s.ctl(&["-o", "json", "lease", "get", &lease_id]).await.json(), direct);
     let t = s.ctl(&["lease", "get", &lease_id]).await.ok().table();
-    assert_eq!(t[0], ["LEASE_ID", "POOL", "VM", "EXPIRES", "REQUEST_ID"]);
-    let row = [
-        lease_id.as_str(),
-        "default/ci",
-        direct["vm_uid"].as_str().unwrap(),
-        direct["expires_at"].as_str().unwrap(),
-        "r-1",
-    ];
+    assert_eq!(t[0], ["LEASE_ID", "POOL", "UID", "EXPIRES", "REQUEST_ID"]);
+    assert_eq!(direct["vm_uid"], json!(vm_uid));
+    let row = [lease_id.as_str(), "default/ci", vm_uid.as_str(), direct["expires_at"].as_str().unwrap(), "r-1"];
     assert_eq!(t[1], row);
     let second = s.ctl(&["-o", "json", "lease", "claim", "--pool", "ci"]).await.json();
     assert_eq!(second["lease"]["request_id"], Value::Null);
     let t = s.ctl(&["lease", "list"]).await.ok().table();
-    assert_eq!(t[0], ["LEASE_ID", "POOL", "VM", "EXPIRES", "REQUEST_ID"]);
+    assert_eq!(t[0], ["LEASE_ID", "POOL", "UID", "EXPIRES", "REQUEST_ID"]);
     assert_eq!(t.len(), 3, "{t:?}");
     assert!(t.contains(&row.map(String::from).to_vec()), "{t:?}");
     assert!(t.iter().any(|r| r[0] == second["lease"]["lease_id"].as_str().unwrap() && r[4] == "<none>"), "{t:?}");
@@ -677,6 +675,112 @@ async fn leases_vms_and_events() {
     s.ctl_as(CLIENT, &["vm", "delete", leased]).await.fails(1, "permission_denied");
 }
 
+// ---------------------------------------------------------------------------------------
+// Issue 26 item 5: script-friendly output and `pool wait`
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn bad_filters_and_formats_are_usage_errors_before_anything_is_sent() {
+    // Nothing listens: a request would be `unavailable` (6); these fail first, with 2.
+    let none = closed_endpoint();
+    for args in [
+        &["--jq", ".pools[", "pool", "list"][..],
+        &["--jq", "nosuchfilter", "pool", "list"],
+        &["-o", "yaml", "--jq", ".", "pool", "list"],
+        &["-o", "name", "--jq", ".", "pool", "list"],
+        &["-o", "jsonpath={.pools[}", "pool", "list"],
+        &["-o", "jsonpath={range .pools[*]}{.spec.name}{end}", "pool", "list"],
+        &["-o", "jsonpath=", "pool", "list"],
+        &["-o", "xml", "pool", "list"],
+        &["--jq", ".[", "context", "list"],
+    ] {
+        let o = ctl_offline(&none, args).await;
+        assert_eq!(o.code, 2, "{args:?}: {o:#?}");
+        assert!(!o.stderr.contains("connect"), "{args:?}: {o:#?}");
+    }
+    let o = ctl_offline(&none, &["--jq", ".pools[", "pool", "list"]).await;
+    o.fails(2, "invalid_argument");
+    assert!(o.stderr.contains("--jq: expected"), "{o:#?}");
+    // -o json with --jq is fine: the same JSON, filtered (and here nothing listens).
+    ctl_offline(&none, &["-o", "json", "--jq", ".", "pool", "list"]).await.fails(6, "unavailable");
+    let o = ctl_offline(&none, &["pool", "wait", "ci", "--available", "-1"]).await;
+    assert_eq!(o.code, 2, "{o:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jq_jsonpath_and_name_print_what_scripts_need_and_pool_wait_waits() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    s.create_pool("ci", 2).await;
+
+    // pool wait: progress on stderr until 2 are AVAILABLE, then the pool.
+    let o = s.ctl(&["--timeout", "60s", "pool", "wait", "ci", "--available", "2", "--interval", "200ms"]).await.ok();
+    assert_eq!(o.stdout, "pool default/ci: 2 VMs AVAILABLE\n", "{o:#?}");
+    assert!(o.stderr.contains("pool default/ci: 2 AVAILABLE (wanted 2)"), "{o:#?}");
+    assert_eq!(s.get("/v1/pools/default/ci").await["status"]["available"], json!(2));
+    let o = s.ctl(&["-o", "name", "pool", "wait", "ci", "--available", "1"]).await.ok();
+    assert_eq!(o.stdout, "default/ci\n");
+    // Never reached: exit 7 after --timeout, saying what the pool has and what to do.
+    let started = Instant::now();
+    let o = s.ctl(&["--timeout", "2s", "pool", "wait", "ci", "--available", "3", "--interval", "200ms"]).await;
+    o.fails(7, "deadline_exceeded");
+    assert!(started.elapsed() >= Duration::from_secs(2), "{o:#?}");
+    assert!(o.stderr.contains("2/3 AVAILABLE") && o.stderr.contains("works towards 2 VMs"), "{o:#?}");
+    assert!(o.stderr.contains("--timeout") && o.stderr.contains("events tail --pool default/ci"), "{o:#?}");
+    assert!(o.stdout.is_empty(), "{o:#?}");
+    s.ctl(&["pool", "wait", "ghost", "--available", "1"]).await.fails(3, "not_found");
+
+    // --jq on a claim: the lease id alone, as a script wants it.
+    let o = s.ctl(&["--jq", ".lease.lease_id", "lease", "claim", "--pool", "ci", "--request-id", "j-1"]).await.ok();
+    let lease_id = o.stdout.strip_suffix('\n').unwrap_or_else(|| panic!("{o:#?}")).to_owned();
+    let lease = s.get(&format!("/v1/leases/{lease_id}")).await;
+    assert_eq!(lease["request_id"], json!("j-1"));
+    // -o jsonpath: the same, kubectl's way; text around the braces kept.
+    let o = s.ctl(&["-o", "jsonpath={.lease.lease_id}", "lease", "claim", "--pool", "ci", "--request-id", "j-1"]).await;
+    assert_eq!(o.ok().stdout, format!("{lease_id}\n"));
+    let o =
+        s.ctl(&["-o", "jsonpath=vm={.vm.id} uid={.vm.uid}", "lease", "claim", "--pool", "ci", "--request-id", "j-1"]);
+    let o = o.await.ok();
+    let vms = s.get("/v1/vms?phase=LEASED").await;
+    let vm = &vms["vms"][0];
+    assert_eq!(o.stdout, format!("vm={} uid={}\n", cell(&vm["id"]), cell(&vm["uid"])));
+    // Several results: jq one per line, jsonpath joined by a space; non-strings as JSON.
+    let o = s.ctl(&["--jq", ".vms[].id", "vm", "list"]).await.ok();
+    let direct: Vec<String> =
+        s.get("/v1/vms").await["vms"].as_array().unwrap().iter().map(|v| cell(&v["id"])).collect();
+    assert_eq!(o.stdout, format!("{}\n", direct.join("\n")));
+    let o = s.ctl(&["-o", "jsonpath={.vms[*].id}", "vm", "list"]).await.ok();
+    assert_eq!(o.stdout, format!("{}\n", direct.join(" ")));
+    let o = s.ctl(&["--jq", r#".vms | map(select(.phase == "LEASED")) | length"#, "vm", "list"]).await.ok();
+    assert_eq!(o.stdout, "1\n");
+    let o = s.ctl(&["-o", "json", "--jq", "{size: .spec.size}", "pool", "get", "ci"]).await;
+    assert_eq!(o.json(), json!({"size": 2}));
+    let o = s.ctl(&["-o", "jsonpath={.spec.replenishment}", "pool", "get", "ci"]).await.ok();
+    assert_eq!(serde_json::from_str::<Value>(&o.stdout).unwrap(), json!({"strategy": "REPLACE_ON_DELETE"}));
+    // A filter that fails on this answer: usage (exit 2), saying why.
+    let o = s.ctl(&["--jq", ".spec.name.first", "pool", "get", "ci"]).await;
+    o.fails(2, "invalid_argument");
+    assert!(o.stderr.contains("--jq"), "{o:#?}");
+
+    // -o name: NAMESPACE/NAME for pools, ids for leases and VMs, names for hosts.
+    assert_eq!(s.ctl(&["-o", "name", "pool", "list"]).await.ok().stdout, "default/ci\n");
+    assert_eq!(s.ctl(&["-o", "name", "pool", "get", "ci"]).await.ok().stdout, "default/ci\n");
+    assert_eq!(s.ctl(&["-o", "name", "lease", "list"]).await.ok().stdout, format!("{lease_id}\n"));
+    assert_eq!(s.ctl(&["-o", "name", "vm", "list"]).await.ok().stdout, format!("{}\n", direct.join("\n")));
+    assert_eq!(s.ctl(&["-o", "name", "host", "list"]).await.ok().stdout, "sim\n");
+    let o = s.ctl(&["-o", "name", "events", "tail", "--no-follow", "--pool", "ci"]).await.ok();
+    let ids: Vec<String> = s.get("/v1/events?pool=ci&namespace=default&limit=1000").await["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].to_string())
+        .collect();
+    assert!(o.stdout.starts_with(&format!("{}\n", ids.join("\n"))), "{o:#?}");
+    // A command that answers nothing prints the name it acted on.
+    assert_eq!(s.ctl(&["-o", "name", "lease", "release", &lease_id]).await.ok().stdout, format!("{lease_id}\n"));
+    s.ctl(&["lease", "get", &lease_id]).await.fails(3, "not_found");
+}
+
 /// Issue 25 item 11: text a client or admin chose (a `request_id`, a cordon reason) reaches
 /// the terminal written out, never as the escape sequences, controls and bidi overrides it
 /// holds; JSON keeps it exactly, as escapes.
@@ -714,7 +818,7 @@ async fn terminal_controls_in_request_ids_and_reasons_are_written_out_in_tables(
     }
     let o = s.ctl_as(CLIENT, &["lease", "claim", "--pool", "ci", "--request-id", HOSTILE]).await.ok();
     assert_inert(&o);
-    assert_eq!(o.table()[1][5..], [SHOWN, "true"]);
+    assert_eq!(o.table()[1][6..], [SHOWN, "true"]);
     for args in [&["host", "list"][..], &["host", "get", "sim"]] {
         let o = s.ctl(args).await.ok();
         assert_inert(&o);
@@ -728,6 +832,15 @@ async fn terminal_controls_in_request_ids_and_reasons_are_written_out_in_tables(
         assert_inert(&o);
         assert!(o.json().to_string().contains(&json!(HOSTILE).to_string()), "{o:#?}");
     }
+    // A filter's JSON results are as inert as -o json; a string result into a pipe is the
+    // exact value (a script reads it back), like `jq -r`.
+    let o = s.ctl(&["--jq", "{r: .request_id}", "lease", "get", &lease_id]).await.ok();
+    assert_inert(&o);
+    assert_eq!(o.json()["r"], json!(HOSTILE));
+    let o = s.ctl(&["--jq", ".request_id", "lease", "get", &lease_id]).await.ok();
+    assert_eq!(o.stdout, format!("{HOSTILE}\n"));
+    let o = s.ctl(&["-o", "jsonpath={.request_id}", "lease", "get", &lease_id]).await.ok();
+    assert_eq!(o.stdout, format!("{HOSTILE}\n"));
 }
 
 // ---------------------------------------------------------------------------------------
