@@ -152,6 +152,28 @@ pub enum PoolCmd {
     Create(SpecFile),
     /// Replace a pool's spec from a PoolSpec file; the pool is the one the file names.
     Update(SpecFile),
+    /// Create or update the pools the files describe (kubectl apply). Each pool is read with
+    /// its ETag, compared with the file, and created, left as it is, or updated with
+    /// If-Match: a pool someone changed since the read is not overwritten (exit 4, re-run).
+    /// Every file is checked before anything is sent.
+    Apply {
+        /// A PoolSpec file (YAML documents separated by `---`, or a JSON object or array;
+        /// `-` reads standard input), or a directory: its *.yaml, *.yml and *.json files,
+        /// sorted by name.
+        #[arg(long, short = 'f', value_name = "FILE|DIR")]
+        file: PathBuf,
+        /// Print what would change (a diff per pool) and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Show how the pools the files describe differ from what they are: a unified diff of
+    /// each current spec (server defaults left out) against the file's. Exit 0: no
+    /// difference; 1: differences; 2 or more: an error (8 for one of class 1).
+    Diff {
+        /// A PoolSpec file or directory, as for `pool apply`.
+        #[arg(long, short = 'f', value_name = "FILE|DIR")]
+        file: PathBuf,
+    },
     /// Show one pool.
     Get {
         /// NAMESPACE/NAME, or NAME in namespace `default`.

@@ -12,6 +12,8 @@ use crate::output::printable;
 pub struct CliError {
     pub status: String,
     pub message: String,
+    /// An exit code other than the status's class ([`CliError::exit_with`]).
+    exit: Option<u8>,
 }
 
 pub const EXIT_OTHER: u8 = 1;
@@ -22,10 +24,30 @@ pub const EXIT_EXHAUSTED: u8 = 5;
 pub const EXIT_UNAVAILABLE: u8 = 6;
 /// `pool wait`: the condition was not met within --timeout.
 pub const EXIT_WAIT_TIMED_OUT: u8 = 7;
+/// `pool diff`: an error of class 1 (1 means "differences" there, as for kubectl diff).
+pub const EXIT_DIFF_FAILED: u8 = 8;
+/// `pool diff`: the files differ from the pools.
+pub const EXIT_DIFFERENCES: u8 = 1;
 
 impl CliError {
     pub fn new(status: &str, message: impl Into<String>) -> CliError {
-        CliError { status: status.to_owned(), message: message.into() }
+        CliError { status: status.to_owned(), message: message.into(), exit: None }
+    }
+
+    /// `pool diff` found differences: exit 1, nothing printed.
+    pub fn differences() -> CliError {
+        CliError { status: String::new(), message: String::new(), exit: Some(EXIT_DIFFERENCES) }
+    }
+
+    /// Not an error to print: only an exit code ([`CliError::differences`]).
+    pub fn is_silent(&self) -> bool {
+        self.status.is_empty() && self.message.is_empty()
+    }
+
+    /// The same error with another exit code.
+    pub fn exit_with(mut self, code: u8) -> CliError {
+        self.exit = Some(code);
+        self
     }
 
     /// A bad invocation or input caught before anything was sent.
@@ -38,6 +60,9 @@ impl CliError {
     }
 
     pub fn exit_code(&self) -> u8 {
+        if let Some(code) = self.exit {
+            return code;
+        }
         match self.status.as_str() {
             // INVALID_ARGUMENT from the server is the same class as a local usage error: the
             // invocation is wrong and a retry cannot help.

@@ -5,6 +5,7 @@
 //! Every request goes through `poolmgr-client` (its routes, errors and the safe retrying
 //! claim); this crate parses flags, finds the endpoint and token ([`config`]), and prints.
 
+mod apply;
 mod cli;
 mod config;
 mod context;
@@ -92,7 +93,9 @@ fn main() -> ExitCode {
     match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{e}");
+            if !e.is_silent() {
+                eprintln!("{e}");
+            }
             ExitCode::from(e.exit_code())
         }
     }

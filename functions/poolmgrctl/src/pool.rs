@@ -25,6 +25,14 @@ pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
             let r = ctx.send(Call::update_pool(&spec)).await?;
             show_pools(ctx, &r, &[r.json()?])
         }
+        PoolCmd::Apply { file, dry_run } => crate::apply::apply(ctx, &file, dry_run).await,
+        PoolCmd::Diff { file } => match crate::apply::diff(ctx, &file).await {
+            Ok(false) => Ok(()),
+            Ok(true) => Err(CliError::differences()),
+            // kubectl diff's rule: 1 means differences, so no error may exit 1.
+            Err(e) if e.exit_code() == crate::error::EXIT_OTHER => Err(e.exit_with(crate::error::EXIT_DIFF_FAILED)),
+            Err(e) => Err(e),
+        },
         PoolCmd::Get { pool } => {
             let r = ctx.send(Call::get_pool(&parse_pool_ref(&pool)?)).await?;
             show_pools(ctx, &r, &[r.json()?])

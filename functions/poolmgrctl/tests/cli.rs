@@ -781,6 +781,165 @@ async fn jq_jsonpath_and_name_print_what_scripts_need_and_pool_wait_waits() {
     s.ctl(&["lease", "get", &lease_id]).await.fails(3, "not_found");
 }
 
+// ---------------------------------------------------------------------------------------
+// Issue 26 item 9: declarative pools (`pool apply`, `pool diff`)
+// ---------------------------------------------------------------------------------------
+
+/// A spec of pool `name` as YAML with only the fields a person writes (the server fills in the
+/// rest), and `extra` lines appended.
+fn short_yaml(name: &str, size: i32, extra: &str) -> String {
+    format!(
+        "name: {name}\nsize: {size}\nflintlock_hosts: [sim]\nreplenishment: {{strategy: REPLACE_ON_DELETE}}\n\
+         microvm_template:\n  root_volume: {{id: root, source: {{container_source: \"ghcr.io/x/ubuntu:22.04\"}}}}\n  \
+         kernel: {{image: \"ghcr.io/x/kernel:6.1\", filename: boot/vmlinux}}\n  interfaces: [{{device_id: eth1, type: TAP}}]\n{extra}"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_apply_creates_updates_and_leaves_pools_and_pool_diff_says_what_differs() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    let dir = s.dir.join("pools");
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_s = dir.to_string_lossy().into_owned();
+    let a = dir.join("a.yaml");
+    std::fs::write(
+        &a,
+        format!("{}---\n{}", short_yaml("ci", 1, ""), short_yaml("batch", 0, "rollout: {max_surge: 1}\n")),
+    )
+    .unwrap();
+    let other: Value = yaml_serde::from_str(&short_yaml("other", 0, "hook_failure_policy: QUARANTINE\n")).unwrap();
+    std::fs::write(dir.join("b.json"), json!([other]).to_string()).unwrap();
+    std::fs::write(dir.join("notes.txt"), "not a spec").unwrap();
+
+    // Nothing exists yet: every pool differs, as an addition.
+    let o = s.ctl(&["pool", "diff", "-f", &dir_s]).await;
+    assert_eq!(o.code, 1, "{o:#?}");
+    assert!(o.stderr.is_empty(), "{o:#?}");
+    assert!(o.stdout.contains("--- /dev/null\n+++ ") && o.stdout.contains("a.yaml (document 2)\n"), "{o:#?}");
+    assert!(o.stdout.contains("+name: ci\n") && o.stdout.contains("+name: other\n"), "{o:#?}");
+    // --dry-run says what it would do and does nothing.
+    let o = s.ctl(&["pool", "apply", "-f", &dir_s, "--dry-run"]).await.ok();
+    assert!(o.stdout.contains("pool default/ci created (dry run)\n"), "{o:#?}");
+    assert_eq!(s.get("/v1/pools").await["pools"], json!([]));
+
+    let o = s.ctl(&["pool", "apply", "-f", &dir_s]).await.ok();
+    assert_eq!(o.stdout, "pool default/ci created\npool default/batch created\npool default/other created\n", "{o:#?}");
+    let p = s.get("/v1/pools/default/other").await;
+    assert_eq!(p["spec"]["hook_failure_policy"], json!("QUARANTINE"));
+    assert_eq!(s.get("/v1/pools/default/batch").await["spec"]["rollout"]["max_surge"], json!(1));
+
+    // The server filled in its defaults; the files did not name them: no difference, and a
+    // second apply changes nothing (not even the ETag).
+    let o = s.ctl(&["pool", "diff", "-f", &dir_s]).await;
+    assert_eq!((o.code, o.stdout.as_str()), (0, ""), "{o:#?}");
+    let before = s.http.get(format!("{}/v1/pools/default/ci", s.endpoint)).bearer_auth(ADMIN).send().await.unwrap();
+    let etag = before.headers()["etag"].to_str().unwrap().to_owned();
+    let o = s.ctl(&["pool", "apply", "-f", &dir_s]).await.ok();
+    assert_eq!(o.stdout, "pool default/ci unchanged\npool default/batch unchanged\npool default/other unchanged\n");
+    let after = s.http.get(format!("{}/v1/pools/default/ci", s.endpoint)).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(after.headers()["etag"].to_str().unwrap(), etag);
+
+    // A change in one document: diff shows it, --dry-run shows it and changes nothing, apply
+    // applies it and leaves the rest.
+    let a_s = a.to_string_lossy().into_owned();
+    std::fs::write(
+        &a,
+        format!("{}---\n{}", short_yaml("ci", 2, ""), short_yaml("batch", 0, "rollout: {max_surge: 1}\n")),
+    )
+    .unwrap();
+    let o = s.ctl(&["pool", "diff", "-f", &a_s]).await;
+    assert_eq!(o.code, 1, "{o:#?}");
+    assert!(o.stdout.starts_with("--- pool default/ci (current)\n+++ "), "{o:#?}");
+    assert!(o.stdout.contains("-size: 1\n+size: 2\n") && !o.stdout.contains("batch"), "{o:#?}");
+    let o = s.ctl(&["pool", "apply", "-f", &a_s, "--dry-run"]).await.ok();
+    assert!(o.stdout.contains("-size: 1\n+size: 2\n") && o.stdout.contains("pool default/ci configured (dry run)\n"));
+    assert_eq!(s.get("/v1/pools/default/ci").await["spec"]["size"], json!(1));
+    let o = s.ctl(&["-o", "json", "pool", "apply", "-f", &a_s]).await;
+    let applied = o.json();
+    assert_eq!(
+        applied["applied"][0],
+        json!({"pool": "default/ci", "action": "configured", "source": format!("{a_s} (document 1)")})
+    );
+    assert_eq!(applied["applied"][1]["action"], json!("unchanged"));
+    assert_eq!(s.get("/v1/pools/default/ci").await["spec"]["size"], json!(2));
+    let o = s.ctl(&["pool", "diff", "-f", &a_s]).await;
+    assert_eq!(o.code, 0, "{o:#?}");
+
+    // Bad input changes nothing: a bad document anywhere, or a pool named twice.
+    let bad = s.write("bad.yaml", &format!("{}---\n{}", short_yaml("new1", 1, ""), short_yaml("new2", -1, "")));
+    let o = s.ctl(&["pool", "apply", "-f", &bad]).await;
+    o.fails(2, "invalid_argument");
+    assert!(o.stderr.contains("bad.yaml (document 2)"), "{o:#?}");
+    let twice = s.write("twice.yaml", &format!("{}---\n{}", short_yaml("new1", 1, ""), short_yaml("new1", 2, "")));
+    s.ctl(&["pool", "apply", "-f", &twice]).await.fails(2, "invalid_argument");
+    s.ctl(&["pool", "get", "new1"]).await.fails(3, "not_found");
+    let empty = s.dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    s.ctl(&["pool", "apply", "-f", empty.to_str().unwrap()]).await.fails(2, "invalid_argument");
+    // An error in diff never exits 1 (which means "differences").
+    assert_eq!(s.ctl_as("wrong", &["pool", "diff", "-f", &dir_s]).await.code, 8);
+    s.ctl_as(CLIENT, &["pool", "apply", "-f", &dir_s]).await.fails(1, "permission_denied");
+}
+
+/// A proxy to `upstream` that, before passing a PUT on, changes the pool itself (size 9,
+/// unconditionally): someone else's change between apply's read and its write.
+async fn meddling_proxy(upstream: String) -> String {
+    use axum::body::{Body, to_bytes};
+    use axum::http::{Request, Response};
+    let http = reqwest::Client::new();
+    let app = axum::Router::new().fallback(move |req: Request<Body>| {
+        let (http, upstream) = (http.clone(), upstream.clone());
+        async move {
+            let (parts, body) = req.into_parts();
+            let body = to_bytes(body, 1 << 20).await.unwrap();
+            let url = format!("{upstream}{}", parts.uri);
+            if parts.method == reqwest::Method::PUT {
+                let mut theirs: Value = serde_json::from_slice(&body).unwrap();
+                theirs["size"] = json!(9);
+                let r = http.put(&url).bearer_auth(ADMIN).json(&theirs).send().await.unwrap();
+                assert_eq!(r.status(), 200);
+            }
+            let mut b = http.request(parts.method.clone(), &url).body(body.to_vec());
+            for (k, v) in &parts.headers {
+                if k != "host" && k != "content-length" {
+                    b = b.header(k.as_str(), v.as_bytes());
+                }
+            }
+            let r = b.send().await.unwrap();
+            let mut out = Response::builder().status(r.status().as_u16());
+            for (k, v) in r.headers() {
+                out = out.header(k.as_str(), v.as_bytes());
+            }
+            out.body(Body::from(r.bytes().await.unwrap())).unwrap()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_apply_does_not_overwrite_a_change_made_after_it_read_the_pool() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    let f = s.write("ci.yaml", &short_yaml("ci", 1, ""));
+    s.ctl(&["pool", "apply", "-f", &f]).await.ok();
+    let f = s.write("ci.yaml", &short_yaml("ci", 3, ""));
+    let proxy = meddling_proxy(s.endpoint.clone()).await;
+    let o = run(ctl_cmd(&proxy, ADMIN, &["pool", "apply", "-f", &f])).await;
+    o.fails(4, "failed_precondition");
+    assert!(o.stderr.contains("changed by someone else") && o.stderr.contains("re-run"), "{o:#?}");
+    // Their change stands; ours was not written over it.
+    assert_eq!(s.get("/v1/pools/default/ci").await["spec"]["size"], json!(9));
+    // Re-run (without the meddler): it compares with what the pool is now, and applies.
+    let o = s.ctl(&["pool", "diff", "-f", &f]).await;
+    assert!(o.code == 1 && o.stdout.contains("-size: 9\n+size: 3\n"), "{o:#?}");
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci configured\n");
+    assert_eq!(s.get("/v1/pools/default/ci").await["spec"]["size"], json!(3));
+}
+
 /// Issue 25 item 11: text a client or admin chose (a `request_id`, a cordon reason) reaches
 /// the terminal written out, never as the escape sequences, controls and bidi overrides it
 /// holds; JSON keeps it exactly, as escapes.
