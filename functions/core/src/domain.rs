@@ -104,6 +104,81 @@ impl fmt::Display for PoolRef {
     }
 }
 
+/// A pool's strong entity tag (its `ETag`): its spec version (V25), quoted (`"42"`). Clients
+/// treat it as opaque: they send back what they read, in `If-Match`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolEtag(pub i64);
+
+impl fmt::Display for PoolEtag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{}\"", self.0)
+    }
+}
+
+/// An `If-Match` header (RFC 9110 §13.1.1), parsed: `*` (any current pool), or the spec
+/// versions its strong entity tags name. A weak tag (`W/"…"`) never matches, since If-Match
+/// compares strongly, and neither does a tag this server never made; both are well-formed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IfMatch {
+    Any,
+    Versions(Vec<i64>),
+}
+
+impl IfMatch {
+    /// The field's values (one per header line), as a comma-separated list together.
+    pub fn parse<'a>(values: impl IntoIterator<Item = &'a str>) -> Result<IfMatch, String> {
+        let joined = values.into_iter().collect::<Vec<_>>().join(",");
+        let bad = |why: &str| {
+            format!("If-Match {joined:?}: {why}; send \"*\" or the ETag a GET of the pool answered (e.g. \"42\")")
+        };
+        let mut rest = joined.trim_matches([' ', '\t']);
+        if rest == "*" {
+            return Ok(IfMatch::Any);
+        }
+        let mut versions = Vec::new();
+        let mut tags = 0;
+        loop {
+            rest = rest.trim_start_matches([' ', '\t', ',']);
+            if rest.is_empty() {
+                break;
+            }
+            let (weak, tail) = match rest.strip_prefix("W/") {
+                Some(t) => (true, t),
+                None => (false, rest),
+            };
+            let Some(tail) = tail.strip_prefix('"') else {
+                return Err(bad("an entity tag is a quoted string"));
+            };
+            let Some(end) = tail.find('"') else { return Err(bad("an entity tag has no closing quote")) };
+            let tag = &tail[..end];
+            // etagc = %x21 / %x23-7E / obs-text: no controls, spaces or quotes.
+            if tag.chars().any(|c| c.is_control() || c == ' ') {
+                return Err(bad("an entity tag holds no spaces or control characters"));
+            }
+            if !weak && let Ok(v) = tag.parse::<i64>() {
+                versions.push(v);
+            }
+            tags += 1;
+            rest = tail[end + 1..].trim_start_matches([' ', '\t']);
+            if !rest.is_empty() && !rest.starts_with(',') {
+                return Err(bad("entity tags are separated by commas"));
+            }
+        }
+        if tags == 0 {
+            return Err(bad("it is empty"));
+        }
+        Ok(IfMatch::Versions(versions))
+    }
+
+    /// The spec versions an update is conditioned on; `None` for `*` (any existing pool).
+    pub fn versions(&self) -> Option<&[i64]> {
+        match self {
+            IfMatch::Any => None,
+            IfMatch::Versions(v) => Some(v),
+        }
+    }
+}
+
 /// A client-chosen idempotency key: non-empty, at most 255 bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestId(String);
@@ -901,6 +976,21 @@ pub enum Keep {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn if_match_headers() {
+        assert_eq!(IfMatch::parse(["*"]).unwrap(), IfMatch::Any);
+        assert_eq!(IfMatch::parse(["\"42\""]).unwrap(), IfMatch::Versions(vec![42]));
+        assert_eq!(IfMatch::parse([" \"1\" , \"2\"", "\"3\""]).unwrap(), IfMatch::Versions(vec![1, 2, 3]));
+        // Well-formed but never matching: weak, foreign.
+        assert_eq!(IfMatch::parse(["W/\"42\", \"abc\", \"a,b\""]).unwrap(), IfMatch::Versions(vec![]));
+        for bad in ["", " ", "42", "\"42", "\"4 2\"", "\"1\" \"2\"", "*, \"1\"", "W/42"] {
+            let e = IfMatch::parse([bad]).unwrap_err();
+            assert!(e.starts_with("If-Match "), "{bad:?}: {e}");
+        }
+        assert_eq!(PoolEtag(42).to_string(), "\"42\"");
+        assert_eq!(IfMatch::parse([PoolEtag(7).to_string().as_str()]).unwrap().versions(), Some(&[7][..]));
+    }
 
     #[test]
     fn request_id_boundaries() {

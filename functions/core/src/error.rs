@@ -28,6 +28,11 @@ pub enum ApiError {
     AlreadyExists(String),
     #[error("{0}")]
     Aborted(String),
+    /// A conditional request's precondition failed (`If-Match` names another version): HTTP
+    /// 412 with status FAILED_PRECONDITION (the contract's word for "the system is not in the
+    /// state the operation needs"; its table gives that status 400 for the other cases).
+    #[error("{0}")]
+    PreconditionFailed(String),
     #[error("{0}")]
     ResourceExhausted(String),
     /// The message is safe for clients; the cause is logged.
@@ -89,6 +94,7 @@ impl ApiError {
             ApiError::Unauthenticated(_) => "TOKEN_MISSING_OR_UNKNOWN",
             ApiError::PermissionDenied(_) => "ROLE_NOT_ALLOWED",
             ApiError::MethodNotAllowed(_) => "METHOD_NOT_ALLOWED",
+            ApiError::PreconditionFailed(_) => "ETAG_MISMATCH",
             e => e.status().1,
         }
     }
@@ -103,6 +109,7 @@ impl ApiError {
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "NOT_FOUND"),
             ApiError::AlreadyExists(_) => (StatusCode::CONFLICT, "ALREADY_EXISTS"),
             ApiError::Aborted(_) => (StatusCode::CONFLICT, "ABORTED"),
+            ApiError::PreconditionFailed(_) => (StatusCode::PRECONDITION_FAILED, "FAILED_PRECONDITION"),
             ApiError::ResourceExhausted(_) => (StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED"),
             ApiError::Internal { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
             ApiError::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
@@ -205,12 +212,14 @@ mod tests {
             ApiError::NotFound(String::new()),
             ApiError::AlreadyExists(String::new()),
             ApiError::Aborted(String::new()),
+            ApiError::PreconditionFailed(String::new()),
             ApiError::ResourceExhausted(String::new()),
             ApiError::internal(""),
             ApiError::unavailable("", ""),
             ApiError::MethodNotAllowed(String::new()),
         ];
-        assert_eq!(listed.len(), all.len(), "{schema}");
+        // FAILED_PRECONDITION twice: 400 and, for a failed If-Match, 412.
+        assert_eq!(listed.len() + 1, all.len(), "{schema}");
         for e in all {
             assert!(listed.contains(&e.status().1), "{} missing from {schema}", e.status().1);
         }

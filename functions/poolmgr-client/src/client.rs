@@ -198,6 +198,8 @@ pub struct Call {
     pub body: Option<serde_json::Value>,
     /// Added to the client's time-out (long-polls).
     pub extra_timeout: Duration,
+    /// `If-Match` ([`Call::if_match`]): a conditional update.
+    pub if_match: Option<String>,
 }
 
 fn body<T: Serialize>(v: &T) -> Option<serde_json::Value> {
@@ -212,7 +214,16 @@ impl Call {
             query: Vec::new(),
             body: None,
             extra_timeout: Duration::ZERO,
+            if_match: None,
         }
+    }
+
+    /// The same call, conditional on `etag` (sent as `If-Match`): an update refused with 412
+    /// FAILED_PRECONDITION when the object changed since that ETag was read
+    /// ([`Reply::etag`]).
+    pub fn if_match(mut self, etag: impl Into<String>) -> Call {
+        self.if_match = Some(etag.into());
+        self
     }
 
     fn query(mut self, key: &'static str, value: impl ToString) -> Call {
@@ -449,6 +460,11 @@ impl Reply {
     pub fn replayed(&self) -> bool {
         self.headers.get("idempotent-replayed").is_some_and(|v| v == "true")
     }
+
+    /// The `ETag` header (a pool's answers carry one), for [`Call::if_match`].
+    pub fn etag(&self) -> Option<&str> {
+        self.headers.get(reqwest::header::ETAG).and_then(|v| v.to_str().ok())
+    }
 }
 
 /// The innermost cause: for a connection failure, the part that says what went wrong.
@@ -590,6 +606,9 @@ impl Client {
         }
         if let Some(body) = &call.body {
             b = b.json(body);
+        }
+        if let Some(etag) = &call.if_match {
+            b = b.header(reqwest::header::IF_MATCH, etag);
         }
         let transport = |e: reqwest::Error, sent: bool| -> Error {
             let (kind, message) = if e.is_timeout() {

@@ -11,7 +11,8 @@ use poolmgr_client::Phase;
 /// Exit codes: 0 success, 1 other errors, 2 usage or invalid argument, 3 not found,
 /// 4 conflict (already exists, aborted, failed precondition), 5 resource exhausted,
 /// 6 unavailable (server, database or flintlock unreachable, connection failures, time-outs),
-/// 7 lease lost during `lease run`. `lease run` otherwise exits with its command's code
+/// 7 lease lost during `lease run`, 8 `pool diff` failed (1 there means "differences"),
+/// 9 `pool wait` timed out. `lease run` otherwise exits with its command's code
 /// (128+N for a command killed by signal N, 127 when it cannot be found, 126 when it cannot
 /// be run).
 #[derive(Debug, Parser)]
@@ -45,9 +46,15 @@ pub struct Global {
     /// or ~/.config/poolmgr/config.yaml].
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Output format.
-    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Format::Table)]
-    pub output: Format,
+    /// Output format: table (the default), json, yaml, name (one resource name per line:
+    /// NAMESPACE/NAME for pools, ids for leases and VMs, names for hosts), or
+    /// jsonpath=TEMPLATE (kubectl's: `-o jsonpath='{.lease.lease_id}'`).
+    #[arg(short = 'o', long, global = true, value_name = "FORMAT", value_parser = parse_format)]
+    pub output: Option<Format>,
+    /// Filter the JSON output with a jq program (jaq), each result on a line, strings as
+    /// their text like `jq -r` (e.g. `--jq .lease.lease_id`). Implies -o json.
+    #[arg(long, global = true, value_name = "EXPR")]
+    pub jq: Option<String>,
     /// Tables without their header line.
     #[arg(long, global = true)]
     pub no_headers: bool,
@@ -64,7 +71,8 @@ pub struct Global {
     pub server_ca_file: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// What a command prints (`-o`, `--jq`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Format {
     /// Aligned columns for people.
     Table,
@@ -72,6 +80,30 @@ pub enum Format {
     Json,
     /// The API's objects as YAML.
     Yaml,
+    /// One name per line: what the command showed or acted on.
+    Name,
+    /// A kubectl-style JSONPath template over the JSON (`crate::filter::Template`).
+    JsonPath(String),
+    /// A jq program over the JSON (`--jq`; `crate::filter::jq`).
+    Jq(String),
+}
+
+/// `-o`: `table`, `json`, `yaml`, `name` or `jsonpath=TEMPLATE` (checked here, before
+/// anything is sent).
+pub fn parse_format(s: &str) -> Result<Format, String> {
+    match s {
+        "table" => Ok(Format::Table),
+        "json" => Ok(Format::Json),
+        "yaml" => Ok(Format::Yaml),
+        "name" => Ok(Format::Name),
+        _ => match s.split_once('=') {
+            Some(("jsonpath", t)) => {
+                crate::filter::Template::parse(t)?;
+                Ok(Format::JsonPath(t.to_owned()))
+            }
+            _ => Err("use table, json, yaml, name or jsonpath=TEMPLATE (e.g. jsonpath='{.lease.lease_id}')".into()),
+        },
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -131,6 +163,28 @@ pub enum PoolCmd {
     Create(SpecFile),
     /// Replace a pool's spec from a PoolSpec file; the pool is the one the file names.
     Update(SpecFile),
+    /// Create or update the pools the files describe (kubectl apply). Each pool is read with
+    /// its ETag, compared with the file, and created, left as it is, or updated with
+    /// If-Match: a pool someone changed since the read is not overwritten (exit 4, re-run).
+    /// Every file is checked before anything is sent.
+    Apply {
+        /// A PoolSpec file (YAML documents separated by `---`, or a JSON object or array;
+        /// `-` reads standard input), or a directory: its *.yaml, *.yml and *.json files,
+        /// sorted by name.
+        #[arg(long, short = 'f', value_name = "FILE|DIR")]
+        file: PathBuf,
+        /// Print what would change (a diff per pool) and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Show how the pools the files describe differ from what they are: a unified diff of
+    /// each current spec (server defaults left out) against the file's. Exit 0: no
+    /// difference; 1: differences; 2 or more: an error (8 for one of class 1).
+    Diff {
+        /// A PoolSpec file or directory, as for `pool apply`.
+        #[arg(long, short = 'f', value_name = "FILE|DIR")]
+        file: PathBuf,
+    },
     /// Show one pool.
     Get {
         /// NAMESPACE/NAME, or NAME in namespace `default`.
@@ -167,6 +221,20 @@ pub enum PoolCmd {
     /// pausing, resuming or undoing one (admin token).
     #[command(subcommand)]
     Rollout(RolloutCmd),
+    /// Wait until a pool has at least --available VMs AVAILABLE, polling its status, with
+    /// progress on standard error; then print the pool. The global --timeout bounds the whole
+    /// wait here (default 30s, like `kubectl wait`). Exit 0 once met; 9 when --timeout passed
+    /// first (the message says what the pool has and what to do); 3 for an unknown pool.
+    Wait {
+        /// NAMESPACE/NAME, or NAME in namespace `default`.
+        pool: String,
+        /// How many AVAILABLE VMs to wait for.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(0..=10000))]
+        available: i64,
+        /// Poll interval.
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+        interval: Duration,
+    },
     /// Show a pool's live counts, its desired size and why (autoscaling: the measured claim
     /// and refusal rates, the provisioning time, announced claims).
     Status {

@@ -15,7 +15,7 @@ pub fn run(g: &Global, format: Format, cmd: ContextCmd) -> Result<(), CliError> 
     match cmd {
         ContextCmd::List => {
             let current = cfg.current_context.as_deref();
-            match format {
+            match &format {
                 Format::Table => {
                     let mut t = Table::new(&["CURRENT", "NAME", "ENDPOINT", "TOKEN"]);
                     for (name, c) in &cfg.contexts {
@@ -44,7 +44,7 @@ pub fn run(g: &Global, format: Format, cmd: ContextCmd) -> Result<(), CliError> 
                         })
                         .collect();
                     let doc = json!({"config": path, "current_context": current, "contexts": contexts});
-                    emit_document(f, doc.to_string().as_bytes())
+                    emit_document(f, doc.to_string().as_bytes(), || cfg.contexts.keys().cloned().collect())
                 }
             }
         }

@@ -12,9 +12,8 @@ use crate::output::printable;
 pub struct CliError {
     pub status: String,
     pub message: String,
-    /// An exit code decided elsewhere (`lease run` passes its command's through); nothing is
-    /// printed for it.
-    pub exit: Option<u8>,
+    /// An exit code other than the status's class ([`CliError::exit_with`], [`CliError::silent`]).
+    exit: Option<u8>,
 }
 
 pub const EXIT_OTHER: u8 = 1;
@@ -26,15 +25,38 @@ pub const EXIT_UNAVAILABLE: u8 = 6;
 /// `lease run`: the lease was lost while the command ran (it expired or was released
 /// elsewhere); the command was sent SIGTERM.
 pub const EXIT_LEASE_LOST: u8 = 7;
+/// `pool diff`: an error of class 1 (1 means "differences" there, as for kubectl diff).
+pub const EXIT_DIFF_FAILED: u8 = 8;
+/// `pool wait`: the condition was not met within --timeout.
+pub const EXIT_WAIT_TIMED_OUT: u8 = 9;
+/// `pool diff`: the files differ from the pools.
+pub const EXIT_DIFFERENCES: u8 = 1;
 
 impl CliError {
     pub fn new(status: &str, message: impl Into<String>) -> CliError {
         CliError { status: status.to_owned(), message: message.into(), exit: None }
     }
 
-    /// Exit with `code` and print nothing more: what had to be said is on standard error.
-    pub fn exit_with(code: u8) -> CliError {
-        CliError { status: "exit".into(), message: String::new(), exit: Some(code) }
+    /// Exit with `code` and print nothing more: what had to be said is on standard error
+    /// (`lease run` passes its command's code through this way).
+    pub fn silent(code: u8) -> CliError {
+        CliError { status: String::new(), message: String::new(), exit: Some(code) }
+    }
+
+    /// `pool diff` found differences: exit 1, nothing printed.
+    pub fn differences() -> CliError {
+        CliError::silent(EXIT_DIFFERENCES)
+    }
+
+    /// Not an error to print: only an exit code ([`CliError::silent`]).
+    pub fn is_silent(&self) -> bool {
+        self.status.is_empty() && self.message.is_empty()
+    }
+
+    /// The same error with another exit code.
+    pub fn exit_with(mut self, code: u8) -> CliError {
+        self.exit = Some(code);
+        self
     }
 
     /// A bad invocation or input caught before anything was sent.
@@ -58,6 +80,7 @@ impl CliError {
             "already_exists" | "aborted" | "failed_precondition" => EXIT_CONFLICT,
             "resource_exhausted" => EXIT_EXHAUSTED,
             "unavailable" => EXIT_UNAVAILABLE,
+            "deadline_exceeded" => EXIT_WAIT_TIMED_OUT,
             _ => EXIT_OTHER,
         }
     }
@@ -106,6 +129,7 @@ mod tests {
             ("failed_precondition", 4),
             ("resource_exhausted", 5),
             ("unavailable", 6),
+            ("deadline_exceeded", 7),
             ("internal", 1),
             ("unauthenticated", 1),
             ("permission_denied", 1),

@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 
 use crate::cli::{EventsCmd, Format};
 use crate::error::{CliError, EXIT_UNAVAILABLE};
-use crate::output::{Table, cell, compact_json, emit, pool_cell, yaml};
+use crate::output::{Table, cell, emit, pool_cell, stream_document};
 use crate::{Ctx, parse_pool_ref};
 
 const RETRY_DELAY: Duration = Duration::from_secs(2);
@@ -51,9 +51,7 @@ pub async fn run(ctx: &Ctx, cmd: EventsCmd) -> Result<(), CliError> {
         let n = events.len();
         let mut text = String::new();
         for raw in &events {
-            match ctx.format {
-                Format::Json => text.push_str(&compact_json(raw.get().as_bytes())?),
-                Format::Yaml => text.push_str(&format!("---\n{}", yaml(raw.get().as_bytes())?)),
+            match &ctx.format {
                 Format::Table => {
                     let v: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
                     if follow {
@@ -66,6 +64,11 @@ pub async fn run(ctx: &Ctx, cmd: EventsCmd) -> Result<(), CliError> {
                         collected.push(v);
                     }
                 }
+                // One document per event: JSON on a line, a YAML document, a filter's output.
+                f => text.push_str(&stream_document(f, raw.get().as_bytes(), || {
+                    let v: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+                    vec![cell(&v["id"])]
+                })?),
             }
         }
         emit(&text)?;

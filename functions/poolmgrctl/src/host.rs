@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use crate::Ctx;
 use crate::cli::{Format, HostArgs, HostCmd};
 use crate::error::CliError;
-use crate::output::{Table, cell, emit, emit_document, printable};
+use crate::output::{Table, cell, emit_document, printable};
 
 pub async fn run(ctx: &Ctx, cmd: HostCmd) -> Result<(), CliError> {
     match cmd {
@@ -16,10 +16,7 @@ pub async fn run(ctx: &Ctx, cmd: HostCmd) -> Result<(), CliError> {
         HostCmd::Update(a) => show_one(ctx, &ctx.send(Call::update_host(&host_spec(&a)?)).await?),
         HostCmd::Remove { name } => {
             ctx.send(Call::delete_host(&name)).await?;
-            if ctx.format == Format::Table {
-                emit(&format!("host {} removed\n", printable(&name)))?;
-            }
-            Ok(())
+            ctx.done(&name, &format!("host {} removed", printable(&name)))
         }
         HostCmd::Get { name } => show_one(ctx, &ctx.send(Call::get_host(&name)).await?),
         HostCmd::List => {
@@ -62,7 +59,7 @@ fn show_one(ctx: &Ctx, r: &Reply) -> Result<(), CliError> {
 }
 
 fn show(ctx: &Ctx, raw: &[u8], hosts: &[Value]) -> Result<(), CliError> {
-    match ctx.format {
+    match &ctx.format {
         Format::Table => {
             let mut t = Table::new(&["NAME", "ADDRESS", "TLS", "EXEC", "CORDONED", "VMS", "REASON"]);
             for h in hosts {
@@ -86,6 +83,6 @@ fn show(ctx: &Ctx, raw: &[u8], hosts: &[Value]) -> Result<(), CliError> {
             }
             ctx.table(&t)
         }
-        f => emit_document(f, raw),
+        f => emit_document(f, raw, || hosts.iter().map(|h| cell(&h["name"])).collect()),
     }
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::cli::{Format, LeaseCmd};
 use crate::error::CliError;
-use crate::output::{Table, cell, emit, emit_document, pool_cell, printable};
+use crate::output::{Table, cell, emit_document, pool_cell, printable};
 use crate::{Ctx, parse_pool_ref};
 
 /// Transient failures of an idempotent claim are retried this long when --wait is not given.
@@ -34,10 +34,7 @@ pub async fn run(ctx: &Ctx, cmd: LeaseCmd) -> Result<(), CliError> {
         }
         LeaseCmd::Release { lease_id } => {
             ctx.send(Call::release(&lease_id)).await?;
-            if ctx.format == Format::Table {
-                emit(&format!("lease {} released\n", printable(&lease_id)))?;
-            }
-            Ok(())
+            ctx.done(&lease_id, &format!("lease {} released", printable(&lease_id)))
         }
         LeaseCmd::Get { lease_id } => {
             let r = ctx.send(Call::get_lease(&lease_id)).await?;
@@ -125,19 +122,22 @@ pub async fn claim_reporting(
 }
 
 fn print_claim(ctx: &Ctx, raw: &[u8], v: &Value) -> Result<(), CliError> {
-    match ctx.format {
+    match &ctx.format {
         Format::Table => ctx.table(&claim_table(v)),
-        f => emit_document(f, raw),
+        f => emit_document(f, raw, || vec![cell(&v["lease"]["lease_id"])]),
     }
 }
 
+/// One name for one thing: `VM` is the VM's id (what `vm get` takes), `UID` its flintlock uid
+/// (the lease tables show it under the same heading: a lease record carries only the uid).
 fn claim_table(r: &Value) -> Table {
     let (lease, vm) = (&r["lease"], &r["vm"]);
-    let mut t = Table::new(&["LEASE_ID", "POOL", "VM", "HOST", "EXPIRES", "REQUEST_ID", "REPLAYED"]);
+    let mut t = Table::new(&["LEASE_ID", "POOL", "VM", "UID", "HOST", "EXPIRES", "REQUEST_ID", "REPLAYED"]);
     t.row(vec![
         cell(&lease["lease_id"]),
         pool_cell(&lease["pool"]),
         cell(&vm["id"]),
+        cell(&vm["uid"]),
         cell(&vm["flintlock_host"]["name"]),
         cell(&lease["expires_at"]),
         cell(&lease["request_id"]),
@@ -147,9 +147,10 @@ fn claim_table(r: &Value) -> Table {
 }
 
 fn show(ctx: &Ctx, raw: &[u8], leases: &[Value]) -> Result<(), CliError> {
-    match ctx.format {
+    match &ctx.format {
         Format::Table => {
-            let mut t = Table::new(&["LEASE_ID", "POOL", "VM", "EXPIRES", "REQUEST_ID"]);
+            // A LeaseRecord names its VM by flintlock uid only: `UID`, as in `lease claim`.
+            let mut t = Table::new(&["LEASE_ID", "POOL", "UID", "EXPIRES", "REQUEST_ID"]);
             for l in leases {
                 t.row(vec![
                     cell(&l["lease_id"]),
@@ -161,7 +162,7 @@ fn show(ctx: &Ctx, raw: &[u8], leases: &[Value]) -> Result<(), CliError> {
             }
             ctx.table(&t)
         }
-        f => emit_document(f, raw),
+        f => emit_document(f, raw, || leases.iter().map(|l| cell(&l["lease_id"])).collect()),
     }
 }
 

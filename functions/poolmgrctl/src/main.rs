@@ -5,11 +5,13 @@
 //! Every request goes through `poolmgr-client` (its routes, errors and the safe retrying
 //! claim); this crate parses flags, finds the endpoint and token ([`config`]), and prints.
 
+mod apply;
 mod cli;
 mod config;
 mod context;
 mod error;
 mod events;
+mod filter;
 mod host;
 mod lease;
 mod output;
@@ -34,6 +36,8 @@ pub struct Ctx {
     pub client: Client,
     pub format: Format,
     pub no_headers: bool,
+    /// The global --timeout: one request's, or a whole `pool wait`'s.
+    pub timeout: std::time::Duration,
 }
 
 impl Ctx {
@@ -71,6 +75,16 @@ impl Ctx {
     pub fn table(&self, t: &Table) -> Result<(), CliError> {
         output::emit(&t.render(!self.no_headers))
     }
+
+    /// After a command that answers nothing (a delete, a release): `done` in a table, the
+    /// name under `-o name`, nothing otherwise.
+    pub fn done(&self, name: &str, done: &str) -> Result<(), CliError> {
+        match self.format {
+            Format::Table => output::emit(&format!("{done}\n")),
+            Format::Name => output::emit(&format!("{}\n", output::printable(name))),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// One page of any list, its items kept as the server wrote them.
@@ -106,16 +120,20 @@ fn main() -> ExitCode {
             output::emit(&String::from_utf8_lossy(&out))
         }
         Command::Man { dir } => output::man_pages(Cli::command(), dir.as_deref()),
-        Command::Context(c) => context::run(&cli.global, cli.global.output, c),
-        command => match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-            Ok(rt) => rt.block_on(run(cli.global, command)),
-            Err(e) => Err(CliError::new("internal", format!("cannot start the async runtime: {e}"))),
+        Command::Context(c) => output::resolve_format(&cli.global).and_then(|f| context::run(&cli.global, f, c)),
+        command => match (
+            output::resolve_format(&cli.global),
+            tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        ) {
+            (Err(e), _) => Err(e),
+            (Ok(format), Ok(rt)) => rt.block_on(run(cli.global, format, command)),
+            (Ok(_), Err(e)) => Err(CliError::new("internal", format!("cannot start the async runtime: {e}"))),
         },
     };
     match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            if e.exit.is_none() {
+            if !e.is_silent() {
                 eprintln!("{e}");
             }
             ExitCode::from(e.exit_code())
@@ -123,7 +141,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(g: cli::Global, command: Command) -> Result<(), CliError> {
+async fn run(g: cli::Global, format: Format, command: Command) -> Result<(), CliError> {
     let target = config::resolve(&g, &config::Env::process())?;
     let mut b = Client::builder(&target.endpoint)
         .timeout(g.timeout)
@@ -136,7 +154,7 @@ async fn run(g: cli::Global, command: Command) -> Result<(), CliError> {
         b = b.ca_file(ca);
     }
     let client = b.build()?;
-    let ctx = Ctx { client, format: g.output, no_headers: g.no_headers };
+    let ctx = Ctx { client, format, no_headers: g.no_headers, timeout: g.timeout };
     match command {
         Command::Pool(c) => pool::run(&ctx, c).await,
         Command::Lease(c) => lease::run(&ctx, c).await,

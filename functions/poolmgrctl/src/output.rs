@@ -109,12 +109,82 @@ fn bad_json(e: &dyn std::fmt::Display) -> CliError {
     CliError::new("unknown", format!("cannot re-encode the server's answer: {e}"))
 }
 
-/// Prints an API answer in `json` or `yaml`; `table` is the caller's business.
-pub fn emit_document(format: Format, raw: &[u8]) -> Result<(), CliError> {
+/// The output format of `-o` and `--jq` together: `--jq` filters the JSON, so it goes with
+/// `-o json` or no `-o` at all. A jq program is checked here, before anything is sent.
+pub fn resolve_format(g: &crate::cli::Global) -> Result<Format, CliError> {
+    match (&g.output, &g.jq) {
+        (None, None) => Ok(Format::Table),
+        (Some(f), None) => Ok(f.clone()),
+        (None | Some(Format::Json), Some(code)) => {
+            crate::filter::check_jq(code).map_err(|e| CliError::usage(format!("--jq: {e}")))?;
+            Ok(Format::Jq(code.clone()))
+        }
+        (Some(_), Some(_)) => Err(CliError::usage("--jq filters the JSON output: use it without -o, or with -o json")),
+    }
+}
+
+/// Prints an API answer in any format but `table` (the caller's business): `names` are what
+/// `-o name` prints, one per line (computed only then).
+pub fn emit_document(format: &Format, raw: &[u8], names: impl FnOnce() -> Vec<String>) -> Result<(), CliError> {
+    emit(&document(format, raw, names, false)?)
+}
+
+/// [`emit_document`] for one document of a stream (a watch's poll, an event): JSON on one
+/// line, YAML as a `---` document.
+pub fn stream_document(format: &Format, raw: &[u8], names: impl FnOnce() -> Vec<String>) -> Result<String, CliError> {
+    document(format, raw, names, true)
+}
+
+fn document(
+    format: &Format,
+    raw: &[u8],
+    names: impl FnOnce() -> Vec<String>,
+    stream: bool,
+) -> Result<String, CliError> {
     match format {
-        Format::Json => emit(&pretty_json(raw)?),
-        Format::Yaml => emit(&yaml(raw)?),
+        Format::Json if stream => compact_json(raw),
+        Format::Json => pretty_json(raw),
+        Format::Yaml if stream => Ok(format!("---\n{}", yaml(raw)?)),
+        Format::Yaml => yaml(raw),
+        Format::Name => Ok(names().iter().map(|n| format!("{}\n", printable(n))).collect()),
+        Format::Jq(code) => {
+            let pieces = crate::filter::jq(code, raw).map_err(|e| CliError::usage(format!("--jq: {e}")))?;
+            let mut out = String::new();
+            for p in pieces {
+                out.push_str(&piece(p, true)?);
+                out.push('\n');
+            }
+            Ok(out)
+        }
+        Format::JsonPath(t) => {
+            let t = crate::filter::Template::parse(t).map_err(|e| CliError::usage(format!("-o jsonpath: {e}")))?;
+            let doc: Value = serde_json::from_slice(raw).map_err(|e| bad_json(&e))?;
+            let mut out = String::new();
+            for p in t.render(&doc) {
+                out.push_str(&piece(p, false)?);
+            }
+            // Unlike kubectl, the output ends with a line break (`$(…)` drops it).
+            if !out.is_empty() && !out.ends_with('\n') {
+                out.push('\n');
+            }
+            Ok(out)
+        }
         Format::Table => unreachable!("tables are rendered by each command"),
+    }
+}
+
+/// A filter's result as text: a string as it is into a pipe (a script gets the exact value)
+/// and [`printable`] on a terminal; any other value as inert JSON, indented when `pretty`.
+fn piece(p: crate::filter::Piece, pretty: bool) -> Result<String, CliError> {
+    use std::io::IsTerminal;
+    match p {
+        crate::filter::Piece::Text(s) if std::io::stdout().is_terminal() => Ok(printable(&s).into_owned()),
+        crate::filter::Piece::Text(s) => Ok(s),
+        crate::filter::Piece::Json(b) => {
+            let mut text = if pretty { pretty_json(&b)? } else { compact_json(&b)? };
+            text.pop(); // the line break the JSON printers add
+            Ok(text)
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::cli::{Format, PoolCmd, RolloutCmd};
 use crate::error::{CliError, EXIT_UNAVAILABLE};
-use crate::output::{Table, cell, compact_json, emit, emit_document, pool_cell, yaml};
+use crate::output::{Table, cell, emit, emit_document, pool_cell, stream_document};
 use crate::{Ctx, parse_pool_ref};
 
 pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
@@ -25,6 +25,14 @@ pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
             let r = ctx.send(Call::update_pool(&spec)).await?;
             show_pools(ctx, &r.body, &[r.json()?])
         }
+        PoolCmd::Apply { file, dry_run } => crate::apply::apply(ctx, &file, dry_run).await,
+        PoolCmd::Diff { file } => match crate::apply::diff(ctx, &file).await {
+            Ok(false) => Ok(()),
+            Ok(true) => Err(CliError::differences()),
+            // kubectl diff's rule: 1 means differences, so no error may exit 1.
+            Err(e) if e.exit_code() == crate::error::EXIT_OTHER => Err(e.exit_with(crate::error::EXIT_DIFF_FAILED)),
+            Err(e) => Err(e),
+        },
         PoolCmd::Get { pool } => {
             let r = ctx.send(Call::get_pool(&parse_pool_ref(&pool)?)).await?;
             show_pools(ctx, &r.body, &[r.json()?])
@@ -39,10 +47,7 @@ pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
         PoolCmd::Delete { pool, force } => {
             let p = parse_pool_ref(&pool)?;
             ctx.send(Call::delete_pool(&p, force)).await?;
-            if ctx.format == Format::Table {
-                emit(&format!("pool {p} deleted\n"))?;
-            }
-            Ok(())
+            ctx.done(&p.to_string(), &format!("pool {p} deleted"))
         }
         PoolCmd::Expect { pool, claims, within } => {
             let p = parse_pool_ref(&pool)?;
@@ -50,7 +55,7 @@ pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
             let req = ExpectRequest::new(claims, within_seconds);
             req.validate().map_err(CliError::usage)?;
             let r = ctx.send(Call::expect(&p, &req)).await?;
-            match ctx.format {
+            match &ctx.format {
                 Format::Table => {
                     let v: Value = r.json()?;
                     emit(&format!(
@@ -60,19 +65,20 @@ pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
                         cell(&v["expected_until"])
                     ))
                 }
-                f => emit_document(f, &r.body),
+                f => emit_document(f, &r.body, || vec![p.to_string()]),
             }
         }
         PoolCmd::Rollout(cmd) => rollout(ctx, cmd).await,
+        PoolCmd::Wait { pool, available, interval } => wait(ctx, &parse_pool_ref(&pool)?, available, interval).await,
         PoolCmd::Status { pool, watch, interval } => {
             let p = parse_pool_ref(&pool)?;
             if watch {
                 watch_status(ctx, &p, interval, status_table).await
             } else {
                 let r = ctx.send(Call::get_pool(&p)).await?;
-                match ctx.format {
+                match &ctx.format {
                     Format::Table => ctx.table(&status_table(&r.json()?)),
-                    f => emit_document(f, &r.body),
+                    f => emit_document(f, &r.body, || vec![p.to_string()]),
                 }
             }
         }
@@ -80,7 +86,7 @@ pub async fn run(ctx: &Ctx, cmd: PoolCmd) -> Result<(), CliError> {
 }
 
 fn show_pools(ctx: &Ctx, raw: &[u8], pools: &[Value]) -> Result<(), CliError> {
-    match ctx.format {
+    match &ctx.format {
         Format::Table => {
             let mut t = Table::new(&[
                 "POOL",
@@ -113,7 +119,7 @@ fn show_pools(ctx: &Ctx, raw: &[u8], pools: &[Value]) -> Result<(), CliError> {
             }
             ctx.table(&t)
         }
-        f => emit_document(f, raw),
+        f => emit_document(f, raw, || pools.iter().map(|p| pool_cell(&p["spec"])).collect()),
     }
 }
 
@@ -129,7 +135,7 @@ async fn rollout(ctx: &Ctx, cmd: RolloutCmd) -> Result<(), CliError> {
         }
         RolloutCmd::History { pool } => {
             let r = ctx.send(Call::pool_revisions(&parse_pool_ref(&pool)?)).await?;
-            match ctx.format {
+            match &ctx.format {
                 Format::Table => {
                     let v: Value = r.json()?;
                     let mut t = Table::new(&["REVISION", "CREATED", "ROLLED_OUT", "IMAGE", "CREATE_COMMANDS"]);
@@ -145,7 +151,13 @@ async fn rollout(ctx: &Ctx, cmd: RolloutCmd) -> Result<(), CliError> {
                     }
                     ctx.table(&t)
                 }
-                f => emit_document(f, &r.body),
+                f => emit_document(f, &r.body, || {
+                    let v: Value = r.json().unwrap_or_default();
+                    v["revisions"]
+                        .as_array()
+                        .map(|a| a.iter().map(|rev| cell(&rev["revision"])).collect())
+                        .unwrap_or_default()
+                }),
             }
         }
         RolloutCmd::Pause { pool } => {
@@ -167,9 +179,9 @@ async fn rollout(ctx: &Ctx, cmd: RolloutCmd) -> Result<(), CliError> {
 }
 
 fn show_rollout(ctx: &Ctx, r: &Reply) -> Result<(), CliError> {
-    match ctx.format {
+    match &ctx.format {
         Format::Table => ctx.table(&rollout_table(&r.json()?)),
-        f => emit_document(f, &r.body),
+        f => emit_document(f, &r.body, || vec![pool_cell(&r.json::<Value>().unwrap_or_default()["spec"])]),
     }
 }
 
@@ -274,7 +286,7 @@ async fn watch_status(ctx: &Ctx, p: &PoolRef, interval: Duration, render: fn(&Va
         };
         match r {
             Ok(r) => {
-                let text = match ctx.format {
+                let text = match &ctx.format {
                     Format::Table => {
                         let table = render(&r.json()?).render(!ctx.no_headers);
                         if tty {
@@ -289,8 +301,7 @@ async fn watch_status(ctx: &Ctx, p: &PoolRef, interval: Duration, render: fn(&Va
                             table.lines().skip(1).map(|l| format!("{l}\n")).collect()
                         }
                     }
-                    Format::Json => compact_json(&r.body)?,
-                    Format::Yaml => format!("---\n{}", yaml(&r.body)?),
+                    f => stream_document(f, &r.body, || vec![p.to_string()])?,
                 };
                 emit(&text)?;
                 first = false;
@@ -303,6 +314,77 @@ async fn watch_status(ctx: &Ctx, p: &PoolRef, interval: Duration, render: fn(&Va
             _ = &mut ctrl_c => return Ok(()),
         }
     }
+}
+
+/// `pool wait`: polls the pool until `want` VMs are AVAILABLE or the global --timeout passes
+/// (each request bounded by what is left). Progress goes to standard error when the counts
+/// change; an unreachable server is reported and polled again; any other error ends the wait.
+async fn wait(ctx: &Ctx, p: &PoolRef, want: i64, interval: Duration) -> Result<(), CliError> {
+    let start = tokio::time::Instant::now();
+    let deadline = start + ctx.timeout;
+    let mut last_line = String::new();
+    let mut last: Option<Value> = None;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, ctx.send(Call::get_pool(p))).await {
+            Ok(Ok(r)) => {
+                let v: Value = r.json()?;
+                let st = &v["status"];
+                let available = st["available"].as_i64().unwrap_or(0);
+                if available >= want {
+                    eprintln!(
+                        "pool {p}: {available} AVAILABLE (wanted {want}) after {:.1}s",
+                        start.elapsed().as_secs_f64()
+                    );
+                    return match &ctx.format {
+                        Format::Table => emit(&format!("pool {p}: {available} VMs AVAILABLE\n")),
+                        f => emit_document(f, &r.body, || vec![p.to_string()]),
+                    };
+                }
+                let line = progress(&v, want);
+                if line != last_line {
+                    eprintln!("pool {p}: {line}");
+                    last_line = line;
+                }
+                last = Some(v);
+            }
+            Ok(Err(e)) if e.exit_code() == EXIT_UNAVAILABLE => eprintln!("{e}; retrying"),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {}
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            let had = last.as_ref().map_or_else(|| "no answer from the server".to_owned(), |v| progress(v, want));
+            return Err(CliError::new(
+                "deadline_exceeded",
+                format!(
+                    "pool {p} did not reach {want} AVAILABLE VMs within {}: it has {had}; wait longer with \
+                     --timeout (e.g. --timeout 5m), or see why with `poolmgrctl events tail --pool {p} --no-follow` \
+                     and `poolmgrctl vm list --pool {p}`",
+                    humantime::format_duration(ctx.timeout)
+                ),
+            ));
+        }
+        tokio::time::sleep(interval.min(left)).await;
+    }
+}
+
+/// `1/3 AVAILABLE, 2 PROVISIONING, …` and a note when the pool does not aim that high.
+fn progress(pool: &Value, want: i64) -> String {
+    let st = &pool["status"];
+    let n = |k: &str| st[k].as_i64().unwrap_or(0);
+    let mut line = format!(
+        "{}/{want} AVAILABLE, {} PROVISIONING, {} LEASED, {} QUARANTINED",
+        n("available"),
+        n("provisioning"),
+        n("leased"),
+        n("quarantined")
+    );
+    let target = st["desired_size"].as_i64().or_else(|| pool["spec"]["size"].as_i64()).unwrap_or(0);
+    if target < want {
+        line.push_str(&format!("; the pool works towards {target} VMs in all"));
+    }
+    line
 }
 
 /// Reads a PoolSpec file (JSON or YAML) and checks it locally — its syntax, the type of
@@ -333,6 +415,11 @@ fn parse_spec(name: &str, ext: Option<&str>, text: &str) -> Result<PoolSpec, Cli
     } else {
         yaml_serde::from_str(text).map_err(|e| CliError::usage(format!("{name}: invalid YAML: {e}")))?
     };
+    spec_from_value(name, value)
+}
+
+/// One PoolSpec document (`name` says where it came from), checked as [`load_spec`] says.
+pub fn spec_from_value(name: &str, value: Value) -> Result<PoolSpec, CliError> {
     if !value.is_object() {
         return Err(CliError::usage(format!("{name}: a PoolSpec must be an object (a mapping)")));
     }

@@ -51,7 +51,7 @@ pub async fn run(
                  (or claim it again with `poolmgrctl lease claim --request-id {}` and release it)",
                 signal_name(sig), printable(&id), printable(&id)
             );
-            return Err(CliError::exit_with(128u8.saturating_add(sig as u8)));
+            return Err(CliError::silent(128u8.saturating_add(sig as u8)));
         }
     };
     let claim = claimed.response;
@@ -128,7 +128,7 @@ async fn finish(guard: LeaseGuard, claim: &ClaimResponse, ending: Ending, lost: 
         _ if lost => EXIT_LEASE_LOST,
         Ending::Exited(c) | Ending::NotStarted(c) => c,
     };
-    if code == 0 { Ok(()) } else { Err(CliError::exit_with(code)) }
+    if code == 0 { Ok(()) } else { Err(CliError::silent(code)) }
 }
 
 /// The VM's facts for CMD's environment (see `poolmgrctl lease run --help`).

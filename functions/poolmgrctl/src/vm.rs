@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::cli::{Format, VmCmd};
 use crate::error::CliError;
-use crate::output::{Table, cell, emit, emit_document, pool_cell, printable};
+use crate::output::{Table, cell, emit_document, pool_cell, printable};
 use crate::{Ctx, parse_pool_ref};
 
 pub async fn run(ctx: &Ctx, cmd: VmCmd) -> Result<(), CliError> {
@@ -29,16 +29,13 @@ pub async fn run(ctx: &Ctx, cmd: VmCmd) -> Result<(), CliError> {
         }
         VmCmd::Delete { id } => {
             ctx.send(Call::delete_vm(&id)).await?;
-            if ctx.format == Format::Table {
-                emit(&format!("vm {} deleted\n", printable(&id)))?;
-            }
-            Ok(())
+            ctx.done(&id, &format!("vm {} deleted", printable(&id)))
         }
     }
 }
 
 fn show(ctx: &Ctx, raw: &[u8], vms: &[Value]) -> Result<(), CliError> {
-    match ctx.format {
+    match &ctx.format {
         Format::Table => {
             let mut t = Table::new(&["ID", "POOL", "HOST", "PHASE", "LEASE_ID", "CREATED"]);
             for v in vms {
@@ -53,6 +50,6 @@ fn show(ctx: &Ctx, raw: &[u8], vms: &[Value]) -> Result<(), CliError> {
             }
             ctx.table(&t)
         }
-        f => emit_document(f, raw),
+        f => emit_document(f, raw, || vms.iter().map(|v| cell(&v["id"])).collect()),
     }
 }

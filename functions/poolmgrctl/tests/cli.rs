@@ -554,28 +554,26 @@ async fn leases_vms_and_events() {
     let lease_id = first["lease"]["lease_id"].as_str().unwrap().to_owned();
     let vm_id = first["vm"]["id"].as_str().unwrap().to_owned();
     assert_eq!(first["lease"], s.get(&format!("/v1/leases/{lease_id}")).await);
+    let vm_uid = first["vm"]["uid"].as_str().unwrap().to_owned();
+    assert_ne!(vm_uid, vm_id);
     let t = s.ctl(&["lease", "claim", "--pool", "ci", "--request-id", "r-1"]).await.ok().table();
-    assert_eq!(t[0], ["LEASE_ID", "POOL", "VM", "HOST", "EXPIRES", "REQUEST_ID", "REPLAYED"]);
-    assert_eq!(t[1][..4], [lease_id.as_str(), "default/ci", vm_id.as_str(), "sim"]);
-    assert_eq!(t[1][5..], ["r-1", "true"]);
+    // One name for one thing: VM is the VM's id, UID its flintlock uid (as in `lease list`).
+    assert_eq!(t[0], ["LEASE_ID", "POOL", "VM", "UID", "HOST", "EXPIRES", "REQUEST_ID", "REPLAYED"]);
+    assert_eq!(t[1][..5], [lease_id.as_str(), "default/ci", vm_id.as_str(), vm_uid.as_str(), "sim"]);
+    assert_eq!(t[1][6..], ["r-1", "true"]);
 
     // get / list
     let direct = s.get(&format!("/v1/leases/{lease_id}")).await;
     assert_eq!(s.ctl(&["-o", "json", "lease", "get", &lease_id]).await.json(), direct);
     let t = s.ctl(&["lease", "get", &lease_id]).await.ok().table();
-    assert_eq!(t[0], ["LEASE_ID", "POOL", "VM", "EXPIRES", "REQUEST_ID"]);
-    let row = [
-        lease_id.as_str(),
-        "default/ci",
-        direct["vm_uid"].as_str().unwrap(),
-        direct["expires_at"].as_str().unwrap(),
-        "r-1",
-    ];
+    assert_eq!(t[0], ["LEASE_ID", "POOL", "UID", "EXPIRES", "REQUEST_ID"]);
+    assert_eq!(direct["vm_uid"], json!(vm_uid));
+    let row = [lease_id.as_str(), "default/ci", vm_uid.as_str(), direct["expires_at"].as_str().unwrap(), "r-1"];
     assert_eq!(t[1], row);
     let second = s.ctl(&["-o", "json", "lease", "claim", "--pool", "ci"]).await.json();
     assert_eq!(second["lease"]["request_id"], Value::Null);
     let t = s.ctl(&["lease", "list"]).await.ok().table();
-    assert_eq!(t[0], ["LEASE_ID", "POOL", "VM", "EXPIRES", "REQUEST_ID"]);
+    assert_eq!(t[0], ["LEASE_ID", "POOL", "UID", "EXPIRES", "REQUEST_ID"]);
     assert_eq!(t.len(), 3, "{t:?}");
     assert!(t.contains(&row.map(String::from).to_vec()), "{t:?}");
     assert!(t.iter().any(|r| r[0] == second["lease"]["lease_id"].as_str().unwrap() && r[4] == "<none>"), "{t:?}");
@@ -677,6 +675,271 @@ async fn leases_vms_and_events() {
     s.ctl_as(CLIENT, &["vm", "delete", leased]).await.fails(1, "permission_denied");
 }
 
+// ---------------------------------------------------------------------------------------
+// Issue 26 item 5: script-friendly output and `pool wait`
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn bad_filters_and_formats_are_usage_errors_before_anything_is_sent() {
+    // Nothing listens: a request would be `unavailable` (6); these fail first, with 2.
+    let none = closed_endpoint();
+    for args in [
+        &["--jq", ".pools[", "pool", "list"][..],
+        &["--jq", "nosuchfilter", "pool", "list"],
+        &["-o", "yaml", "--jq", ".", "pool", "list"],
+        &["-o", "name", "--jq", ".", "pool", "list"],
+        &["-o", "jsonpath={.pools[}", "pool", "list"],
+        &["-o", "jsonpath={range .pools[*]}{.spec.name}{end}", "pool", "list"],
+        &["-o", "jsonpath=", "pool", "list"],
+        &["-o", "xml", "pool", "list"],
+        &["--jq", ".[", "context", "list"],
+    ] {
+        let o = ctl_offline(&none, args).await;
+        assert_eq!(o.code, 2, "{args:?}: {o:#?}");
+        assert!(!o.stderr.contains("connect"), "{args:?}: {o:#?}");
+    }
+    let o = ctl_offline(&none, &["--jq", ".pools[", "pool", "list"]).await;
+    o.fails(2, "invalid_argument");
+    assert!(o.stderr.contains("--jq: expected"), "{o:#?}");
+    // -o json with --jq is fine: the same JSON, filtered (and here nothing listens).
+    ctl_offline(&none, &["-o", "json", "--jq", ".", "pool", "list"]).await.fails(6, "unavailable");
+    let o = ctl_offline(&none, &["pool", "wait", "ci", "--available", "-1"]).await;
+    assert_eq!(o.code, 2, "{o:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jq_jsonpath_and_name_print_what_scripts_need_and_pool_wait_waits() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    s.create_pool("ci", 2).await;
+
+    // pool wait: progress on stderr until 2 are AVAILABLE, then the pool.
+    let o = s.ctl(&["--timeout", "60s", "pool", "wait", "ci", "--available", "2", "--interval", "200ms"]).await.ok();
+    assert_eq!(o.stdout, "pool default/ci: 2 VMs AVAILABLE\n", "{o:#?}");
+    assert!(o.stderr.contains("pool default/ci: 2 AVAILABLE (wanted 2)"), "{o:#?}");
+    assert_eq!(s.get("/v1/pools/default/ci").await["status"]["available"], json!(2));
+    let o = s.ctl(&["-o", "name", "pool", "wait", "ci", "--available", "1"]).await.ok();
+    assert_eq!(o.stdout, "default/ci\n");
+    // Never reached: exit 9 after --timeout, saying what the pool has and what to do.
+    let started = Instant::now();
+    let o = s.ctl(&["--timeout", "2s", "pool", "wait", "ci", "--available", "3", "--interval", "200ms"]).await;
+    o.fails(9, "deadline_exceeded");
+    assert!(started.elapsed() >= Duration::from_secs(2), "{o:#?}");
+    assert!(o.stderr.contains("2/3 AVAILABLE") && o.stderr.contains("works towards 2 VMs"), "{o:#?}");
+    assert!(o.stderr.contains("--timeout") && o.stderr.contains("events tail --pool default/ci"), "{o:#?}");
+    assert!(o.stdout.is_empty(), "{o:#?}");
+    s.ctl(&["pool", "wait", "ghost", "--available", "1"]).await.fails(3, "not_found");
+
+    // --jq on a claim: the lease id alone, as a script wants it.
+    let o = s.ctl(&["--jq", ".lease.lease_id", "lease", "claim", "--pool", "ci", "--request-id", "j-1"]).await.ok();
+    let lease_id = o.stdout.strip_suffix('\n').unwrap_or_else(|| panic!("{o:#?}")).to_owned();
+    let lease = s.get(&format!("/v1/leases/{lease_id}")).await;
+    assert_eq!(lease["request_id"], json!("j-1"));
+    // -o jsonpath: the same, kubectl's way; text around the braces kept.
+    let o = s.ctl(&["-o", "jsonpath={.lease.lease_id}", "lease", "claim", "--pool", "ci", "--request-id", "j-1"]).await;
+    assert_eq!(o.ok().stdout, format!("{lease_id}\n"));
+    let o =
+        s.ctl(&["-o", "jsonpath=vm={.vm.id} uid={.vm.uid}", "lease", "claim", "--pool", "ci", "--request-id", "j-1"]);
+    let o = o.await.ok();
+    let vms = s.get("/v1/vms?phase=LEASED").await;
+    let vm = &vms["vms"][0];
+    assert_eq!(o.stdout, format!("vm={} uid={}\n", cell(&vm["id"]), cell(&vm["uid"])));
+    // Several results: jq one per line, jsonpath joined by a space; non-strings as JSON.
+    let o = s.ctl(&["--jq", ".vms[].id", "vm", "list"]).await.ok();
+    let direct: Vec<String> =
+        s.get("/v1/vms").await["vms"].as_array().unwrap().iter().map(|v| cell(&v["id"])).collect();
+    assert_eq!(o.stdout, format!("{}\n", direct.join("\n")));
+    let o = s.ctl(&["-o", "jsonpath={.vms[*].id}", "vm", "list"]).await.ok();
+    assert_eq!(o.stdout, format!("{}\n", direct.join(" ")));
+    let o = s.ctl(&["--jq", r#".vms | map(select(.phase == "LEASED")) | length"#, "vm", "list"]).await.ok();
+    assert_eq!(o.stdout, "1\n");
+    let o = s.ctl(&["-o", "json", "--jq", "{size: .spec.size}", "pool", "get", "ci"]).await;
+    assert_eq!(o.json(), json!({"size": 2}));
+    let o = s.ctl(&["-o", "jsonpath={.spec.replenishment}", "pool", "get", "ci"]).await.ok();
+    assert_eq!(serde_json::from_str::<Value>(&o.stdout).unwrap(), json!({"strategy": "REPLACE_ON_DELETE"}));
+    // A filter that fails on this answer: usage (exit 2), saying why.
+    let o = s.ctl(&["--jq", ".spec.name.first", "pool", "get", "ci"]).await;
+    o.fails(2, "invalid_argument");
+    assert!(o.stderr.contains("--jq"), "{o:#?}");
+
+    // -o name: NAMESPACE/NAME for pools, ids for leases and VMs, names for hosts.
+    assert_eq!(s.ctl(&["-o", "name", "pool", "list"]).await.ok().stdout, "default/ci\n");
+    assert_eq!(s.ctl(&["-o", "name", "pool", "get", "ci"]).await.ok().stdout, "default/ci\n");
+    assert_eq!(s.ctl(&["-o", "name", "lease", "list"]).await.ok().stdout, format!("{lease_id}\n"));
+    assert_eq!(s.ctl(&["-o", "name", "vm", "list"]).await.ok().stdout, format!("{}\n", direct.join("\n")));
+    assert_eq!(s.ctl(&["-o", "name", "host", "list"]).await.ok().stdout, "sim\n");
+    let o = s.ctl(&["-o", "name", "events", "tail", "--no-follow", "--pool", "ci"]).await.ok();
+    let ids: Vec<String> = s.get("/v1/events?pool=ci&namespace=default&limit=1000").await["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].to_string())
+        .collect();
+    assert!(o.stdout.starts_with(&format!("{}\n", ids.join("\n"))), "{o:#?}");
+    // A command that answers nothing prints the name it acted on.
+    assert_eq!(s.ctl(&["-o", "name", "lease", "release", &lease_id]).await.ok().stdout, format!("{lease_id}\n"));
+    s.ctl(&["lease", "get", &lease_id]).await.fails(3, "not_found");
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 26 item 9: declarative pools (`pool apply`, `pool diff`)
+// ---------------------------------------------------------------------------------------
+
+/// A spec of pool `name` as YAML with only the fields a person writes (the server fills in the
+/// rest), and `extra` lines appended.
+fn short_yaml(name: &str, size: i32, extra: &str) -> String {
+    format!(
+        "name: {name}\nsize: {size}\nflintlock_hosts: [sim]\nreplenishment: {{strategy: REPLACE_ON_DELETE}}\n\
+         microvm_template:\n  root_volume: {{id: root, source: {{container_source: \"ghcr.io/x/ubuntu:22.04\"}}}}\n  \
+         kernel: {{image: \"ghcr.io/x/kernel:6.1\", filename: boot/vmlinux}}\n  interfaces: [{{device_id: eth1, type: TAP}}]\n{extra}"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_apply_creates_updates_and_leaves_pools_and_pool_diff_says_what_differs() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    let dir = s.dir.join("pools");
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_s = dir.to_string_lossy().into_owned();
+    let a = dir.join("a.yaml");
+    std::fs::write(
+        &a,
+        format!("{}---\n{}", short_yaml("ci", 1, ""), short_yaml("batch", 0, "rollout: {max_surge: 1}\n")),
+    )
+    .unwrap();
+    let other: Value = yaml_serde::from_str(&short_yaml("other", 0, "hook_failure_policy: QUARANTINE\n")).unwrap();
+    std::fs::write(dir.join("b.json"), json!([other]).to_string()).unwrap();
+    std::fs::write(dir.join("notes.txt"), "not a spec").unwrap();
+
+    // Nothing exists yet: every pool differs, as an addition.
+    let o = s.ctl(&["pool", "diff", "-f", &dir_s]).await;
+    assert_eq!(o.code, 1, "{o:#?}");
+    assert!(o.stderr.is_empty(), "{o:#?}");
+    assert!(o.stdout.contains("--- /dev/null\n+++ ") && o.stdout.contains("a.yaml (document 2)\n"), "{o:#?}");
+    assert!(o.stdout.contains("+name: ci\n") && o.stdout.contains("+name: other\n"), "{o:#?}");
+    // --dry-run says what it would do and does nothing.
+    let o = s.ctl(&["pool", "apply", "-f", &dir_s, "--dry-run"]).await.ok();
+    assert!(o.stdout.contains("pool default/ci created (dry run)\n"), "{o:#?}");
+    assert_eq!(s.get("/v1/pools").await["pools"], json!([]));
+
+    let o = s.ctl(&["pool", "apply", "-f", &dir_s]).await.ok();
+    assert_eq!(o.stdout, "pool default/ci created\npool default/batch created\npool default/other created\n", "{o:#?}");
+    let p = s.get("/v1/pools/default/other").await;
+    assert_eq!(p["spec"]["hook_failure_policy"], json!("QUARANTINE"));
+    assert_eq!(s.get("/v1/pools/default/batch").await["spec"]["rollout"]["max_surge"], json!(1));
+
+    // The server filled in its defaults; the files did not name them: no difference, and a
+    // second apply changes nothing (not even the ETag).
+    let o = s.ctl(&["pool", "diff", "-f", &dir_s]).await;
+    assert_eq!((o.code, o.stdout.as_str()), (0, ""), "{o:#?}");
+    let before = s.http.get(format!("{}/v1/pools/default/ci", s.endpoint)).bearer_auth(ADMIN).send().await.unwrap();
+    let etag = before.headers()["etag"].to_str().unwrap().to_owned();
+    let o = s.ctl(&["pool", "apply", "-f", &dir_s]).await.ok();
+    assert_eq!(o.stdout, "pool default/ci unchanged\npool default/batch unchanged\npool default/other unchanged\n");
+    let after = s.http.get(format!("{}/v1/pools/default/ci", s.endpoint)).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(after.headers()["etag"].to_str().unwrap(), etag);
+
+    // A change in one document: diff shows it, --dry-run shows it and changes nothing, apply
+    // applies it and leaves the rest.
+    let a_s = a.to_string_lossy().into_owned();
+    std::fs::write(
+        &a,
+        format!("{}---\n{}", short_yaml("ci", 2, ""), short_yaml("batch", 0, "rollout: {max_surge: 1}\n")),
+    )
+    .unwrap();
+    let o = s.ctl(&["pool", "diff", "-f", &a_s]).await;
+    assert_eq!(o.code, 1, "{o:#?}");
+    assert!(o.stdout.starts_with("--- pool default/ci (current)\n+++ "), "{o:#?}");
+    assert!(o.stdout.contains("-size: 1\n+size: 2\n") && !o.stdout.contains("batch"), "{o:#?}");
+    let o = s.ctl(&["pool", "apply", "-f", &a_s, "--dry-run"]).await.ok();
+    assert!(o.stdout.contains("-size: 1\n+size: 2\n") && o.stdout.contains("pool default/ci configured (dry run)\n"));
+    assert_eq!(s.get("/v1/pools/default/ci").await["spec"]["size"], json!(1));
+    let o = s.ctl(&["-o", "json", "pool", "apply", "-f", &a_s]).await;
+    let applied = o.json();
+    assert_eq!(
+        applied["applied"][0],
+        json!({"pool": "default/ci", "action": "configured", "source": format!("{a_s} (document 1)")})
+    );
+    assert_eq!(applied["applied"][1]["action"], json!("unchanged"));
+    assert_eq!(s.get("/v1/pools/default/ci").await["spec"]["size"], json!(2));
+    let o = s.ctl(&["pool", "diff", "-f", &a_s]).await;
+    assert_eq!(o.code, 0, "{o:#?}");
+
+    // Bad input changes nothing: a bad document anywhere, or a pool named twice.
+    let bad = s.write("bad.yaml", &format!("{}---\n{}", short_yaml("new1", 1, ""), short_yaml("new2", -1, "")));
+    let o = s.ctl(&["pool", "apply", "-f", &bad]).await;
+    o.fails(2, "invalid_argument");
+    assert!(o.stderr.contains("bad.yaml (document 2)"), "{o:#?}");
+    let twice = s.write("twice.yaml", &format!("{}---\n{}", short_yaml("new1", 1, ""), short_yaml("new1", 2, "")));
+    s.ctl(&["pool", "apply", "-f", &twice]).await.fails(2, "invalid_argument");
+    s.ctl(&["pool", "get", "new1"]).await.fails(3, "not_found");
+    let empty = s.dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    s.ctl(&["pool", "apply", "-f", empty.to_str().unwrap()]).await.fails(2, "invalid_argument");
+    // An error in diff never exits 1 (which means "differences").
+    assert_eq!(s.ctl_as("wrong", &["pool", "diff", "-f", &dir_s]).await.code, 8);
+    s.ctl_as(CLIENT, &["pool", "apply", "-f", &dir_s]).await.fails(1, "permission_denied");
+}
+
+/// A proxy to `upstream` that, before passing a PUT on, changes the pool itself (size 9,
+/// unconditionally): someone else's change between apply's read and its write.
+async fn meddling_proxy(upstream: String) -> String {
+    use axum::body::{Body, to_bytes};
+    use axum::http::{Request, Response};
+    let http = reqwest::Client::new();
+    let app = axum::Router::new().fallback(move |req: Request<Body>| {
+        let (http, upstream) = (http.clone(), upstream.clone());
+        async move {
+            let (parts, body) = req.into_parts();
+            let body = to_bytes(body, 1 << 20).await.unwrap();
+            let url = format!("{upstream}{}", parts.uri);
+            if parts.method == reqwest::Method::PUT {
+                let mut theirs: Value = serde_json::from_slice(&body).unwrap();
+                theirs["size"] = json!(9);
+                let r = http.put(&url).bearer_auth(ADMIN).json(&theirs).send().await.unwrap();
+                assert_eq!(r.status(), 200);
+            }
+            let mut b = http.request(parts.method.clone(), &url).body(body.to_vec());
+            for (k, v) in &parts.headers {
+                if k != "host" && k != "content-length" {
+                    b = b.header(k.as_str(), v.as_bytes());
+                }
+            }
+            let r = b.send().await.unwrap();
+            let mut out = Response::builder().status(r.status().as_u16());
+            for (k, v) in r.headers() {
+                out = out.header(k.as_str(), v.as_bytes());
+            }
+            out.body(Body::from(r.bytes().await.unwrap())).unwrap()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_apply_does_not_overwrite_a_change_made_after_it_read_the_pool() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    let f = s.write("ci.yaml", &short_yaml("ci", 1, ""));
+    s.ctl(&["pool", "apply", "-f", &f]).await.ok();
+    let f = s.write("ci.yaml", &short_yaml("ci", 3, ""));
+    let proxy = meddling_proxy(s.endpoint.clone()).await;
+    let o = run(ctl_cmd(&proxy, ADMIN, &["pool", "apply", "-f", &f])).await;
+    o.fails(4, "failed_precondition");
+    assert!(o.stderr.contains("changed by someone else") && o.stderr.contains("re-run"), "{o:#?}");
+    // Their change stands; ours was not written over it.
+    assert_eq!(s.get("/v1/pools/default/ci").await["spec"]["size"], json!(9));
+    // Re-run (without the meddler): it compares with what the pool is now, and applies.
+    let o = s.ctl(&["pool", "diff", "-f", &f]).await;
+    assert!(o.code == 1 && o.stdout.contains("-size: 9\n+size: 3\n"), "{o:#?}");
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci configured\n");
+    assert_eq!(s.get("/v1/pools/default/ci").await["spec"]["size"], json!(3));
+}
+
 /// Issue 25 item 11: text a client or admin chose (a `request_id`, a cordon reason) reaches
 /// the terminal written out, never as the escape sequences, controls and bidi overrides it
 /// holds; JSON keeps it exactly, as escapes.
@@ -714,7 +977,7 @@ async fn terminal_controls_in_request_ids_and_reasons_are_written_out_in_tables(
     }
     let o = s.ctl_as(CLIENT, &["lease", "claim", "--pool", "ci", "--request-id", HOSTILE]).await.ok();
     assert_inert(&o);
-    assert_eq!(o.table()[1][5..], [SHOWN, "true"]);
+    assert_eq!(o.table()[1][6..], [SHOWN, "true"]);
     for args in [&["host", "list"][..], &["host", "get", "sim"]] {
         let o = s.ctl(args).await.ok();
         assert_inert(&o);
@@ -728,6 +991,15 @@ async fn terminal_controls_in_request_ids_and_reasons_are_written_out_in_tables(
         assert_inert(&o);
         assert!(o.json().to_string().contains(&json!(HOSTILE).to_string()), "{o:#?}");
     }
+    // A filter's JSON results are as inert as -o json; a string result into a pipe is the
+    // exact value (a script reads it back), like `jq -r`.
+    let o = s.ctl(&["--jq", "{r: .request_id}", "lease", "get", &lease_id]).await.ok();
+    assert_inert(&o);
+    assert_eq!(o.json()["r"], json!(HOSTILE));
+    let o = s.ctl(&["--jq", ".request_id", "lease", "get", &lease_id]).await.ok();
+    assert_eq!(o.stdout, format!("{HOSTILE}\n"));
+    let o = s.ctl(&["-o", "jsonpath={.request_id}", "lease", "get", &lease_id]).await.ok();
+    assert_eq!(o.stdout, format!("{HOSTILE}\n"));
 }
 
 // ---------------------------------------------------------------------------------------

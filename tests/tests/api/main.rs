@@ -33,6 +33,7 @@
 //! | `monitoring` | `infra/monitoring` against the real `/metrics`, the metrics it reads, `/livez`, `/readyz` |
 //! | `openapi` | `/openapi.json` against the Routers, the SAM template and real answers |
 //! | `pagination` | the paginated lists of pools, hosts and VMs (issue 25) |
+//! | `pool_etags` | pool ETags and `If-Match` on `PUT /v1/pools/…`, and its race (issue 26) |
 //! | `pools` | `/v1/pools…` and the delete races |
 //! | `principals` | client scopes and live-lease quotas (`/v1/principals…`), on both claim paths, under races (issue 25) |
 //! | `reconcile` | the reconcile pass |
@@ -65,6 +66,7 @@ mod migrations;
 mod monitoring;
 mod openapi;
 mod pagination;
+mod pool_etags;
 mod pools;
 mod principals;
 mod reconcile;

@@ -133,6 +133,13 @@ error_responses!(
 );
 
 error_responses!(
+    /// A conditional update whose If-Match names none of the object's current ETags.
+    PreconditionFailed {
+        "412" => ("FAILED_PRECONDITION (reason ETAG_MISMATCH): If-Match names none of the pool's current ETag: someone changed its spec since it was read; nothing was changed. GET it again and retry with the new ETag", false),
+    }
+);
+
+error_responses!(
     /// A create of something that exists.
     AlreadyExists { "409" => ("ALREADY_EXISTS: it exists already", false) }
 );

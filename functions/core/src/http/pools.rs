@@ -7,7 +7,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
@@ -15,10 +15,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::{Admin, ApiJson, ApiPath, ApiQuery, Consumer, Reader, body_error, parse_optional_json, pool_ref};
-use super::openapi::{AdminOnly, AlreadyExists, Common, ConsumerOnly, NotFound, ReadOnly};
+use super::openapi::{AdminOnly, AlreadyExists, Common, ConsumerOnly, NotFound, PreconditionFailed, ReadOnly};
 use crate::api;
 use crate::app::AppState;
-use crate::domain::{Name, NameFilter, PoolSpec, validate_name};
+use crate::domain::{IfMatch, Name, NameFilter, PoolSpec, validate_name};
 use crate::error::ApiError;
 use crate::service::pool;
 
@@ -33,19 +33,25 @@ struct PoolPath {
     name: String,
 }
 
+/// A pool answer with its `ETag` header: the pool's spec version, for `If-Match`.
+fn tagged(code: StatusCode, t: pool::Tagged) -> Result<Response, ApiError> {
+    let etag = HeaderValue::from_str(&t.etag.to_string()).map_err(ApiError::internal)?;
+    Ok((code, [(header::ETAG, etag)], Json(t.pool)).into_response())
+}
+
 /// Creates a pool; the reconciler fills it. Naming an unregistered host, or hosts that cannot
 /// run the pool's hooks, is FAILED_PRECONDITION.
 #[utoipa::path(
     post, path = "/v1/pools", tag = "pools", operation_id = "create_pool",
     security(("bearer" = [])), request_body = PoolSpec,
-    responses((status = 201, description = "The new pool", body = api::Pool), Common, AdminOnly, AlreadyExists)
+    responses((status = 201, description = "The new pool", body = api::Pool, headers(("ETag" = String, description = "The pool's entity tag, for If-Match: a strong tag that changes with every change of its spec (a PUT, a rollout undo or rollback), not of its status"))), Common, AdminOnly, AlreadyExists)
 )]
 async fn create_pool(
     State(state): State<AppState>,
     Admin(admin): Admin,
     ApiJson(spec): ApiJson<PoolSpec>,
 ) -> Result<Response, ApiError> {
-    Ok((StatusCode::CREATED, Json(pool::create(&state, spec, &admin.name).await?)).into_response())
+    tagged(StatusCode::CREATED, pool::create_tagged(&state, spec, &admin.name).await?)
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -86,29 +92,57 @@ async fn list_pools(
 #[utoipa::path(
     get, path = "/v1/pools/{namespace}/{name}", tag = "pools", operation_id = "get_pool",
     security(("bearer" = [])), params(PoolPath),
-    responses((status = 200, description = "The pool", body = api::Pool), Common, ReadOnly, NotFound)
+    responses((status = 200, description = "The pool", body = api::Pool, headers(("ETag" = String, description = "The pool's entity tag, for If-Match: a strong tag that changes with every change of its spec (a PUT, a rollout undo or rollback), not of its status"))), Common, ReadOnly, NotFound)
 )]
 async fn get_pool(
     State(state): State<AppState>,
     Reader(_): Reader,
     ApiPath((ns, name)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(pool::get(&state, &pool_ref(&ns, &name)?).await?).into_response())
+    tagged(StatusCode::OK, pool::get_tagged(&state, &pool_ref(&ns, &name)?).await?)
 }
 
-/// Replaces a pool's spec; `namespace` and `name` in the body must match the path.
+/// The `If-Match` header of a conditional update.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+struct IfMatchHeader {
+    /// Update only if the pool's ETag is one of these (`"42"`, or `"41", "42"`), or, for `*`,
+    /// if the pool exists. Absent: unconditional.
+    #[serde(rename = "If-Match")]
+    #[param(rename = "If-Match", example = "\"42\"")]
+    if_match: Option<String>,
+}
+
+/// Replaces a pool's spec; `namespace` and `name` in the body must match the path. With
+/// `If-Match` (the ETag a GET answered) the update is conditional: when the pool's spec
+/// changed since, nothing is changed and the answer is 412 FAILED_PRECONDITION with reason
+/// ETAG_MISMATCH (of concurrent updates from one ETag exactly one succeeds). Without it,
+/// the update is unconditional.
 #[utoipa::path(
     put, path = "/v1/pools/{namespace}/{name}", tag = "pools", operation_id = "update_pool",
-    security(("bearer" = [])), params(PoolPath), request_body = PoolSpec,
-    responses((status = 200, description = "The updated pool", body = api::Pool), Common, AdminOnly, NotFound)
+    security(("bearer" = [])), params(PoolPath, IfMatchHeader), request_body = PoolSpec,
+    responses((status = 200, description = "The updated pool", body = api::Pool, headers(("ETag" = String, description = "The pool's entity tag, for If-Match: a strong tag that changes with every change of its spec (a PUT, a rollout undo or rollback), not of its status"))), Common, AdminOnly, NotFound, PreconditionFailed)
 )]
 async fn update_pool(
     State(state): State<AppState>,
     Admin(admin): Admin,
     ApiPath((ns, name)): ApiPath<(String, String)>,
+    headers: HeaderMap,
     ApiJson(spec): ApiJson<PoolSpec>,
 ) -> Result<Response, ApiError> {
-    Ok(Json(pool::update(&state, &pool_ref(&ns, &name)?, spec, &admin.name).await?).into_response())
+    let path = pool_ref(&ns, &name)?;
+    let if_match = if headers.contains_key(header::IF_MATCH) {
+        let values: Vec<&str> = headers
+            .get_all(header::IF_MATCH)
+            .iter()
+            .map(|v| v.to_str().map_err(|_| ApiError::InvalidArgument("If-Match is not visible ASCII".into())))
+            .collect::<Result<_, _>>()?;
+        Some(IfMatch::parse(values).map_err(ApiError::InvalidArgument)?)
+    } else {
+        None
+    };
+    tagged(StatusCode::OK, pool::update_tagged(&state, &path, spec, &admin.name, if_match.as_ref()).await?)
 }
 
 #[derive(Deserialize, IntoParams)]

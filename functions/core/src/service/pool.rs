@@ -6,7 +6,7 @@ use futures::StreamExt;
 
 use crate::api::{self, Pool};
 use crate::app::AppState;
-use crate::domain::{EventType, HostExec, PoolRef, PoolSpec};
+use crate::domain::{EventType, HostExec, IfMatch, PoolEtag, PoolRef, PoolSpec};
 use crate::error::ApiError;
 use crate::store::{self, PoolDelete, PoolStatus};
 
@@ -122,7 +122,19 @@ async fn check_hosts_can_exec(state: &AppState, spec: &PoolSpec) -> Result<(), A
     }
 }
 
+/// A pool and its entity tag (the `ETag` of its GET, PUT and create answers).
+#[derive(Debug, Clone)]
+pub struct Tagged {
+    pub pool: Pool,
+    pub etag: PoolEtag,
+}
+
 pub async fn create(state: &AppState, spec: PoolSpec, by: &str) -> Result<Pool, ApiError> {
+    create_tagged(state, spec, by).await.map(|t| t.pool)
+}
+
+/// [`create`], with the new pool's entity tag.
+pub async fn create_tagged(state: &AppState, spec: PoolSpec, by: &str) -> Result<Tagged, ApiError> {
     validated(state, &spec)?;
     check_hosts_can_exec(state, &spec).await?;
     let mut conn = state.conn().await?;
@@ -137,12 +149,27 @@ pub async fn create(state: &AppState, spec: PoolSpec, by: &str) -> Result<Pool, 
     drop(conn); // back before the wake: on Lambda it is the only one
     tracing::info!(pool = %spec.pool_ref(), size = spec.size, by, "pool created");
     state.wake("pool created").await;
-    Ok(Pool::new(&row, PoolStatus::default()))
+    Ok(Tagged { pool: Pool::new(&row, PoolStatus::default()), etag: row.etag() })
 }
 
 /// Replaces a pool's spec. A new revision of a pool with a rollout policy starts a rollout
 /// to it in the same transaction (ROLLOUT_STARTED, `by` the principal).
 pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec, by: &str) -> Result<Pool, ApiError> {
+    update_tagged(state, path, spec, by, None).await.map(|t| t.pool)
+}
+
+/// [`update`] conditioned on `if_match` (`If-Match`): a pool whose spec version it does not
+/// name is left as it is, and the answer is 412 FAILED_PRECONDITION (`ETAG_MISMATCH`). The
+/// check and the write are one statement ([`store::pool_update`]), so of concurrent updates
+/// read from one version exactly one wins. A request refused anyway (a bad spec, an unknown
+/// pool) is refused for that reason first.
+pub async fn update_tagged(
+    state: &AppState,
+    path: &PoolRef,
+    spec: PoolSpec,
+    by: &str,
+    if_match: Option<&IfMatch>,
+) -> Result<Tagged, ApiError> {
     if spec.pool_ref() != *path {
         return Err(ApiError::InvalidArgument(format!(
             "the body names pool {} but the path names {path}: they must match (pools cannot be renamed)",
@@ -154,8 +181,16 @@ pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec, by: &str) 
     let mut conn = state.conn().await?;
     let tx = conn.transaction().await?;
     check_hosts(&tx, &spec).await?;
-    let (revision, bumped) = match store::pool_update(&tx, &spec).await? {
+    let versions = if_match.and_then(IfMatch::versions);
+    // `*` (no versions) needs only the pool to exist, as every update does.
+    let (revision, bumped) = match store::pool_update(&tx, &spec, versions).await? {
         store::PoolUpdate::NotFound => return Err(not_found(path)),
+        store::PoolUpdate::VersionMismatch => {
+            return Err(ApiError::PreconditionFailed(format!(
+                "pool {path} was changed since its ETag was read (If-Match names none of its current spec): \
+                 GET it again, apply your change to what it is now, and PUT with the new ETag"
+            )));
+        }
         store::PoolUpdate::Updated { from, revision, bumped } => {
             if bumped && spec.rollout.is_some() {
                 store::rollout_start(&tx, path, from, revision, by).await?;
@@ -170,13 +205,18 @@ pub async fn update(state: &AppState, path: &PoolRef, spec: PoolSpec, by: &str) 
     drop(conn); // back before the wake: on Lambda it is the only one
     tracing::info!(pool = %path, size = spec.size, revision, new_revision = bumped, by, "pool updated");
     state.wake("pool updated").await;
-    Ok(Pool::new(&row, status))
+    Ok(Tagged { pool: Pool::new(&row, status), etag: row.etag() })
 }
 
 pub async fn get(state: &AppState, pool: &PoolRef) -> Result<Pool, ApiError> {
+    get_tagged(state, pool).await.map(|t| t.pool)
+}
+
+/// [`get`], with the pool's entity tag.
+pub async fn get_tagged(state: &AppState, pool: &PoolRef) -> Result<Tagged, ApiError> {
     let conn = state.conn().await?;
     let (row, status) = store::pool_get(&conn, pool).await?.ok_or_else(|| not_found(pool))?;
-    Ok(Pool::new(&row, status))
+    Ok(Tagged { pool: Pool::new(&row, status), etag: row.etag() })
 }
 
 /// Pauses (`pause`) or resumes the pool's rollout (`POST …/rollout/pause`, `…/resume`):

@@ -84,6 +84,10 @@ pub struct PoolRow {
     /// [`pool_get`] and [`pool_list`] only, while the pool has a rollout state.
     #[serde(default)]
     pub by_revision: Option<std::collections::BTreeMap<String, std::collections::BTreeMap<String, i64>>>,
+    /// A new value (from one sequence) at every change of the spec (V25): what the pool's
+    /// ETag is made of ([`PoolRow::etag`]).
+    #[serde(default)]
+    pub spec_version: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -96,6 +100,11 @@ pub(super) fn first_revision() -> i32 {
 impl PoolRow {
     pub fn pool_ref(&self) -> PoolRef {
         PoolRef { namespace: self.namespace.clone(), name: self.name.clone() }
+    }
+
+    /// The pool's strong entity tag: its spec version, quoted (`"42"`).
+    pub fn etag(&self) -> crate::domain::PoolEtag {
+        crate::domain::PoolEtag(self.spec_version)
     }
 
     /// The revision a rollout works towards: the pool's.
@@ -226,6 +235,9 @@ fn autoscaling_params(spec: &PoolSpec) -> Result<(Option<serde_json::Value>, Opt
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolUpdate {
     NotFound,
+    /// The pool exists but its spec version is none of those the update was conditioned on
+    /// (someone changed it since they were read): nothing was changed.
+    VersionMismatch,
     /// Replaced; `bumped`: a VM-shaping field changed, so `revision` is a new one, and a pool
     /// with a rollout policy rolls `from` its previous revision.
     Updated {
@@ -244,7 +256,13 @@ pub enum PoolUpdate {
 /// dropping all but the newest [`REVISIONS_KEPT`]; any other change keeps the revision. In
 /// one statement: the SET expressions read the row as it was, and a concurrent update of the
 /// same pool waits for this one, so two PUTs never get one revision number.
-pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<PoolUpdate> {
+///
+/// `versions` (`If-Match`): replace only a pool whose spec version is one of them. The
+/// condition is in the UPDATE's WHERE, so it is checked again on the row a concurrent update
+/// committed (READ COMMITTED re-reads the locked row): of many updates conditioned on one
+/// version, exactly one matches; the others find the new version and change nothing.
+/// `None`: unconditional. Every update takes a new spec version.
+pub async fn pool_update(c: &impl Executor, spec: &PoolSpec, versions: Option<&[i64]>) -> Result<PoolUpdate> {
     let template = serde_json::to_value(&spec.microvm_template).map_err(|e| StoreError::Db(e.to_string()))?;
     let (autoscaling, desired) = autoscaling_params(spec)?;
     let (min, max) = spec.autoscaling.as_ref().map_or((None, None), |a| (Some(a.min), Some(a.max)));
@@ -279,8 +297,10 @@ pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<PoolUpdat
                                 WHEN autoscaling IS DISTINCT FROM $13::jsonb
                                     THEN jsonb_set(coalesce(scaling, '{}'), '{active}', 'true')
                                 ELSE scaling END,
+                 spec_version = nextval('pool_spec_versions'),
                  updated_at = now()
              WHERE namespace = $1 AND name = $2
+               AND ($21::bigint[] IS NULL OR spec_version = ANY($21::bigint[]))
              RETURNING namespace, name, revision, rollout_from
              ), kept AS (
                  -- A revision that exists already (nothing VM-shaping changed) is left as is.
@@ -317,10 +337,13 @@ pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<PoolUpdat
                 (&REVISIONS_KEPT, Type::INT4),
                 (&rollout, Type::JSONB),
                 (&spec.max_lease_seconds, Type::INT4),
+                (&versions, Type::INT8_ARRAY),
             ],
         )
         .await?;
     Ok(match row {
+        // Which one: the pool is gone, or it is there under another version.
+        None if versions.is_some() && pool_exists(c, &spec.pool_ref()).await? => PoolUpdate::VersionMismatch,
         None => PoolUpdate::NotFound,
         Some(r) => PoolUpdate::Updated {
             from: r.try_get("from_revision")?,
@@ -328,6 +351,17 @@ pub async fn pool_update(c: &impl Executor, spec: &PoolSpec) -> Result<PoolUpdat
             bumped: r.try_get("bumped")?,
         },
     })
+}
+
+/// Whether the pool exists.
+async fn pool_exists(c: &impl Executor, pool: &PoolRef) -> Result<bool> {
+    let row = c
+        .timed_query_opt(
+            "SELECT 1 FROM pools WHERE namespace = $1 AND name = $2",
+            &[(&pool.namespace, Type::TEXT), (&pool.name, Type::TEXT)],
+        )
+        .await?;
+    Ok(row.is_some())
 }
 
 /// One kept revision of a pool.

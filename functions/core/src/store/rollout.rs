@@ -208,6 +208,10 @@ pub async fn rollout_halt(
                      microvm_template = coalesce(t.spec->'microvm_template', p.microvm_template),
                      create_commands = CASE WHEN t.revision IS NULL THEN p.create_commands
                                             ELSE ARRAY(SELECT jsonb_array_elements_text(coalesce(t.spec->'create_commands', '[]'))) END,
+                     -- A rollback changes the spec: a new version (V25), so an If-Match read
+                     -- before it no longer matches.
+                     spec_version = CASE WHEN t.revision IS NULL THEN p.spec_version
+                                         ELSE nextval('pool_spec_versions') END,
                      updated_at = now()
                  FROM (SELECT 1) one LEFT JOIN target t ON true
                  WHERE p.namespace = $1 AND p.name = $2 AND p.revision = $3 AND p.rollout_state = 'PROGRESSING'
@@ -277,6 +281,7 @@ pub async fn rollout_undo(c: &impl Executor, pool: &PoolRef, from: i32, to: i32,
                  revision = $4, rollout_state = 'PROGRESSING', rollout_from = $3,
                  rollout_event_id = (SELECT id FROM e), rollout_started_at = now(),
                  rollout_extra_boots = 0, rollout_halted_reason = NULL, updated_at = now(),
+                 spec_version = nextval('pool_spec_versions'),
                  rollout_warm_floor = (SELECT count(*) FROM vms v
                                        WHERE v.pool_namespace = $1 AND v.pool_name = $2 AND v.phase = 'AVAILABLE')
              FROM t
