@@ -3,9 +3,11 @@
 # (a fixed boot time), the real reconciler on the local shape's 2 s ticker, clients calling the
 # service in process (poolmgr-bench rollout; see functions/poolmgr-bench/src/rollout.rs).
 #
-#   scripts/bench-rollout.sh [BOOT_MS]     (default 2000; about 12 minutes)
+#   scripts/bench-rollout.sh [BOOT_MS]     (default 2000; about 18 minutes)
+#   SCENARIOS="busy-any idle" scripts/bench-rollout.sh     (some of them)
 #
-#   busy    0.5 claims/s, each VM held 30 s, the template changed after 40 s of warm-up, and
+#   busy    0.5 claims/s, each VM held 30 s, the template changed after 130 s of warm-up (the
+#           rollout's 120 s window of claims behind it, as a pool at a steady rate has), and
 #           the same trace without a change: rollout_seconds, extra_boots, leases_disrupted,
 #           warm_hit_delta_pp (claim_preference CURRENT, the default)
 #   busy-any  the same with claim_preference ANY: claims consume stale VMs too
@@ -25,7 +27,7 @@ log "building release poolmgr-bench"
 stack_build release -q -p poolmgr-bench
 BIN=$STACK_BIN
 stack_pg_fresh "$DIR"
-for scenario in idle broken busy busy-any; do
+for scenario in ${SCENARIOS:-idle broken busy busy-any}; do
     url=$(pg_create_db "poolmgr_bench_rollout_${scenario//-/_}")
     extra=()
     if [[ $scenario == busy* ]]; then

@@ -233,7 +233,10 @@ pub async fn run(
             eprintln!(
                 "==> {scenario}: {SIZE}-VM pool, 0.5 claims/s held 30 s, boot {boot_ms} ms, claim_preference {preference}; with the change"
             );
-            let warmup = Duration::from_secs(40);
+            // A warm-up of the rollout's whole window (120 s) and a pass more: the rollout
+            // counts on the last window's claims to retire stale VMs under ANY, and a pool at a
+            // steady 0.5 claims/s has a window of them behind it (a 40 s warm-up held a third).
+            let warmup = Duration::from_secs(130);
             let limit = Duration::from_secs(300);
             let baseline =
                 baseline_url.ok_or_else(|| anyhow::anyhow!("busy needs --baseline-url (an empty database)"))?;
