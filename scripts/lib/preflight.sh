@@ -56,7 +56,10 @@ preflight() {
     local own_db=
     case "$what" in
         dev) own_db=${DATABASE_URL:-} ;;
-        test) own_db=${POOLMGR_TEST_DATABASE_URL:-} ;;
+        # The TLS-only test server is started even with a database URL, unless both of its
+        # variables are given too (scripts/test.sh).
+        test) own_db=${POOLMGR_TEST_DATABASE_URL:-}
+              [[ -n "${POOLMGR_TEST_TLS_PG_PORT:-}" && -n "${POOLMGR_TEST_TLS_CA_PEM:-}" ]] || own_db= ;;
     esac
     if [[ -z "$own_db" ]] && ! pg_bindir >/dev/null 2>&1; then
         missing+=("the PostgreSQL 15 server binaries (initdb, pg_ctl): apt-get install postgresql-15 (Debian 12; on a newer Debian apt-get install postgresql works too, with a warning), or set PG_BINDIR to a server bin directory")

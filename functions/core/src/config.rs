@@ -269,9 +269,10 @@ fn parse_retention(
         humantime::parse_duration(v).ok()
     };
     match parsed {
-        Some(d) if !d.is_zero() => Ok(Some(d)),
+        // At least a second: a retention of milliseconds would prune events as they are written.
+        Some(d) if d >= Duration::from_secs(1) => Ok(Some(d)),
         _ => Err(ConfigError(format!(
-            "{key}={raw:?}: use a positive duration such as 90s, 15m, 36h, 7d or 1h30m (a bare number is seconds), or off"
+            "{key}={raw:?}: use a duration of at least a second such as 90s, 15m, 36h, 7d or 1h30m (a bare number is seconds), or off"
         ))),
     }
 }
@@ -747,7 +748,20 @@ mod tests {
         assert_eq!(retention("1w").unwrap(), Some(Duration::from_secs(7 * 86_400)));
         assert_eq!(retention("90sec").unwrap(), Some(Duration::from_secs(90)));
         assert_eq!(retention("1.5d").unwrap(), Some(Duration::from_secs(36 * 3600)));
-        for bad in ["0", "0d", "0s", "d", "-1d", "99999999999999999999d", "99999999999999999999", "7x", "seven"] {
+        // Under a second would prune events as they are written.
+        for bad in [
+            "0",
+            "0d",
+            "0s",
+            "500ms",
+            "1us",
+            "d",
+            "-1d",
+            "99999999999999999999d",
+            "99999999999999999999",
+            "7x",
+            "seven",
+        ] {
             let e = retention(bad).unwrap_err().to_string();
             assert!(e.contains("POOLMGR_EVENTS_RETENTION"), "{bad:?}: {e}");
         }

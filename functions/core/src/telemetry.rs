@@ -35,7 +35,16 @@ pub const PINNED: &[&str] =
 
 /// Installs the JSON log subscriber. Safe to call more than once (later calls do nothing).
 pub fn init() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    init_with(std::env::var("RUST_LOG").ok().as_deref());
+}
+
+/// [`init`] with the filter given (`poolmgr-local --rust-log`, which wins over `RUST_LOG`);
+/// `None` or a filter that does not parse is `info`.
+pub fn init_with(directives: Option<&str>) {
+    let filter = directives
+        .filter(|d| !d.trim().is_empty())
+        .and_then(|d| EnvFilter::try_new(d).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
     let _ = subscriber(filter, std::io::stderr).try_init();
 }
 

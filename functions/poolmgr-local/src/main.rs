@@ -15,15 +15,17 @@ use poolmgr_core::{AppState, Config, cli, db, http, telemetry};
 use tokio::sync::Notify;
 
 const ABOUT: &str = "poolmgr's HTTP API (every function's routes) and a reconcile ticker on one address, \
-                     for development and single-machine installs. Migrates the database at start.";
+                     for development and single-machine installs. Migrates the database at start. With \
+                     POOLMGR_WAKE_LAMBDA_FUNCTION set, each wake is signed with AWS_ACCESS_KEY_ID, \
+                     AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, read from the environment only.";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // Before anything starts: `--help` and `--version` answer and exit here. Every variable
     // below is read through the one table `--help` prints (poolmgr_core::cli).
     let args = cli::Args::parse("poolmgr-local", ABOUT, cli::POOLMGR_LOCAL);
-    telemetry::init();
     let lookup = args.lookup();
+    telemetry::init_with(lookup("RUST_LOG").as_deref());
     let cfg = Config::from_lookup(&lookup)?;
     let limits = serve::Limits::from_lookup(&lookup)?;
     let lose_claim_answer_every = fault::lose_claim_answer_every(&lookup)?;

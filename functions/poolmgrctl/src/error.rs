@@ -129,7 +129,7 @@ mod tests {
             ("failed_precondition", 4),
             ("resource_exhausted", 5),
             ("unavailable", 6),
-            ("deadline_exceeded", 7),
+            ("deadline_exceeded", 9),
             ("internal", 1),
             ("unauthenticated", 1),
             ("permission_denied", 1),
