@@ -280,7 +280,19 @@ time, an Event merged into one still queued (--coalesce), wakes SigV4-checked; t
 the defaults (a schedule every 60 s). flintlock-sim boots: lognormal:$(fknob $BOOT_MEDIAN_MS):$BOOT_SIGMA \
 (ms; lognormal:$BOOT_MEDIAN_MS:$BOOT_SIGMA on the real-time stacks)."
 
-log "running the demand benchmark (k = $SCALE for model-day, $STEP_SCALE for the steps, D = $DEMAND; progress every 30 s)"
+# The rollout trace's stacks, at their own k (the knobs above divided by it instead).
+rollout_settings=$(
+    SCALE=$ROLLOUT_SCALE
+    printf '%s' "a stack per configuration, each poolmgr-local ($PROFILE build) on its own database, knobs at \
+k = $SCALE: POOLMGR_RECONCILE_INTERVAL_MS=$(knob 2000 "$TICK_FLOOR_MS") (2 s / k, at least $TICK_FLOOR_MS), \
+POOLMGR_RECONCILE_LOOP_INTERVAL_MS=$(knob 500 "$LOOP_FLOOR_MS") (500 ms / k, at least $LOOP_FLOOR_MS), \
+POOLMGR_RECONCILE_LINGER_MS=$(knob 5000 20), POOLMGR_WAKE_DEBOUNCE_MS=$(knob 1000 5); deployed: the reconcile \
+function under \`lambda-emu schedule\` every $(knob 60000 10) ms (60 s / k), one execution environment, \
+invocations one at a time, an Event merged into one still queued (--coalesce), wakes SigV4-checked. flintlock-sim \
+boots: lognormal:$(fknob $BOOT_MEDIAN_MS):$BOOT_SIGMA (ms)."
+)
+
+log "running the demand benchmark (k = $SCALE for model-day, $STEP_SCALE for the steps$([[ $ROLLOUT == 1 ]] && echo ", $ROLLOUT_SCALE for the rollout trace"), D = $DEMAND; progress every 30 s)"
 bench_status=0
 RUST_BACKTRACE=0 "$BIN/poolmgr-bench" demand "${STACK_ARGS[@]}" "${CPU_ARGS[@]}" \
     --postmaster-pid "$(head -n 1 "$WORK/pg/data/postmaster.pid")" --admin-token "$ADMIN" --client-token "$CLIENT" \
@@ -320,7 +332,7 @@ $(rustc --version | cut -d' ' -f1-2)."
     fi
     if [[ $ROLLOUT == 1 ]]; then
         "$BIN/poolmgr-bench" demand-rollout-report --results "$ROLLOUT_RESULTS" --machine "$machine" \
-            --settings "$settings" --checks "$check_text" --doc "$ROOT/docs/benchmarks.md"
+            --settings "$rollout_settings" --checks "$check_text" --doc "$ROOT/docs/benchmarks.md"
         cat "$ROLLOUT_RESULTS" >>"$ROOT/docs/bench-rollout-results.jsonl"
     fi
 fi
