@@ -15,18 +15,29 @@
 # scaled stacks). After the run: no double lease, no pool above its autoscaling max (the
 # benchmark's own checks), then `poolmgr-check --settled` on every database.
 #
+# The rollout trace (issue 24; --traces rollout, not in the default list: it needs stacks of its
+# own k and takes about 6 minutes more) changes the template of 50-VM pools in both
+# configurations: busy (0.5 claims/s, each job holding its VM 60 s) with claim_preference
+# CURRENT and ANY, the same claims without a change (the baseline), idle, and broken (an image
+# the simulators fail); see functions/poolmgr-bench/src/demand/rollout.rs. Its rows go to
+# .dev/bench-demand/rollout-results.jsonl and, unless --no-docs, are appended to
+# docs/bench-rollout-results.jsonl with their own section in docs/benchmarks.md. Run alone, it
+# skips the real-time segments and leaves the demand section and its results alone.
+#
 #   scripts/bench-demand.sh [options]
 #
 # Options:
 #   --quick            a smoke run of about 6 minutes: k = 480 and 120, D = 0.025, two
-#                      real-time claims each
+#                      real-time claims each (and k = 30 for the rollout trace)
 #   --scale K          the model-day's time scale (default 120: its 24 h take 12 min)
 #   --step-scale K     the step traces' (default 20: their 3 h take 9 min)
 #   --stagger S        the deployed rows start S real seconds after the local ones (default 75),
 #                      so the two configurations' busiest minutes do not share the CPUs
 #   --demand D         demand factor on every arrival rate and the burst rate (default 0.05)
 #   --seed S           the traces' seed (default 1)
-#   --traces LIST      comma-separated (default model-day,step,step-hinted)
+#   --rollout-scale K  the rollout trace's (default 10: its 13 min take 78 s, plus fill and settle)
+#   --traces LIST      comma-separated: model-day, step, step-hinted, rollout
+#                      (default model-day,step,step-hinted)
 #   --policies LIST    comma-separated (default static-peak,static-mean,autoscaled,autoscaled-hints)
 #   --configurations LIST  local,deployed (default both)
 #   --all-rows         every (trace, policy) pair, not only the default ones (autoscaled-hints
@@ -48,6 +59,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 SCALE=120
 STEP_SCALE=20
+ROLLOUT_SCALE=10
 STAGGER=75
 DEMAND=0.05
 SEED=1
@@ -67,7 +79,7 @@ EXTRA_ENV=()
 ALL_ROWS=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --quick) SCALE=480 STEP_SCALE=120 STAGGER=20 DEMAND=0.025 REALTIME_CLAIMS=2 REALTIME_GAP=15; shift ;;
+        --quick) SCALE=480 STEP_SCALE=120 ROLLOUT_SCALE=30 STAGGER=20 DEMAND=0.025 REALTIME_CLAIMS=2 REALTIME_GAP=15; shift ;;
         --scale) SCALE=$2; shift 2 ;;
         --step-scale) STEP_SCALE=$2; shift 2 ;;
         --stagger) STAGGER=$2; shift 2 ;;
@@ -82,13 +94,22 @@ while [[ $# -gt 0 ]]; do
         --results) RESULTS=$2; shift 2 ;;
         --no-docs) DOCS=0; shift ;;
         --env) EXTRA_ENV+=("$2"); shift 2 ;;
-        -h | --help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --rollout-scale) ROLLOUT_SCALE=$2; shift 2 ;;
+        -h | --help) sed -n '2,56p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
-for v in "$SCALE" "$STEP_SCALE"; do
-    [[ $v =~ ^[0-9]+$ ]] && ((v >= 1)) || die "--scale and --step-scale must be whole numbers of at least 1, got '$v'"
+for v in "$SCALE" "$STEP_SCALE" "$ROLLOUT_SCALE"; do
+    [[ $v =~ ^[0-9]+$ ]] && ((v >= 1)) || die "--scale, --step-scale and --rollout-scale must be whole numbers of at least 1, got '$v'"
 done
+# The rollout trace apart from the others: its own rows, results and section.
+ROLLOUT=0
+[[ ,$TRACES, == *,rollout,* ]] && ROLLOUT=1
+OTHER_TRACES=$(printf '%s' ",$TRACES," | sed 's/,rollout,/,/g; s/^,//; s/,$//')
+if [[ -z $OTHER_TRACES && $REALTIME == 1 ]]; then
+    log "only the rollout trace: no real-time segments"
+    REALTIME=0
+fi
 [[ $STAGGER =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--stagger must be a number of seconds, got '$STAGGER'"
 [[ $DEMAND =~ ^[0-9]*([.][0-9]+)?$ ]] && awk "BEGIN {exit !($DEMAND > 0)}" ||
     die "--demand must be a number above 0, got '$DEMAND'"
@@ -105,6 +126,8 @@ rm -rf "$LOGS"
 mkdir -p "$LOGS"
 RESULTS=${RESULTS:-$WORK/results.jsonl}
 SUMMARY=$WORK/summary.json
+ROLLOUT_RESULTS=$WORK/rollout-results.jsonl
+rm -f "$ROLLOUT_RESULTS"
 
 # knob VALUE: VALUE / k, at least MIN, rounded to a whole number ("knob 2000 10": 2000/k ms, ≥ 10).
 knob() { awk -v v="$1" -v k="$SCALE" -v min="${2:-1}" 'BEGIN {x = v / k; if (x < min) x = min; printf "%d", x + 0.5}'; }
@@ -173,7 +196,10 @@ start_stack() {
     boot="lognormal:$(awk -v m=$BOOT_MEDIAN_MS -v k="$k" 'BEGIN {printf "%.3f", m / k}'):$BOOT_SIGMA"
     : >"$sim_log"
     # info: each VM's boot draw is logged with its creation.
-    RUST_LOG=info stack_sim_start "$sim_log" --listen 127.0.0.1:0 --boot-delay-dist "$boot" --delete-delay-ms 20
+    # The rollout trace's broken template: an image the simulator fails (no other trace uses it).
+    local fail=()
+    [[ $ROLLOUT == 1 ]] && fail=(--fail-image broken)
+    RUST_LOG=info stack_sim_start "$sim_log" --listen 127.0.0.1:0 --boot-delay-dist "$boot" --delete-delay-ms 20 "${fail[@]}"
     local sim_addr=$SIM_ADDR
     CPU_ARGS+=(--cpu-pid "flintlock-sim-$name=$SIM_PID")
     mapfile -t env_lines < <(scaled_env)
@@ -228,6 +254,7 @@ start_stack() {
 SCALES=()
 [[ ,$TRACES, == *,model-day,* ]] && SCALES+=("$SCALE")
 [[ ,$TRACES, == *,step* && $STEP_SCALE != "$SCALE" ]] && SCALES+=("$STEP_SCALE")
+[[ $ROLLOUT == 1 && " ${SCALES[*]} " != *" $ROLLOUT_SCALE "* ]] && SCALES+=("$ROLLOUT_SCALE")
 ((${#SCALES[@]} > 0)) || SCALES=("$SCALE")
 STACK_ARGS=()
 for c in "${CONFIGS[@]}"; do
@@ -247,21 +274,39 @@ POOLMGR_RECONCILE_INTERVAL_MS=$(knob 2000 "$TICK_FLOOR_MS") (2 s / k, at least $
 POOLMGR_RECONCILE_LOOP_INTERVAL_MS=$(knob 500 "$LOOP_FLOOR_MS") (500 ms / k, at least $LOOP_FLOOR_MS), \
 POOLMGR_RECONCILE_LINGER_MS=$(knob 5000 20), POOLMGR_WAKE_DEBOUNCE_MS=$(knob 1000 5), \
 POOLMGR_AUTOSCALE_WINDOW_SECONDS=$(fknob 60), \
-POOLMGR_AUTOSCALE_DEFAULT_PROVISIONING_SECONDS=$(fknob 30); deployed: the reconcile function under \
+POOLMGR_AUTOSCALE_DEFAULT_PROVISIONING_SECONDS=$(fknob 30)$([[ $ROLLOUT == 1 ]] && echo " (at k = $ROLLOUT_SCALE for the rollout trace: each divided by $ROLLOUT_SCALE)"); deployed: the reconcile function under \
 \`lambda-emu schedule\` every $(knob 60000 10) ms (60 s / k), one execution environment, invocations one at a \
 time, an Event merged into one still queued (--coalesce), wakes SigV4-checked; the real-time stacks with \
 the defaults (a schedule every 60 s). flintlock-sim boots: lognormal:$(fknob $BOOT_MEDIAN_MS):$BOOT_SIGMA \
 (ms; lognormal:$BOOT_MEDIAN_MS:$BOOT_SIGMA on the real-time stacks)."
 
-log "running the demand benchmark (k = $SCALE for model-day, $STEP_SCALE for the steps, D = $DEMAND; progress every 30 s)"
+# The rollout trace's stacks, at their own k (the knobs above divided by it instead).
+rollout_settings=$(
+    SCALE=$ROLLOUT_SCALE
+    printf '%s' "a stack per configuration, each poolmgr-local ($PROFILE build) on its own database, knobs at \
+k = $SCALE: POOLMGR_RECONCILE_INTERVAL_MS=$(knob 2000 "$TICK_FLOOR_MS") (2 s / k, at least $TICK_FLOOR_MS), \
+POOLMGR_RECONCILE_LOOP_INTERVAL_MS=$(knob 500 "$LOOP_FLOOR_MS") (500 ms / k, at least $LOOP_FLOOR_MS), \
+POOLMGR_RECONCILE_LINGER_MS=$(knob 5000 20), POOLMGR_WAKE_DEBOUNCE_MS=$(knob 1000 5); deployed: the reconcile \
+function under \`lambda-emu schedule\` every $(knob 60000 10) ms (60 s / k), one execution environment, \
+invocations one at a time, an Event merged into one still queued (--coalesce), wakes SigV4-checked. flintlock-sim \
+boots: lognormal:$(fknob $BOOT_MEDIAN_MS):$BOOT_SIGMA (ms)."
+)
+
+log "running the demand benchmark (k = $SCALE for model-day, $STEP_SCALE for the steps$([[ $ROLLOUT == 1 ]] && echo ", $ROLLOUT_SCALE for the rollout trace"), D = $DEMAND; progress every 30 s)"
 bench_status=0
 RUST_BACKTRACE=0 "$BIN/poolmgr-bench" demand "${STACK_ARGS[@]}" "${CPU_ARGS[@]}" \
     --postmaster-pid "$(head -n 1 "$WORK/pg/data/postmaster.pid")" --admin-token "$ADMIN" --client-token "$CLIENT" \
     --scale "$SCALE" --step-scale "$STEP_SCALE" --stagger-s "$STAGGER" --demand "$DEMAND" --seed "$SEED" --traces "$TRACES" --policies "$POLICIES" "${ALL_ROWS[@]}" \
     --boot-median-ms "$BOOT_MEDIAN_MS" --boot-sigma "$BOOT_SIGMA" \
     --realtime-claims "$REALTIME_CLAIMS" --realtime-gap-s "$REALTIME_GAP" \
+    --rollout-scale "$ROLLOUT_SCALE" --rollout-results "$ROLLOUT_RESULTS" \
     --results "$RESULTS" --summary "$SUMMARY" --settings "$settings" | tee "$WORK/table.txt" || bench_status=$?
-[[ -s $RESULTS ]] || die "the benchmark wrote no results (exit $bench_status); see the lines above and $LOGS"
+if [[ -n $OTHER_TRACES ]]; then
+    [[ -s $RESULTS ]] || die "the benchmark wrote no results (exit $bench_status); see the lines above and $LOGS"
+fi
+if [[ $ROLLOUT == 1 ]]; then
+    [[ -s $ROLLOUT_RESULTS ]] || die "the benchmark wrote no rollout results (exit $bench_status); see the lines above and $LOGS"
+fi
 
 log "poolmgr-check --settled on every database"
 checks=()
@@ -280,9 +325,16 @@ if [[ $DOCS == 1 ]]; then
     machine="$(nproc) vCPU ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), \
 $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo) RAM, $("$(pg_bindir)/postgres" --version 2>/dev/null || echo PostgreSQL), \
 $(rustc --version | cut -d' ' -f1-2)."
-    "$BIN/poolmgr-bench" demand-report --results "$RESULTS" --summary "$SUMMARY" --machine "$machine" \
-        --checks "$check_text" --doc "$ROOT/docs/benchmarks.md"
-    [[ "$RESULTS" -ef "$ROOT/docs/bench-demand-results.jsonl" ]] || cp "$RESULTS" "$ROOT/docs/bench-demand-results.jsonl"
+    if [[ -n $OTHER_TRACES ]]; then
+        "$BIN/poolmgr-bench" demand-report --results "$RESULTS" --summary "$SUMMARY" --machine "$machine" \
+            --checks "$check_text" --doc "$ROOT/docs/benchmarks.md"
+        [[ "$RESULTS" -ef "$ROOT/docs/bench-demand-results.jsonl" ]] || cp "$RESULTS" "$ROOT/docs/bench-demand-results.jsonl"
+    fi
+    if [[ $ROLLOUT == 1 ]]; then
+        "$BIN/poolmgr-bench" demand-rollout-report --results "$ROLLOUT_RESULTS" --machine "$machine" \
+            --settings "$rollout_settings" --checks "$check_text" --doc "$ROOT/docs/benchmarks.md"
+        cat "$ROLLOUT_RESULTS" >>"$ROOT/docs/bench-rollout-results.jsonl"
+    fi
 fi
 if [[ $bench_status -ne 0 ]]; then
     die "the benchmark found a violation (exit $bench_status): read the VIOLATION lines above; logs in $LOGS"
@@ -290,4 +342,4 @@ fi
 if [[ $check_failed -ne 0 ]]; then
     die "poolmgr-check found a problem: see $LOGS/check-*.out and the poolmgr-local logs in $LOGS"
 fi
-log "done: rows in $RESULTS, the table in $WORK/table.txt$([[ $DOCS == 1 ]] && echo ", docs/benchmarks.md updated")"
+log "done: rows in $([[ -n $OTHER_TRACES ]] && echo "$RESULTS")$([[ -n $OTHER_TRACES && $ROLLOUT == 1 ]] && echo " and ")$([[ $ROLLOUT == 1 ]] && echo "$ROLLOUT_RESULTS"), the table in $WORK/table.txt$([[ $DOCS == 1 ]] && echo ", docs/benchmarks.md updated")"

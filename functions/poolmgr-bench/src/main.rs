@@ -9,7 +9,8 @@
 //!   work, and the growth series' table and chart; driven by `scripts/bench-reconcile.sh`.
 //! - `demand`, `demand-report`: claim traces replayed in scaled time against running stacks,
 //!   pool policies side by side (static, autoscaled, with hints), local and deployed; driven by
-//!   `scripts/bench-demand.sh` ([`demand`]).
+//!   `scripts/bench-demand.sh` ([`demand`]); its `rollout` trace (issue 24) writes its own rows,
+//!   `demand-rollout-report` their section.
 //!
 //! Measurements only: nothing here asserts a time.
 
@@ -225,6 +226,22 @@ enum Cmd {
         #[arg(long)]
         machine: String,
         /// What `poolmgr-check --settled` said, per configuration.
+        #[arg(long, default_value = "")]
+        checks: String,
+        #[arg(long)]
+        doc: PathBuf,
+    },
+    /// Write the `rollout` trace's rows (--results, as `demand --rollout-results` wrote them)
+    /// into their own generated section of --doc.
+    DemandRolloutReport {
+        #[arg(long)]
+        results: PathBuf,
+        #[arg(long)]
+        machine: String,
+        /// What the script set up (scaled knobs, builds).
+        #[arg(long, default_value = "")]
+        settings: String,
+        /// What `poolmgr-check --settled` said, per stack.
         #[arg(long, default_value = "")]
         checks: String,
         #[arg(long)]
@@ -513,6 +530,16 @@ async fn main() -> anyhow::Result<()> {
             let section = demand::report::markdown(&rows, &summary, &machine, &checks);
             let old = std::fs::read_to_string(&doc).unwrap_or_default();
             std::fs::write(&doc, report::splice(&old, &section, demand::report::BEGIN, demand::report::END))
+                .with_context(|| format!("writing {}", doc.display()))?;
+            eprintln!("==> wrote {}", doc.display());
+            Ok(())
+        }
+        Cmd::DemandRolloutReport { results, machine, settings, checks, doc } => {
+            let rows: Vec<demand::rollout::RolloutRow> = report::read_jsonl(&results)?;
+            let section = demand::rollout_report::markdown(&rows, &machine, &settings, &checks);
+            let old = std::fs::read_to_string(&doc).unwrap_or_default();
+            let (begin, end) = (demand::rollout_report::BEGIN, demand::rollout_report::END);
+            std::fs::write(&doc, report::splice(&old, &section, begin, end))
                 .with_context(|| format!("writing {}", doc.display()))?;
             eprintln!("==> wrote {}", doc.display());
             Ok(())

@@ -22,6 +22,8 @@ pub mod metrics;
 pub mod realtime;
 pub mod replay;
 pub mod report;
+pub mod rollout;
+pub mod rollout_report;
 pub mod trace;
 
 use std::collections::HashMap;
@@ -91,7 +93,7 @@ fn parse_pair(s: &str) -> Result<(String, String), String> {
     }
 }
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct Args {
     /// A configuration's poolmgr for one time scale, NAME@K=URL (repeatable):
     /// local@120=http://127.0.0.1:8080. Without @K: the model-day scale (--scale). A row runs
@@ -181,6 +183,12 @@ pub struct Args {
     /// The postmaster's pid: its cluster's CPU time (exited backends included) likewise.
     #[arg(long)]
     pub postmaster_pid: Option<String>,
+    /// k of the `rollout` trace ([`rollout`]; its stacks are `NAME@K`).
+    #[arg(long, default_value_t = 10.0)]
+    pub rollout_scale: f64,
+    /// The `rollout` trace's rows, one JSON line each (overwritten); needed with `--traces rollout`.
+    #[arg(long)]
+    pub rollout_results: Option<PathBuf>,
 }
 
 /// What `--summary` holds.
@@ -392,8 +400,57 @@ fn fmt_opt(v: Option<f64>, digits: usize) -> String {
 }
 
 /// Runs the benchmark; `Ok(false)` when a check found a violation (the results are written
-/// either way).
+/// either way). The `rollout` trace runs beside the others, on its own pools and rows
+/// ([`rollout`]); the others' rows and results do not change with it.
 pub async fn run(args: Args) -> anyhow::Result<bool> {
+    if !args.traces.iter().any(|t| t == rollout::TRACE) {
+        return run_traces(args).await;
+    }
+    let setup = rollout_setup(&args)?;
+    let mut others = args.clone();
+    others.traces.retain(|t| t != rollout::TRACE);
+    if others.traces.is_empty() {
+        return rollout::run(setup).await;
+    }
+    let (a, b) = tokio::join!(run_traces(others), rollout::run(setup));
+    Ok(a? & b?)
+}
+
+/// The `rollout` trace's stacks (each configuration's at `--rollout-scale`) and settings.
+fn rollout_setup(args: &Args) -> anyhow::Result<rollout::Setup> {
+    let k = args.rollout_scale;
+    // Written so that NaN fails too.
+    if k.partial_cmp(&1.0).is_none_or(|o| o.is_lt()) {
+        bail!("--rollout-scale must be at least 1");
+    }
+    let results = args.rollout_results.clone().context("--traces rollout needs --rollout-results FILE")?;
+    let urls: HashMap<String, &String> = args.stacks.iter().map(|(n, u)| (split_stack(n, args.scale).1, u)).collect();
+    let mut stacks = vec![];
+    let mut sim_logs = HashMap::new();
+    for c in configurations(args) {
+        let key = stack_key(&c, k);
+        let url =
+            urls.get(&key).with_context(|| format!("the rollout trace needs a stack {key} (--stack {key}=URL)"))?;
+        let api = Api::new(url, &args.admin_token, &args.client_token)?.with_retry_budget(args.retry_rate);
+        if let Some((_, log)) = args.sim_logs.iter().find(|(n, _)| split_stack(n, args.scale).1 == key) {
+            sim_logs.insert(c.clone(), PathBuf::from(log));
+        }
+        stacks.push((c, Arc::new(api)));
+    }
+    Ok(rollout::Setup {
+        stacks,
+        sim_logs,
+        host: args.host.clone(),
+        k,
+        stagger_s: args.stagger_s,
+        seed: args.seed,
+        retry_floor_ms: args.retry_floor_ms,
+        poll_ms: args.poll_ms,
+        results,
+    })
+}
+
+async fn run_traces(args: Args) -> anyhow::Result<bool> {
     // Written so that NaN fails too.
     let sane = args.scale >= 1.0 && args.step_scale >= 1.0 && args.demand > 0.0 && args.stagger_s >= 0.0;
     if !sane {

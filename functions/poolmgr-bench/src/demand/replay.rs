@@ -368,7 +368,7 @@ pub struct Progress {
 
 /// One logical claim, as `poolmgr_client::Client::claim_with` makes it, in scaled time; then
 /// the job's hold and the release.
-async fn one_claim(
+pub(crate) async fn one_claim(
     api: Arc<Api>,
     namespace: String,
     pool: String,
