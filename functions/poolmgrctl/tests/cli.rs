@@ -882,6 +882,57 @@ async fn pool_apply_creates_updates_and_leaves_pools_and_pool_diff_says_what_dif
     s.ctl_as(CLIENT, &["pool", "apply", "-f", &dir_s]).await.fails(1, "permission_denied");
 }
 
+/// The ETag the server gives pool default/`name` now.
+async fn etag_of(s: &Stack, name: &str) -> String {
+    let r = s.http.get(format!("{}/v1/pools/default/{name}", s.endpoint)).bearer_auth(ADMIN).send().await.unwrap();
+    r.headers()["etag"].to_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_apply_compares_with_the_servers_defaults_filled_in_and_sees_blocks_and_empty_flags() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    // No interface `type`: the server writes "TAP" back. A second apply changes nothing.
+    let plain = short_yaml("ci", 0, "").replace(", type: TAP", "");
+    assert!(!plain.contains("type"), "{plain}");
+    let f = s.write("ci.yaml", &plain);
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci created\n");
+    assert_eq!(s.get("/v1/pools/default/ci").await["spec"]["microvm_template"]["interfaces"][0]["type"], json!("TAP"));
+    let etag = etag_of(&s, "ci").await;
+    let o = s.ctl(&["pool", "diff", "-f", &f]).await;
+    assert_eq!((o.code, o.stdout.as_str()), (0, ""), "{o:#?}");
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci unchanged\n");
+    assert_eq!(etag_of(&s, "ci").await, etag);
+
+    // `rollout: {}` (every default) turns rollouts on: a change, applied, then unchanged.
+    std::fs::write(&f, format!("{plain}rollout: {{}}\n")).unwrap();
+    let o = s.ctl(&["pool", "diff", "-f", &f]).await;
+    assert!(o.code == 1 && o.stdout.contains("+rollout: {}\n"), "{o:#?}");
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci configured\n");
+    assert_eq!(s.get("/v1/pools/default/ci").await["spec"]["rollout"]["max_surge"], json!("25%"));
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci unchanged\n");
+    // And taking the block out turns them off again.
+    std::fs::write(&f, &plain).unwrap();
+    let o = s.ctl(&["pool", "diff", "-f", &f]).await;
+    assert!(o.code == 1 && o.stdout.contains("-rollout: {}\n"), "{o:#?}");
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci configured\n");
+    assert!(s.get("/v1/pools/default/ci").await["spec"].get("rollout").is_none());
+
+    // A kernel flag without a value (`quiet: ""`) is a change too, both ways.
+    let quiet = plain.replace("filename: boot/vmlinux}", "filename: boot/vmlinux, cmdline: {quiet: \"\"}}");
+    assert_ne!(quiet, plain);
+    std::fs::write(&f, &quiet).unwrap();
+    let o = s.ctl(&["pool", "diff", "-f", &f]).await;
+    assert!(o.code == 1 && o.stdout.contains("quiet"), "{o:#?}");
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci configured\n");
+    let spec = s.get("/v1/pools/default/ci").await["spec"].clone();
+    assert_eq!(spec["microvm_template"]["kernel"]["cmdline"], json!({"quiet": ""}));
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci unchanged\n");
+    std::fs::write(&f, &plain).unwrap();
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci configured\n");
+    assert!(s.get("/v1/pools/default/ci").await["spec"]["microvm_template"]["kernel"].get("cmdline").is_none());
+}
+
 /// A proxy to `upstream` that, before passing a PUT on, changes the pool itself (size 9,
 /// unconditionally): someone else's change between apply's read and its write.
 async fn meddling_proxy(upstream: String) -> String {
