@@ -6,7 +6,9 @@
 //! `*.json` files, sorted by name. A pool may be named once in all of them.
 //!
 //! Apply reads each pool with its ETag, compares its spec with the file's ([`normalized`]:
-//! the server's defaults written out on neither side), and creates it, leaves it, or PUTs the
+//! the server's defaults, at the paths where the server fills them in, written out on neither
+//! side; a block present with defaults only is not the same as no block), and creates it,
+//! leaves it, or PUTs the
 //! file's spec with `If-Match: <that ETag>`. It must never update a pool without the ETag it
 //! compared against: a pool someone changed since the read answers 412, and apply says so
 //! instead of overwriting their change.
@@ -110,10 +112,19 @@ fn parse(name: &str, ext: Option<&str>, text: &str) -> Result<Vec<Doc>, CliError
         .collect()
 }
 
-/// Defaults the server fills in for a field left out (`shared/http-api.md`, PoolSpec), by path.
-/// A field at its default is left out on both sides of a comparison.
+/// What the server writes for a field left out (`functions/core/src/domain.rs` and
+/// `template.rs`: every `serde(default)` it serializes back), by path. `[*]` stands for every
+/// element of an array. A field at its default is left out on both sides of a comparison, so
+/// a file that names it and one that does not compare equal — and only there: a block the
+/// server keeps as absent or present (`rollout`, `autoscaling`, `initrd`, an interface's
+/// `address`) is never dropped for holding nothing but defaults, because `rollout: {}` turns
+/// rollouts on and no `rollout` leaves them off.
 const DEFAULTS: &[(&str, &str)] = &[
+    // PoolSpec (domain.rs): the client leaves these out; the server always writes them.
     ("namespace", r#""default""#),
+    ("flintlock_hosts", "[]"),
+    ("create_commands", "[]"),
+    ("pre_lease_commands", "[]"),
     ("hook_failure_policy", r#""DELETE_AND_REPLACE""#),
     ("heartbeat_interval_seconds", "30"),
     ("heartbeat_expiry_seconds", "120"),
@@ -125,43 +136,73 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("rollout.progress_deadline_seconds", "600"),
     ("rollout.failure_threshold", "3"),
     ("rollout.auto_rollback", "true"),
+    // The template (template.rs): written even when left out...
+    ("microvm_template.interfaces", "[]"),
+    ("microvm_template.interfaces[*].type", r#""TAP""#),
+    ("microvm_template.kernel.image", r#""""#),
+    ("microvm_template.kernel.add_network_config", "false"),
+    ("microvm_template.initrd.image", r#""""#),
+    ("microvm_template.root_volume.id", r#""""#),
+    ("microvm_template.root_volume.is_read_only", "false"),
+    ("microvm_template.root_volume.source", "{}"),
+    ("microvm_template.additional_volumes[*].id", r#""""#),
+    ("microvm_template.additional_volumes[*].is_read_only", "false"),
+    ("microvm_template.additional_volumes[*].source", "{}"),
+    // ... and left out when empty (`skip_serializing_if`), whether the file names them or not.
+    ("microvm_template.additional_volumes", "[]"),
+    ("microvm_template.metadata", "{}"),
+    ("microvm_template.labels", "{}"),
+    ("microvm_template.kernel.cmdline", "{}"),
+    ("microvm_template.interfaces[*].address.nameservers", "[]"),
 ];
 
-/// A spec as the server keeps it, for comparing and showing: what is at its default is left
-/// out — the listed defaults, and elsewhere `null`, `false`, `""`, `[]` and `{}`, which is
-/// what the server (and its template) stores for a field left out.
+/// Maps whose keys are the user's (`quiet: ""` is a kernel flag, not an empty field): what
+/// they hold is compared exactly, never trimmed.
+const USER_MAPS: &[&str] = &["microvm_template.metadata", "microvm_template.labels", "microvm_template.kernel.cmdline"];
+
+/// A spec as the server keeps it, for comparing and showing: a field at its server default
+/// ([`DEFAULTS`], at that path only) is left out, and so is a member that is `null` (how a
+/// field is left out: the server writes none). Nothing else is: empty strings, `false`, `[]`
+/// and `{}` elsewhere are values, and an object emptied of its defaults stays (`rollout: {}`).
 pub fn normalized(spec: &Value) -> Value {
-    fn walk(v: &Value, path: &str) -> Option<Value> {
-        if let Some((_, d)) = DEFAULTS.iter().find(|(p, _)| *p == path) {
-            let d: Value = serde_json::from_str(d).expect("defaults are JSON");
-            return (*v != d && !v.is_null()).then(|| v.clone());
-        }
+    fn walk(v: &Value, path: &str) -> Value {
         match v {
-            Value::Null | Value::Bool(false) => None,
-            Value::String(s) if s.is_empty() => None,
-            Value::Array(a) if a.is_empty() => None,
-            Value::Array(a) => Some(Value::Array(
-                a.iter().enumerate().map(|(i, x)| walk(x, &format!("{path}[{i}]")).unwrap_or(Value::Null)).collect(),
-            )),
-            Value::Object(m) => {
-                let kept: serde_json::Map<String, Value> = m
-                    .iter()
+            Value::Object(m) if USER_MAPS.contains(&path) => Value::Object(m.clone()),
+            Value::Object(m) => Value::Object(
+                m.iter()
                     .filter_map(|(k, x)| {
                         let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
-                        walk(x, &p).map(|x| (k.clone(), x))
+                        let x = walk(x, &p);
+                        let default = DEFAULTS
+                            .iter()
+                            .find(|(d, _)| *d == p)
+                            .map(|(_, d)| serde_json::from_str::<Value>(d).expect("defaults are JSON"));
+                        (!x.is_null() && default.as_ref() != Some(&x)).then(|| (k.clone(), x))
                     })
-                    .collect();
-                (!kept.is_empty()).then_some(Value::Object(kept))
-            }
-            other => Some(other.clone()),
+                    .collect(),
+            ),
+            Value::Array(a) => Value::Array(a.iter().map(|x| walk(x, &format!("{path}[*]"))).collect()),
+            other => other.clone(),
         }
     }
-    walk(spec, "").unwrap_or_else(|| json!({}))
+    walk(spec, "")
 }
 
-/// `normalized(spec)` as YAML lines, keys sorted.
+/// `normalized(spec)` as YAML lines, keys sorted (whatever order the server or the file had
+/// them in, and whether or not serde_json keeps insertion order in this build).
 fn yaml_text(spec: &Value) -> String {
-    yaml_serde::to_string(&normalized(spec)).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+    fn sorted(v: Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let mut kv: Vec<(String, Value)> = m.into_iter().collect();
+                kv.sort_by(|a, b| a.0.cmp(&b.0));
+                Value::Object(kv.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+            }
+            Value::Array(a) => Value::Array(a.into_iter().map(sorted).collect()),
+            other => other,
+        }
+    }
+    yaml_serde::to_string(&sorted(normalized(spec))).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
 }
 
 /// A unified diff of `old` and `new` (lines), three lines of context; `None` when equal.
@@ -252,6 +293,24 @@ fn desired(d: &Doc) -> Value {
     serde_json::to_value(&d.spec).unwrap_or(Value::Null)
 }
 
+/// The diff of the pool as it is (`None`: there is none) against the document, or `None` when
+/// they are the same. Sameness is decided on the [`normalized`] values; the YAML text only
+/// shows the difference.
+fn difference(current: Option<&Value>, d: &Doc) -> Option<String> {
+    let want = desired(d);
+    let Some(spec) = current else {
+        return unified("", &yaml_text(&want), "/dev/null", &d.source);
+    };
+    if normalized(spec) == normalized(&want) {
+        return None;
+    }
+    let old_name = format!("pool {} (current)", d.spec.pool_ref());
+    Some(unified(&yaml_text(spec), &yaml_text(&want), &old_name, &d.source).unwrap_or_else(|| {
+        // Values that print alike (`1` and `1.0`): still a difference, and said so.
+        format!("--- {old_name}\n+++ {}\n# differs in a way the YAML does not show\n", d.source)
+    }))
+}
+
 /// `pool diff`: each document's pool as it is against the file. `Ok(true)` when any differs.
 pub async fn diff(ctx: &Ctx, path: &Path) -> Result<bool, CliError> {
     let docs = load(path)?;
@@ -259,9 +318,7 @@ pub async fn diff(ctx: &Ctx, path: &Path) -> Result<bool, CliError> {
     for d in &docs {
         let p = d.spec.pool_ref();
         let current = read(ctx, &p).await?;
-        let old = current.as_ref().map_or_else(String::new, |(spec, _)| yaml_text(spec));
-        let old_name = if current.is_some() { format!("pool {p} (current)") } else { "/dev/null".to_owned() };
-        if let Some(u) = unified(&old, &yaml_text(&desired(d)), &old_name, &d.source) {
+        if let Some(u) = difference(current.as_ref().map(|(spec, _)| spec), d) {
             text.push_str(&u);
         }
     }
@@ -314,9 +371,8 @@ pub async fn apply(ctx: &Ctx, path: &Path, dry_run: bool) -> Result<(), CliError
 /// One document: what was done, and (for a change) the diff.
 async fn apply_one(ctx: &Ctx, d: &Doc, dry_run: bool) -> Result<(Action, Option<String>), CliError> {
     let p = d.spec.pool_ref();
-    let new = yaml_text(&desired(d));
     let Some((spec, etag)) = read(ctx, &p).await? else {
-        let diff = unified("", &new, "/dev/null", &d.source);
+        let diff = difference(None, d);
         if !dry_run {
             ctx.send(Call::create_pool(&d.spec)).await.map_err(|e| {
                 if e.status == "already_exists" {
@@ -333,7 +389,7 @@ async fn apply_one(ctx: &Ctx, d: &Doc, dry_run: bool) -> Result<(Action, Option<
         }
         return Ok((Action::Created, diff));
     };
-    let Some(diff) = unified(&yaml_text(&spec), &new, &format!("pool {p} (current)"), &d.source) else {
+    let Some(diff) = difference(Some(&spec), d) else {
         return Ok((Action::Unchanged, None));
     };
     if !dry_run {
@@ -366,17 +422,30 @@ async fn apply_one(ctx: &Ctx, d: &Doc, dry_run: bool) -> Result<(Action, Option<
 mod tests {
     use super::*;
 
-    #[test]
-    fn normalized_leaves_out_the_servers_defaults_and_nothing_else() {
-        let server = json!({"namespace": "default", "name": "ci", "size": 0, "flintlock_hosts": ["a"],
+    /// A pool as the real server answers it: every field it fills in written out (domain.rs,
+    /// template.rs), including each interface's `type`.
+    fn server_spec() -> Value {
+        json!({"namespace": "default", "name": "ci", "size": 0, "flintlock_hosts": ["a"],
             "replenishment": {"strategy": "REPLACE_ON_DELETE"}, "create_commands": [], "pre_lease_commands": [],
             "hook_failure_policy": "DELETE_AND_REPLACE", "heartbeat_interval_seconds": 30, "heartbeat_expiry_seconds": 120,
-            "microvm_template": {"kernel": {"image": "k", "add_network_config": false}, "interfaces": [{"device_id": "eth1"}]},
+            "microvm_template": {"kernel": {"image": "k", "add_network_config": false},
+                "root_volume": {"id": "root", "is_read_only": false, "source": {"container_source": "img"}},
+                "interfaces": [{"device_id": "eth1", "type": "TAP"}, {"device_id": "eth2", "type": "TAP"}]},
             "rollout": {"max_surge": "25%", "max_unavailable": 0, "claim_preference": "CURRENT", "window_seconds": 120,
-                        "progress_deadline_seconds": 600, "failure_threshold": 3, "auto_rollback": false}});
-        let file = json!({"name": "ci", "size": 0, "flintlock_hosts": ["a"], "replenishment": {"strategy": "REPLACE_ON_DELETE"},
-            "microvm_template": {"kernel": {"image": "k"}, "interfaces": [{"device_id": "eth1"}]},
-            "rollout": {"auto_rollback": false}});
+                        "progress_deadline_seconds": 600, "failure_threshold": 3, "auto_rollback": false}})
+    }
+
+    /// The same pool as a person writes it: the server's defaults left out.
+    fn file_spec() -> Value {
+        json!({"name": "ci", "size": 0, "flintlock_hosts": ["a"], "replenishment": {"strategy": "REPLACE_ON_DELETE"},
+            "microvm_template": {"kernel": {"image": "k"}, "root_volume": {"id": "root", "source": {"container_source": "img"}},
+                "interfaces": [{"device_id": "eth1"}, {"device_id": "eth2", "type": "TAP"}]},
+            "rollout": {"auto_rollback": false}})
+    }
+
+    #[test]
+    fn normalized_leaves_out_the_servers_defaults_and_nothing_else() {
+        let (server, file) = (server_spec(), file_spec());
         assert_eq!(normalized(&server), normalized(&file));
         // A value at a non-zero default's zero is a change, and a size of 0 is kept.
         assert_eq!(normalized(&server)["rollout"], json!({"auto_rollback": false}));
@@ -384,6 +453,70 @@ mod tests {
         let mut other = file.clone();
         other["heartbeat_expiry_seconds"] = json!(300);
         assert_ne!(normalized(&server), normalized(&other));
+        // An interface's type other than the default is a change, in any element.
+        let mut other = file.clone();
+        other["microvm_template"]["interfaces"][1]["type"] = json!("MACVTAP");
+        assert_ne!(normalized(&server), normalized(&other));
+        // `null` is a field left out.
+        let mut other = file.clone();
+        other["max_lease_seconds"] = Value::Null;
+        other["microvm_template"]["vcpu"] = Value::Null;
+        assert_eq!(normalized(&server), normalized(&other));
+    }
+
+    #[test]
+    fn a_block_with_only_defaults_is_not_the_same_as_no_block() {
+        // `rollout: {}` turns rollouts on with every default; no `rollout` leaves them off.
+        let mut server = server_spec();
+        server["rollout"]["auto_rollback"] = json!(true);
+        let mut file = file_spec();
+        file["rollout"] = json!({});
+        assert_eq!(normalized(&server), normalized(&file));
+        assert_eq!(normalized(&server)["rollout"], json!({}));
+        file.as_object_mut().unwrap().remove("rollout");
+        assert_ne!(normalized(&server), normalized(&file));
+        server.as_object_mut().unwrap().remove("rollout");
+        assert_eq!(normalized(&server), normalized(&file));
+        // autoscaling with its default stabilization only: still autoscaling.
+        let mut with = file.clone();
+        with["autoscaling"] = json!({"min": 0, "max": 5, "buffer": 0});
+        assert_ne!(normalized(&server), normalized(&with));
+        server["autoscaling"] = json!({"min": 0, "max": 5, "buffer": 0, "scale_down_stabilization_seconds": 300});
+        assert_eq!(normalized(&server), normalized(&with));
+        // An initrd or a static address of defaults only is still there.
+        let mut with = file.clone();
+        with["microvm_template"]["initrd"] = json!({});
+        assert_ne!(normalized(&file), normalized(&with));
+    }
+
+    #[test]
+    fn empty_values_in_maps_of_the_users_keys_are_kept() {
+        let file = file_spec();
+        for (path, entry) in [("kernel", "cmdline"), ("", "metadata"), ("", "labels")] {
+            let mut other = file.clone();
+            let at =
+                if path.is_empty() { &mut other["microvm_template"] } else { &mut other["microvm_template"][path] };
+            at[entry] = json!({"quiet": ""});
+            assert_ne!(normalized(&file), normalized(&other), "{entry}");
+            assert_eq!(yaml_text(&other).matches("quiet: ''").count(), 1, "{entry}: {}", yaml_text(&other));
+            // The server leaves an empty map out: `{}` and none are the same.
+            let at =
+                if path.is_empty() { &mut other["microvm_template"] } else { &mut other["microvm_template"][path] };
+            at[entry] = json!({});
+            assert_eq!(normalized(&file), normalized(&other), "{entry}");
+        }
+        // Elsewhere an empty string is a value too (a guest_mac of "" is written back as it is).
+        let mut other = file.clone();
+        other["microvm_template"]["interfaces"][0]["guest_mac"] = json!("");
+        assert_ne!(normalized(&file), normalized(&other));
+    }
+
+    #[test]
+    fn the_yaml_is_the_same_whatever_order_the_keys_came_in() {
+        let a = json!({"b": 1, "a": {"y": 1, "x": 2}});
+        let b = json!({"a": {"x": 2, "y": 1}, "b": 1});
+        assert_eq!(yaml_text(&a), yaml_text(&b));
+        assert_eq!(yaml_text(&a), "a:\n  x: 2\n  y: 1\nb: 1\n");
     }
 
     #[test]

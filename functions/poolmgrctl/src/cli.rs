@@ -12,7 +12,8 @@ use poolmgr_client::Phase;
 /// 4 conflict (already exists, aborted, failed precondition), 5 resource exhausted,
 /// 6 unavailable (server, database or flintlock unreachable, connection failures, time-outs),
 /// 7 lease lost during `lease run`, 8 `pool diff` failed (1 there means "differences"),
-/// 9 `pool wait` timed out. `lease run` otherwise exits with its command's code
+/// 9 `pool wait` timed out, 10 the request succeeded but the `--jq` filter failed on its
+/// answer (printed as JSON instead). `lease run` otherwise exits with its command's code
 /// (128+N for a command killed by signal N, 127 when it cannot be found, 126 when it cannot
 /// be run).
 #[derive(Debug, Parser)]
@@ -52,7 +53,8 @@ pub struct Global {
     #[arg(short = 'o', long, global = true, value_name = "FORMAT", value_parser = parse_format)]
     pub output: Option<Format>,
     /// Filter the JSON output with a jq program (jaq), each result on a line, strings as
-    /// their text like `jq -r` (e.g. `--jq .lease.lease_id`). Implies -o json.
+    /// their text like `jq -r` (e.g. `--jq .lease.lease_id`). Implies -o json. Compiled, never
+    /// run, before the request; if it fails on the answer: exit 10, the answer as JSON.
     #[arg(long, global = true, value_name = "EXPR")]
     pub jq: Option<String>,
     /// Tables without their header line.

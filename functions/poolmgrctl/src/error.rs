@@ -14,6 +14,9 @@ pub struct CliError {
     pub message: String,
     /// An exit code other than the status's class ([`CliError::exit_with`], [`CliError::silent`]).
     exit: Option<u8>,
+    /// Printed on standard output before the error is printed on standard error: what must
+    /// not be lost ([`CliError::with_output`]).
+    pub output: Option<String>,
 }
 
 pub const EXIT_OTHER: u8 = 1;
@@ -29,18 +32,22 @@ pub const EXIT_LEASE_LOST: u8 = 7;
 pub const EXIT_DIFF_FAILED: u8 = 8;
 /// `pool wait`: the condition was not met within --timeout.
 pub const EXIT_WAIT_TIMED_OUT: u8 = 9;
+/// `--jq`: the request succeeded, but the filter failed on its answer (a jq error, a result
+/// that is not JSON, too many results); the answer is printed on standard output as `-o json`
+/// prints it instead. Not a failure of the request: a claimed lease stays claimed.
+pub const EXIT_FILTER_FAILED: u8 = 10;
 /// `pool diff`: the files differ from the pools.
 pub const EXIT_DIFFERENCES: u8 = 1;
 
 impl CliError {
     pub fn new(status: &str, message: impl Into<String>) -> CliError {
-        CliError { status: status.to_owned(), message: message.into(), exit: None }
+        CliError { status: status.to_owned(), message: message.into(), exit: None, output: None }
     }
 
     /// Exit with `code` and print nothing more: what had to be said is on standard error
     /// (`lease run` passes its command's code through this way).
     pub fn silent(code: u8) -> CliError {
-        CliError { status: String::new(), message: String::new(), exit: Some(code) }
+        CliError { status: String::new(), message: String::new(), exit: Some(code), output: None }
     }
 
     /// `pool diff` found differences: exit 1, nothing printed.
@@ -56,6 +63,20 @@ impl CliError {
     /// The same error with another exit code.
     pub fn exit_with(mut self, code: u8) -> CliError {
         self.exit = Some(code);
+        self
+    }
+
+    /// The same error with `text` to print on standard output first (after what it had).
+    pub fn with_output(mut self, text: String) -> CliError {
+        self.output = Some(self.output.take().unwrap_or_default() + &text);
+        self
+    }
+
+    /// The same error with `text` printed on standard output before what it had.
+    pub fn after_output(mut self, text: String) -> CliError {
+        if !text.is_empty() {
+            self.output = Some(text + self.output.as_deref().unwrap_or_default());
+        }
         self
     }
 

@@ -65,10 +65,14 @@ pub async fn run(ctx: &Ctx, cmd: EventsCmd) -> Result<(), CliError> {
                     }
                 }
                 // One document per event: JSON on a line, a YAML document, a filter's output.
-                f => text.push_str(&stream_document(f, raw.get().as_bytes(), || {
+                f => match stream_document(f, raw.get().as_bytes(), || {
                     let v: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
                     vec![cell(&v["id"])]
-                })?),
+                }) {
+                    Ok(t) => text.push_str(&t),
+                    // The events before this one are printed before the error.
+                    Err(e) => return Err(e.after_output(std::mem::take(&mut text))),
+                },
             }
         }
         emit(&text)?;

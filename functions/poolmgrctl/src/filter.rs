@@ -11,7 +11,11 @@
 //!   JSON. A template without braces that starts with `.`, `$` or `[` is one expression.
 //!   kubectl's `{range}`/`{end}` are not supported (use `--jq`).
 //!
-//! Both are checked before anything is sent (a bad expression is a usage error, exit 2).
+//! Both are checked before anything is sent (a bad expression is a usage error, exit 2); a jq
+//! program is only parsed and compiled then, never run: a program that does not end must not
+//! run before the request. Run on the answer, it stops after [`MAX_RESULTS`] results or
+//! [`MAX_RESULT_BYTES`] (a full guard against non-termination it is not: deep recursion still
+//! aborts), and a result that is not JSON is an error naming that result.
 //! Must never write what a value holds to a terminal as raw control characters: strings go
 //! through [`crate::output::printable`] when standard output is a terminal (into a pipe they
 //! are exact), JSON through the inert formatter.
@@ -39,18 +43,49 @@ fn near(code: &str, at: usize) -> String {
     if rest.is_empty() { "at the end".to_owned() } else { format!("at {at} (near `{rest}`)") }
 }
 
-/// Runs jq program `code` on the JSON document `input`; `Err` says what is wrong with the
-/// program (it does not parse or compile, or failed on this input).
-pub fn jq(code: &str, input: &[u8]) -> Result<Vec<Piece>, String> {
+/// At most this many results from one program: `repeat(.)` or `range(infinite)` stops here
+/// with an error instead of filling the memory. No jq command prints that much on purpose.
+pub const MAX_RESULTS: usize = 100_000;
+/// At most this many bytes of results from one program, for the same reason.
+pub const MAX_RESULT_BYTES: usize = 64 << 20;
+
+/// A compiled jq program.
+type Program = jaq_core::Filter<data::JustLut<Val>>;
+
+/// Why a jq program printed nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JqError {
+    /// The program does not parse or compile: nothing was run.
+    Program(String),
+    /// The program failed on the document (a jq error, too many results, a result that is not
+    /// JSON).
+    Run(String),
+}
+
+impl std::fmt::Display for JqError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JqError::Program(m) | JqError::Run(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Parses and compiles jq program `code` (modules and data imports included: none can be
+/// loaded), without running it. `Err` says what is wrong with it.
+fn compile(code: &str) -> Result<Program, String> {
     let defs = jaq_core::defs().chain(jaq_std::defs()).chain(jaq_json::defs());
     let funs = jaq_core::funs().chain(jaq_std::funs()).chain(jaq_json::funs());
+    // The loader's default reader refuses every `include`/`import` of a module ("module
+    // loading not supported"): they are reported here, with the parse errors.
     let loader = Loader::new(defs);
     let arena = Arena::default();
-    let modules = loader.load(&arena, File { code, path: () }).map_err(|errs| {
+    let load_errors = |errs: jaq_core::load::Errors<&str, ()>| {
         let mut msgs = Vec::new();
         for (_, e) in errs {
             match e {
-                jaq_core::load::Error::Io(v) => msgs.extend(v.into_iter().map(|(_, m)| m)),
+                jaq_core::load::Error::Io(v) => {
+                    msgs.extend(v.into_iter().map(|(path, m)| format!("cannot load {path:?}: {m}")))
+                }
                 jaq_core::load::Error::Lex(v) => msgs.extend(
                     v.into_iter()
                         .map(|(expect, at)| format!("expected {} {}", expect.as_str(), near(code, offset(code, at)))),
@@ -62,35 +97,70 @@ pub fn jq(code: &str, input: &[u8]) -> Result<Vec<Piece>, String> {
             }
         }
         msgs.join("; ")
-    })?;
-    let filter = Compiler::default().with_funs(funs).compile(modules).map_err(|errs| {
+    };
+    let modules = loader.load(&arena, File { code, path: () }).map_err(load_errors)?;
+    // Data imports (`import "x" as $x;`) are not read by the loader: refused here, before they
+    // become variables nothing binds.
+    jaq_core::load::import(&modules, |_| Err("importing data files is not supported".into())).map_err(load_errors)?;
+    Compiler::default().with_funs(funs).compile(modules).map_err(|errs| {
         let msgs: Vec<String> = errs
             .into_iter()
             .flat_map(|(_, v)| v)
             .map(|(name, undefined)| format!("undefined {} `{name}`", undefined.as_str()))
             .collect();
         msgs.join("; ")
-    })?;
-    let input = jaq_json::read::parse_single(input).map_err(|e| format!("cannot read the answer as JSON: {e}"))?;
+    })
+}
+
+/// Runs jq program `code` on the JSON document `input`: every result, or why there is none.
+/// At most [`MAX_RESULTS`] results and [`MAX_RESULT_BYTES`] bytes of them; each must be JSON
+/// (jaq also makes NaN, infinities, byte strings and objects with other keys than strings).
+pub fn jq(code: &str, input: &[u8]) -> Result<Vec<Piece>, JqError> {
+    let filter = compile(code).map_err(JqError::Program)?;
+    let input = jaq_json::read::parse_single(input)
+        .map_err(|e| JqError::Run(format!("cannot read the answer as JSON: {e}")))?;
     let ctx = jaq_core::Ctx::<data::JustLut<Val>>::new(&filter.lut, Vars::new([]));
     let mut out = Vec::new();
-    for r in filter.id.run((ctx, input)).map(unwrap_valr) {
-        let v = r.map_err(|e| e.to_string())?;
-        out.push(match &v {
+    let mut bytes = 0usize;
+    for (i, r) in filter.id.run((ctx, input)).map(unwrap_valr).enumerate() {
+        if i == MAX_RESULTS || bytes > MAX_RESULT_BYTES {
+            return Err(JqError::Run(format!(
+                "the filter gave more than {} results or {} MiB; stopped there (does it loop, like `repeat(.)`?)",
+                MAX_RESULTS,
+                MAX_RESULT_BYTES >> 20
+            )));
+        }
+        let v = r.map_err(|e| JqError::Run(e.to_string()))?;
+        let piece = match &v {
             Val::TStr(b) => Piece::Text(String::from_utf8_lossy(b).into_owned()),
-            other => Piece::Json(other.to_string().into_bytes()),
-        });
+            other => {
+                // jaq writes a value as JSON exactly when it has a JSON form.
+                let text = other.to_string();
+                if serde_json::from_str::<serde::de::IgnoredAny>(&text).is_err() {
+                    let shown: String = text.chars().take(60).collect();
+                    let more = if shown.len() < text.len() { "…" } else { "" };
+                    return Err(JqError::Run(format!(
+                        "result {} of the filter is not JSON: {shown}{more} — NaN, infinite numbers, byte \
+                         strings and object keys that are not strings cannot be printed as JSON",
+                        i + 1
+                    )));
+                }
+                Piece::Json(text.into_bytes())
+            }
+        };
+        bytes += match &piece {
+            Piece::Text(t) => t.len(),
+            Piece::Json(b) => b.len(),
+        };
+        out.push(piece);
     }
     Ok(out)
 }
 
-/// Checks a jq program without running it on anything that matters.
+/// Checks a jq program before anything is sent: parses and compiles it, and never runs it
+/// (a program that loops or recurses for ever must not run before the request is made).
 pub fn check_jq(code: &str) -> Result<(), String> {
-    jq(code, b"null").map(|_| ()).or_else(|e| {
-        // A program that compiles may still fail on `null` (`.[0] | keys`): only parse and
-        // compile errors count here, and those are the ones `jq` reports on `null` too.
-        if e.starts_with("expected ") || e.starts_with("undefined ") { Err(e) } else { Ok(()) }
-    })
+    compile(code).map(|_| ())
 }
 
 /// One part of a kubectl-style JSONPath template.
@@ -256,16 +326,68 @@ mod tests {
 
     #[test]
     fn jq_errors_say_what_is_wrong() {
-        let e = jq(".pools[", b"{}").unwrap_err();
+        let program = |r: Result<Vec<Piece>, JqError>| match r {
+            Err(JqError::Program(m)) => m,
+            other => panic!("expected a program error: {other:?}"),
+        };
+        let run = |r: Result<Vec<Piece>, JqError>| match r {
+            Err(JqError::Run(m)) => m,
+            other => panic!("expected a run error: {other:?}"),
+        };
+        let e = program(jq(".pools[", b"{}"));
         assert!(e.starts_with("expected "), "{e}");
-        let e = jq("frobnicate", b"{}").unwrap_err();
+        let e = program(jq("frobnicate", b"{}"));
         assert!(e.contains("undefined") && e.contains("frobnicate"), "{e}");
-        let e = jq(".a.b", br#"{"a":"text"}"#).unwrap_err();
+        let e = run(jq(".a.b", br#"{"a":"text"}"#));
         assert!(e.contains("index"), "{e}");
         assert!(check_jq(".pools[").is_err());
         assert!(check_jq("nosuchfilter(1)").is_err());
         // Fails on null only at run time: fine to check.
         check_jq(".[0] | keys").unwrap();
+    }
+
+    #[test]
+    fn check_jq_compiles_and_never_runs_the_program() {
+        // These loop or recurse for ever when run: checking them must only compile them.
+        check_jq("repeat(.)").unwrap();
+        check_jq("def f: 1 + f; f").unwrap();
+        check_jq("error(\"boom\")").unwrap();
+        // Modules and data files cannot be loaded: said before anything is sent.
+        let e = check_jq(r#"include "mylib"; ."#).unwrap_err();
+        assert!(e.contains("mylib"), "{e}");
+        let e = check_jq(r#"import "mylib" as m; m::f"#).unwrap_err();
+        assert!(e.contains("mylib"), "{e}");
+        let e = check_jq(r#"import "data" as $d; $d"#).unwrap_err();
+        assert!(e.contains("data") && e.contains("not supported"), "{e}");
+    }
+
+    #[test]
+    fn a_filter_that_does_not_end_is_stopped_after_many_results() {
+        let e = jq("repeat(.)", br#"{"a":1}"#).unwrap_err();
+        assert!(matches!(&e, JqError::Run(m) if m.contains(&MAX_RESULTS.to_string())), "{e:?}");
+        let e = jq(r#"repeat("x" * 1000000)"#, b"null").unwrap_err();
+        assert!(matches!(&e, JqError::Run(m) if m.contains("MiB")), "{e:?}");
+        // Many results, but fewer than the cap: all of them.
+        assert_eq!(jq("range(1000)", b"null").unwrap().len(), 1000);
+    }
+
+    #[test]
+    fn results_that_are_not_json_are_named_not_blamed_on_the_answer() {
+        for (code, shown) in [
+            ("nan", "NaN"),
+            ("infinite", "Infinity"),
+            ("[1, -infinite]", "-Infinity"),
+            ("{(1): 2}", "{1:2}"),
+            ("\"é\" | tobytes", "b\""),
+        ] {
+            let e = jq(code, b"null").unwrap_err();
+            let JqError::Run(m) = &e else { panic!("{code}: {e:?}") };
+            assert!(m.contains("result 1 of the filter is not JSON") && m.contains(shown), "{code}: {m}");
+            assert!(!m.contains("server"), "{code}: {m}");
+        }
+        // The second result is the bad one, and says so.
+        let e = jq("1, nan", b"null").unwrap_err();
+        assert!(e.to_string().contains("result 2"), "{e}");
     }
 
     #[test]

@@ -133,6 +133,10 @@ fn main() -> ExitCode {
     match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // What must not be lost (the answer a failed --jq filter did not print) first.
+            if let Some(text) = &e.output {
+                let _ = output::emit(text);
+            }
             if !e.is_silent() {
                 eprintln!("{e}");
             }

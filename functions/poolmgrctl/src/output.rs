@@ -148,7 +148,20 @@ fn document(
         Format::Yaml => yaml(raw),
         Format::Name => Ok(names().iter().map(|n| format!("{}\n", printable(n))).collect()),
         Format::Jq(code) => {
-            let pieces = crate::filter::jq(code, raw).map_err(|e| CliError::usage(format!("--jq: {e}")))?;
+            let pieces = crate::filter::jq(code, raw).map_err(|e| match e {
+                crate::filter::JqError::Program(e) => CliError::usage(format!("--jq: {e}")),
+                // The request was made and may have changed something (a claimed lease, a
+                // created pool): its answer is printed as `-o json` would, not lost.
+                crate::filter::JqError::Run(e) => {
+                    let answer = if stream { compact_json(raw) } else { pretty_json(raw) }
+                        .unwrap_or_else(|_| format!("{}\n", printable(&String::from_utf8_lossy(raw))));
+                    CliError::usage(format!(
+                        "--jq: {e} (the request succeeded: its answer is on standard output as JSON instead)"
+                    ))
+                    .exit_with(crate::error::EXIT_FILTER_FAILED)
+                    .with_output(answer)
+                }
+            })?;
             let mut out = String::new();
             for p in pieces {
                 out.push_str(&piece(p, true)?);
@@ -323,6 +336,23 @@ fn needs_escape(c: char) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_filter_failing_on_the_answer_keeps_the_answer_and_exits_10() {
+        let raw = br#"{"lease":{"lease_id":"l-1"}}"#;
+        let jq = Format::Jq(".lease.lease_id.first".into());
+        let e = document(&jq, raw, Vec::new, false).unwrap_err();
+        assert_eq!(e.exit_code(), crate::error::EXIT_FILTER_FAILED);
+        assert!(e.message.starts_with("--jq: ") && e.message.contains("request succeeded"), "{e}");
+        assert_eq!(e.output.as_deref(), Some(pretty_json(raw).unwrap().as_str()));
+        // In a stream, the document on one line.
+        let e = document(&jq, raw, Vec::new, true).unwrap_err();
+        assert_eq!(e.output.as_deref(), Some("{\"lease\":{\"lease_id\":\"l-1\"}}\n"));
+        // A result that is not JSON: the filter's, named as such.
+        let e = document(&Format::Jq("nan".into()), raw, Vec::new, false).unwrap_err();
+        assert!(e.message.contains("not JSON") && !e.message.contains("re-encode"), "{e}");
+        assert_eq!(e.exit_code(), crate::error::EXIT_FILTER_FAILED);
+    }
 
     #[test]
     fn tables_align() {

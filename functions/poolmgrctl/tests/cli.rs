@@ -703,6 +703,17 @@ async fn bad_filters_and_formats_are_usage_errors_before_anything_is_sent() {
     assert!(o.stderr.contains("--jq: expected"), "{o:#?}");
     // -o json with --jq is fine: the same JSON, filtered (and here nothing listens).
     ctl_offline(&none, &["-o", "json", "--jq", ".", "pool", "list"]).await.fails(6, "unavailable");
+    // A program is compiled, never run, before the request: one that loops or recurses for
+    // ever on any input gets as far as the (here refused) request.
+    for code in ["repeat(.)", "def f: 1 + f; f", "[range(infinite)]"] {
+        ctl_offline(&none, &["--jq", code, "pool", "list"]).await.fails(6, "unavailable");
+    }
+    // Modules and data files cannot be loaded: a usage error before anything is sent.
+    for code in [r#"include "lib"; ."#, r#"import "lib" as $l; $l"#] {
+        let o = ctl_offline(&none, &["--jq", code, "pool", "list"]).await;
+        o.fails(2, "invalid_argument");
+        assert!(o.stderr.contains("lib"), "{o:#?}");
+    }
     let o = ctl_offline(&none, &["pool", "wait", "ci", "--available", "-1"]).await;
     assert_eq!(o.code, 2, "{o:#?}");
 }
@@ -757,10 +768,17 @@ async fn jq_jsonpath_and_name_print_what_scripts_need_and_pool_wait_waits() {
     assert_eq!(o.json(), json!({"size": 2}));
     let o = s.ctl(&["-o", "jsonpath={.spec.replenishment}", "pool", "get", "ci"]).await.ok();
     assert_eq!(serde_json::from_str::<Value>(&o.stdout).unwrap(), json!({"strategy": "REPLACE_ON_DELETE"}));
-    // A filter that fails on this answer: usage (exit 2), saying why.
+    // A filter that fails on the answer: exit 10 (the request succeeded), saying why, and the
+    // answer on stdout as -o json prints it.
     let o = s.ctl(&["--jq", ".spec.name.first", "pool", "get", "ci"]).await;
-    o.fails(2, "invalid_argument");
-    assert!(o.stderr.contains("--jq"), "{o:#?}");
+    o.fails(10, "invalid_argument");
+    assert!(o.stderr.contains("--jq") && o.stderr.contains("request succeeded"), "{o:#?}");
+    let answer: Value = serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:#?}"));
+    assert_eq!(answer["spec"]["name"], json!("ci"));
+    // A result that is not JSON is named as the filter's, not blamed on the server's answer.
+    let o = s.ctl(&["--jq", "{size: nan}", "pool", "get", "ci"]).await;
+    o.fails(10, "invalid_argument");
+    assert!(o.stderr.contains("result 1 of the filter is not JSON") && !o.stderr.contains("re-encode"), "{o:#?}");
 
     // -o name: NAMESPACE/NAME for pools, ids for leases and VMs, names for hosts.
     assert_eq!(s.ctl(&["-o", "name", "pool", "list"]).await.ok().stdout, "default/ci\n");
@@ -779,6 +797,13 @@ async fn jq_jsonpath_and_name_print_what_scripts_need_and_pool_wait_waits() {
     // A command that answers nothing prints the name it acted on.
     assert_eq!(s.ctl(&["-o", "name", "lease", "release", &lease_id]).await.ok().stdout, format!("{lease_id}\n"));
     s.ctl(&["lease", "get", &lease_id]).await.fails(3, "not_found");
+
+    // After a claim that the filter fails on, the lease is not lost: its id is on stdout.
+    let o = s.ctl(&["--jq", ".lease.lease_id.first", "lease", "claim", "--pool", "ci", "--request-id", "j-2"]).await;
+    o.fails(10, "invalid_argument");
+    let answer: Value = serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:#?}"));
+    let lost = cell(&answer["lease"]["lease_id"]);
+    assert_eq!(s.get(&format!("/v1/leases/{lost}")).await["request_id"], json!("j-2"));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -880,6 +905,57 @@ async fn pool_apply_creates_updates_and_leaves_pools_and_pool_diff_says_what_dif
     // An error in diff never exits 1 (which means "differences").
     assert_eq!(s.ctl_as("wrong", &["pool", "diff", "-f", &dir_s]).await.code, 8);
     s.ctl_as(CLIENT, &["pool", "apply", "-f", &dir_s]).await.fails(1, "permission_denied");
+}
+
+/// The ETag the server gives pool default/`name` now.
+async fn etag_of(s: &Stack, name: &str) -> String {
+    let r = s.http.get(format!("{}/v1/pools/default/{name}", s.endpoint)).bearer_auth(ADMIN).send().await.unwrap();
+    r.headers()["etag"].to_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_apply_compares_with_the_servers_defaults_filled_in_and_sees_blocks_and_empty_flags() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    // No interface `type`: the server writes "TAP" back. A second apply changes nothing.
+    let plain = short_yaml("ci", 0, "").replace(", type: TAP", "");
+    assert!(!plain.contains("type"), "{plain}");
+    let f = s.write("ci.yaml", &plain);
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci created\n");
+    assert_eq!(s.get("/v1/pools/default/ci").await["spec"]["microvm_template"]["interfaces"][0]["type"], json!("TAP"));
+    let etag = etag_of(&s, "ci").await;
+    let o = s.ctl(&["pool", "diff", "-f", &f]).await;
+    assert_eq!((o.code, o.stdout.as_str()), (0, ""), "{o:#?}");
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci unchanged\n");
+    assert_eq!(etag_of(&s, "ci").await, etag);
+
+    // `rollout: {}` (every default) turns rollouts on: a change, applied, then unchanged.
+    std::fs::write(&f, format!("{plain}rollout: {{}}\n")).unwrap();
+    let o = s.ctl(&["pool", "diff", "-f", &f]).await;
+    assert!(o.code == 1 && o.stdout.contains("+rollout: {}\n"), "{o:#?}");
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci configured\n");
+    assert_eq!(s.get("/v1/pools/default/ci").await["spec"]["rollout"]["max_surge"], json!("25%"));
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci unchanged\n");
+    // And taking the block out turns them off again.
+    std::fs::write(&f, &plain).unwrap();
+    let o = s.ctl(&["pool", "diff", "-f", &f]).await;
+    assert!(o.code == 1 && o.stdout.contains("-rollout: {}\n"), "{o:#?}");
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci configured\n");
+    assert!(s.get("/v1/pools/default/ci").await["spec"].get("rollout").is_none());
+
+    // A kernel flag without a value (`quiet: ""`) is a change too, both ways.
+    let quiet = plain.replace("filename: boot/vmlinux}", "filename: boot/vmlinux, cmdline: {quiet: \"\"}}");
+    assert_ne!(quiet, plain);
+    std::fs::write(&f, &quiet).unwrap();
+    let o = s.ctl(&["pool", "diff", "-f", &f]).await;
+    assert!(o.code == 1 && o.stdout.contains("quiet"), "{o:#?}");
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci configured\n");
+    let spec = s.get("/v1/pools/default/ci").await["spec"].clone();
+    assert_eq!(spec["microvm_template"]["kernel"]["cmdline"], json!({"quiet": ""}));
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci unchanged\n");
+    std::fs::write(&f, &plain).unwrap();
+    assert_eq!(s.ctl(&["pool", "apply", "-f", &f]).await.ok().stdout, "pool default/ci configured\n");
+    assert!(s.get("/v1/pools/default/ci").await["spec"]["microvm_template"]["kernel"].get("cmdline").is_none());
 }
 
 /// A proxy to `upstream` that, before passing a PUT on, changes the pool itself (size 9,
