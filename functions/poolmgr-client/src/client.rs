@@ -240,7 +240,8 @@ impl Call {
     /// Whether sending this call twice has the effect of sending it once, so a transient
     /// failure may be retried without a `request_id`: every GET; a heartbeat (it only moves
     /// `expires_at`); a release (`DELETE /v1/leases/{id}`: a repeat finds the lease gone,
-    /// which [`Client::release`] counts as released after an unanswered attempt). Creates,
+    /// which [`Client::send`] and [`Client::release`] count as released after an attempt that
+    /// may have taken effect). Creates,
     /// updates, deletes of pools, hosts and VMs, and claims are not.
     pub fn is_idempotent(&self) -> bool {
         let p: Vec<&str> = self.path.iter().map(String::as_str).collect();
@@ -250,6 +251,12 @@ impl Call {
             (m, ["v1", "leases", _]) if *m == Method::DELETE => true,
             _ => false,
         }
+    }
+
+    /// Whether this is a lease's release (`DELETE /v1/leases/{id}`), whose NOT_FOUND after an
+    /// attempt that may have taken effect means released ([`Client::send`]).
+    pub fn is_lease_release(&self) -> bool {
+        self.method == Method::DELETE && matches!(self.path.as_slice(), [v, l, _] if v == "v1" && l == "leases")
     }
 
     fn pool_filter(self, pool: Option<&PoolRef>) -> Call {
@@ -547,8 +554,29 @@ impl Client {
     /// on a transient failure as the client's [`RetryPolicy`] says; any other is sent once.
     /// A 2xx answer is returned as received; anything else is an [`Error`]: the contract's
     /// error body as [`Error::Api`], no (complete) answer as [`Error::Transport`].
+    ///
+    /// A release ([`Call::release`]) answered NOT_FOUND after an earlier attempt of it that may
+    /// have taken effect (its answer was lost, or a 503/409) is that attempt's doing: it is
+    /// returned as the release's success, a `204` with no headers and no body.
     pub async fn send(&self, call: Call) -> Result<Reply, Error> {
-        if call.is_idempotent() { self.send_retrying(&call, None).await.0 } else { self.send_once(call).await }
+        if call.is_idempotent() { self.send_safe(&call, None).await } else { self.send_once(call).await }
+    }
+
+    /// A call that is safe to repeat, with the client's retries until `until`; a release's
+    /// NOT_FOUND after an attempt that may have released it counts as released.
+    async fn send_safe(&self, call: &Call, until: Option<Instant>) -> Result<Reply, Error> {
+        match self.send_retrying(call, until).await {
+            (Err(e), true) if call.is_lease_release() && e.status() == Some(&Status::NotFound) => {
+                let url = self.url(call);
+                Ok(Reply {
+                    status: 204,
+                    headers: HeaderMap::new(),
+                    body: Bytes::new(),
+                    what: format!("{} {}", call.method, url.path()),
+                })
+            }
+            (r, _) => r,
+        }
     }
 
     /// Sends a request exactly once, whatever it is.
@@ -569,8 +597,9 @@ impl Client {
     }
 
     /// `call` with the client's retries, each attempt's time-out cut at `until` and no retry
-    /// starting after it. Also says whether an earlier attempt failed transiently (for the
-    /// release's "NOT_FOUND after that means released").
+    /// starting after it. Also says whether an earlier attempt failed in a way that may have
+    /// taken effect (for the release's "NOT_FOUND after that means released"): an answer lost
+    /// or cut off, a 503 or a 409 — not a connection never made.
     pub(crate) async fn send_retrying(&self, call: &Call, until: Option<Instant>) -> (Result<Reply, Error>, bool) {
         let mut retried = false;
         let mut attempt = 1u32;
@@ -588,8 +617,9 @@ impl Client {
                 return (Err(err), retried);
             }
             // A lost answer may have taken effect; a release's 503 leaves the lease to the
-            // reconciler, which ends it: either way a later NOT_FOUND is that release's doing.
-            retried = true;
+            // reconciler, which ends it, and its 409 says a release is under way: either way a
+            // later NOT_FOUND is that release's doing. A connection never made sent nothing.
+            retried |= !matches!(err, Error::Transport { kind: TransportKind::Connect, .. });
             tokio::time::sleep(delay).await;
             attempt += 1;
         }
@@ -685,6 +715,12 @@ impl Client {
         Ok(self.call::<HeartbeatResponse>(Call::heartbeat(lease_id)).await?.lease)
     }
 
+    /// As [`Client::heartbeat`], each attempt cut at `until` and no retry starting after it.
+    pub(crate) async fn heartbeat_until(&self, lease_id: &str, until: Instant) -> Result<Lease, Error> {
+        let reply = self.send_retrying(&Call::heartbeat(lease_id), Some(until)).await.0?;
+        Ok(reply.json::<HeartbeatResponse>()?.lease)
+    }
+
     /// Releases the lease; its VM is deleted. Retried on transient failures as the client's
     /// [`RetryPolicy`] says; NOT_FOUND after an attempt whose answer was lost (or a 503)
     /// means that attempt released it, and counts as done.
@@ -694,11 +730,7 @@ impl Client {
 
     /// As [`Client::release`], retrying until `until` (and within the retry policy).
     pub(crate) async fn release_until(&self, lease_id: &str, until: Option<Instant>) -> Result<(), Error> {
-        match self.send_retrying(&Call::release(lease_id), until).await {
-            (Ok(_), _) => Ok(()),
-            (Err(e), true) if e.status() == Some(&Status::NotFound) => Ok(()),
-            (Err(e), _) => Err(e),
-        }
+        self.send_safe(&Call::release(lease_id), until).await.map(|_| ())
     }
 
     /// One page of leases.

@@ -225,6 +225,18 @@ pub enum Error {
     Decode(String),
     /// Refused before anything was sent (a malformed endpoint, pool name or request id).
     InvalidInput(String),
+    /// A kept-alive lease ([`crate::LeaseGuard`]) reached its `expires_at` without a
+    /// successful heartbeat: the server ends it (its VM is deleted) even if it has not said
+    /// so yet.
+    #[non_exhaustive]
+    LeaseExpired {
+        /// The lease.
+        lease_id: String,
+        /// When it expired, as its last successful heartbeat (or the claim) set it.
+        expires_at: chrono::DateTime<chrono::Utc>,
+        /// Why the heartbeats before it failed, if one was answered or timed out.
+        last_error: Option<Box<Error>>,
+    },
 }
 
 impl fmt::Display for Error {
@@ -233,6 +245,13 @@ impl fmt::Display for Error {
             Error::Api(e) => write!(f, "{}: {}", e.status, e.message),
             Error::Transport { message, .. } => f.write_str(message),
             Error::Decode(m) | Error::InvalidInput(m) => f.write_str(m),
+            Error::LeaseExpired { lease_id, expires_at, last_error } => {
+                write!(f, "lease {lease_id} expired at {expires_at} without a successful heartbeat")?;
+                match last_error {
+                    Some(e) => write!(f, " (the last one failed: {e})"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }

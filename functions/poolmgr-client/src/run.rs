@@ -49,11 +49,12 @@ pub struct LeasedRun<T> {
     /// The claim the job ran under.
     pub claim: ClaimResponse,
     /// Why the lease was lost while the job ran (NOT_FOUND: it expired or was released
-    /// elsewhere, and its VM is being deleted), if it was. The job was not interrupted: it
+    /// elsewhere, and its VM is being deleted; [`Error::LeaseExpired`]: its `expires_at`
+    /// passed without a successful heartbeat), if it was. The job was not interrupted: it
     /// can watch [`ActiveLease::watch`] to stop early.
     pub lost: Option<Error>,
     /// The release after the job: `Ok` once the lease is gone (also when it had been lost
-    /// with NOT_FOUND, so there was nothing left to release).
+    /// and the server had ended it already, so there was nothing left to release).
     pub release: Result<(), Error>,
 }
 

@@ -95,32 +95,72 @@ async fn lease_count(s: &LocalServer) -> i64 {
 // A fault-injecting proxy
 // ---------------------------------------------------------------------------------------
 
-/// A TCP proxy in front of the server that forwards HTTP/1.1 exchanges one at a time and,
-/// for the first `lose` claims (`POST /v1/claims`), reads the server's whole answer — so the
-/// claim committed — then resets the client's connection instead of passing it on.
+/// What the proxy does with one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    /// Forward it and pass the answer on.
+    Pass,
+    /// Forward it, read the whole answer (so it committed), then reset the client's
+    /// connection instead of passing it on.
+    Lose,
+    /// Never forward it and never answer (the connection stays open).
+    Hold,
+    /// Answer this (status, body) itself without forwarding: a proxy's own error.
+    Answer(u16, &'static str),
+}
+
+/// Picks what happens to a request, from its request line.
+type Rule = Arc<dyn Fn(&str) -> Fault + Send + Sync>;
+
+/// A TCP proxy in front of the server that forwards HTTP/1.1 exchanges one at a time and
+/// applies a [`Fault`] to each: by default it loses the answers of the first `lose` claims
+/// (`POST /v1/claims`; or other requests: [`Proxy::losing`]).
 struct Proxy {
     addr: SocketAddr,
     /// The answers it swallowed, as the server sent them.
     swallowed: Arc<Mutex<Vec<String>>>,
     /// Claims forwarded so far.
     claims: Arc<AtomicUsize>,
+    /// Answers still to lose ([`Proxy::losing`]).
+    to_lose: Arc<AtomicUsize>,
 }
 
 impl Proxy {
     async fn start(upstream: &str, lose: usize) -> Proxy {
+        Proxy::losing(upstream, "POST /v1/claims ", lose).await
+    }
+
+    /// Loses the answers of the first `lose` requests whose request line starts with `lost`.
+    async fn losing(upstream: &str, lost: &'static str, lose: usize) -> Proxy {
+        let to_lose = Arc::new(AtomicUsize::new(lose));
+        let left = to_lose.clone();
+        let rule: Rule = Arc::new(move |line: &str| {
+            let lose = line.starts_with(lost)
+                && left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+            if lose { Fault::Lose } else { Fault::Pass }
+        });
+        Proxy { to_lose, ..Proxy::with_rule(upstream, rule).await }
+    }
+
+    /// Applies `rule` to every request.
+    async fn with_rule(upstream: &str, rule: Rule) -> Proxy {
         let upstream: SocketAddr = upstream.trim_start_matches("http://").parse().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let swallowed = Arc::new(Mutex::new(Vec::new()));
         let claims = Arc::new(AtomicUsize::new(0));
-        let to_lose = Arc::new(AtomicUsize::new(lose));
         let (sw, cl) = (swallowed.clone(), claims.clone());
         tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
-                tokio::spawn(relay(conn, upstream, to_lose.clone(), sw.clone(), cl.clone()));
+                tokio::spawn(relay(conn, upstream, rule.clone(), sw.clone(), cl.clone()));
             }
         });
-        Proxy { addr, swallowed, claims }
+        Proxy { addr, swallowed, claims, to_lose: Arc::new(AtomicUsize::new(0)) }
+    }
+
+    /// Loses the answers of the next `n` requests its [`Proxy::losing`] rule names.
+    fn lose(&self, n: usize) {
+        self.to_lose.store(n, Ordering::SeqCst);
     }
 
     fn endpoint(&self) -> String {
@@ -157,7 +197,7 @@ async fn read_message<R: tokio::io::AsyncBufRead + Unpin>(r: &mut R) -> Option<(
 async fn relay(
     conn: TcpStream,
     upstream: SocketAddr,
-    to_lose: Arc<AtomicUsize>,
+    rule: Rule,
     swallowed: Arc<Mutex<Vec<String>>>,
     claims: Arc<AtomicUsize>,
 ) {
@@ -166,15 +206,32 @@ async fn relay(
     let (ur, mut uw) = up.into_split();
     let (mut cr, mut ur) = (BufReader::new(cr), BufReader::new(ur));
     while let Some((request_line, request)) = read_message(&mut cr).await {
+        let fault = rule(&request_line);
+        match fault {
+            Fault::Hold => {
+                tokio::time::sleep(Duration::from_secs(600)).await;
+                return;
+            }
+            Fault::Answer(status, body) => {
+                let msg = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                if cw.write_all(msg.as_bytes()).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            Fault::Pass | Fault::Lose => {}
+        }
         if uw.write_all(&request).await.is_err() {
             return;
         }
         let Some((_, answer)) = read_message(&mut ur).await else { return };
-        let is_claim = request_line.starts_with("POST /v1/claims ");
-        if is_claim {
+        if request_line.starts_with("POST /v1/claims ") {
             claims.fetch_add(1, Ordering::SeqCst);
         }
-        if is_claim && to_lose.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+        if fault == Fault::Lose {
             swallowed.lock().unwrap().push(String::from_utf8_lossy(&answer).into_owned());
             // RST instead of the answer: the client sees a connection reset.
             let conn = cr.into_inner().reunite(cw).unwrap();
@@ -268,6 +325,41 @@ async fn poolmgr_locals_fault_point_loses_claim_answers_after_commit_and_the_cli
     let log = s.log();
     assert_eq!(log.matches("claim answer lost on purpose").count(), 2, "{log}");
     assert!(log.contains(&got.response.lease.lease_id), "the loss is logged with its lease: {log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_answer_is_lost_is_released_by_every_release_path() {
+    let s = LocalServer::start().await;
+    register_sim(&s).await;
+    let a = admin(&s);
+    a.create_pool(&spec("ci", 3)).await.unwrap();
+    wait_available(&a, &pool("ci"), 3).await;
+    let direct = client_a(&s.endpoint);
+    let proxy = Proxy::losing(&s.endpoint, "DELETE /v1/leases/", 0).await;
+    let c = client_a(&proxy.endpoint());
+
+    // The library's raw send: the first attempt released the lease (its 204 was lost), the
+    // retry found it gone: released, not NOT_FOUND.
+    let first = direct.claim(&pool("ci")).await.unwrap().lease;
+    proxy.lose(1);
+    let reply = c.send(Call::release(&first.lease_id)).await.unwrap();
+    assert_eq!((reply.status, reply.body.len()), (204, 0));
+    assert!(proxy.swallowed.lock().unwrap()[0].starts_with("HTTP/1.1 204"), "{:?}", proxy.swallowed);
+    api_error(direct.get_lease(&first.lease_id).await, 404, Status::NotFound);
+
+    // Client::release and a guard's release: the same.
+    let second = direct.claim(&pool("ci")).await.unwrap().lease;
+    proxy.lose(1);
+    c.release(&second.lease_id).await.unwrap();
+    let third = direct.claim(&pool("ci")).await.unwrap().lease;
+    proxy.lose(1);
+    c.keep_alive(&third).release(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(proxy.swallowed.lock().unwrap().len(), 3);
+    assert_eq!(lease_count(&s).await, 0);
+
+    // A lease that never existed is still NOT_FOUND (nothing was lost on the way).
+    api_error(c.send(Call::release(&first.lease_id)).await, 404, Status::NotFound);
+    api_error(c.release(&first.lease_id).await, 404, Status::NotFound);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -957,4 +1049,170 @@ async fn a_failed_pre_lease_hook_is_retried_with_the_same_id_only_when_asked() {
     assert_eq!(got.response.lease.request_id.as_deref(), Some("hook-job"));
     assert!(!got.response.replayed, "the failed attempt had left no lease: the retry is a fresh claim");
     assert_eq!(lease_count(&s).await, 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// Keep-alive review: refused heartbeats, expiry, replayed claims, a release cut short
+// ---------------------------------------------------------------------------------------
+
+/// Whether `line` is a heartbeat's request line.
+fn is_heartbeat(line: &str) -> bool {
+    line.starts_with("POST /v1/leases/") && line.contains("/heartbeat ")
+}
+
+const THROTTLED: (u16, &str) = (
+    429,
+    r#"{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","reason":"RESOURCE_EXHAUSTED","message":"slow down","request_id":"q"}}"#,
+);
+const ROTATED: (u16, &str) = (
+    401,
+    r#"{"error":{"code":401,"status":"UNAUTHENTICATED","reason":"TOKEN_MISSING_OR_UNKNOWN","message":"unknown token","request_id":"q"}}"#,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_rides_out_refused_heartbeats_and_reports_an_expiry_it_could_not_prevent() {
+    let s = LocalServer::start().await;
+    register_sim(&s).await;
+    let a = admin(&s);
+    let mut short = spec("ci", 1);
+    (short.heartbeat_interval_seconds, short.heartbeat_expiry_seconds) = (Some(1), Some(3));
+    a.create_pool(&short).await.unwrap();
+    wait_available(&a, &pool("ci"), 1).await;
+
+    // Heartbeats: 0 pass, 1 refused in turn (429, a proxy's bare 500, 401), 2 never answered.
+    let mode = Arc::new(AtomicUsize::new(1));
+    let (seen, refused) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let rule: Rule = {
+        let (mode, seen, refused) = (mode.clone(), seen.clone(), refused.clone());
+        Arc::new(move |line: &str| {
+            if !is_heartbeat(line) {
+                return Fault::Pass;
+            }
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            match mode.load(Ordering::SeqCst) {
+                1 => {
+                    let fault = [
+                        Fault::Answer(THROTTLED.0, THROTTLED.1),
+                        Fault::Answer(500, "proxy error"),
+                        Fault::Answer(ROTATED.0, ROTATED.1),
+                        Fault::Pass,
+                    ][n % 4];
+                    if fault != Fault::Pass {
+                        refused.fetch_add(1, Ordering::SeqCst);
+                    }
+                    fault
+                }
+                2 => Fault::Hold,
+                _ => Fault::Pass,
+            }
+        })
+    };
+    let proxy = Proxy::with_rule(&s.endpoint, rule).await;
+    let c = client_a(&proxy.endpoint());
+    let lease = c.claim(&pool("ci")).await.unwrap().lease;
+    let mut guard = c.keep_alive(&lease);
+    let mut watch = guard.watch();
+
+    // Three of every four heartbeats refused, none of those ends the lease: it lives through
+    // several expiry windows, and the failures are visible while they last.
+    let until = Instant::now() + Duration::from_secs(40);
+    let mut saw_failure = None;
+    while guard.heartbeats() < 4 {
+        assert!(Instant::now() < until, "too few heartbeats: {:?}", guard.state());
+        if let Ok(Some(LeaseState::Alive { failures, last_error: Some(e), .. })) =
+            tokio::time::timeout(Duration::from_millis(200), watch.next_change()).await
+        {
+            assert!(failures > 0);
+            saw_failure = Some(e);
+        }
+    }
+    assert!(refused.load(Ordering::SeqCst) >= 9, "{} refused", refused.load(Ordering::SeqCst));
+    assert!(saw_failure.is_some());
+    assert!(matches!(guard.state(), LeaseState::Alive { .. }), "{:?}", guard.state());
+    assert_eq!(c.get_lease(&lease.lease_id).await.unwrap().lease_id, lease.lease_id);
+
+    // Heartbeats that are never answered (the client's time-out is 30 s): the lease is lost
+    // at its expires_at, not minutes later.
+    mode.store(2, Ordering::SeqCst);
+    let started = Instant::now();
+    let why = tokio::time::timeout(Duration::from_secs(15), guard.lost()).await.expect("the expiry is noticed");
+    assert!(started.elapsed() < Duration::from_secs(6), "{:?}", started.elapsed());
+    match &why {
+        Error::LeaseExpired { lease_id, .. } => assert_eq!(lease_id, &lease.lease_id),
+        other => panic!("expected LeaseExpired, got {other:?}"),
+    }
+    // Released afterwards: gone already (NOT_FOUND) or released, never an error.
+    mode.store(0, Ordering::SeqCst);
+    guard.release(Duration::from_secs(10)).await.unwrap();
+    no_lease_within(&s, Duration::from_secs(10), "after the expiry").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_claim_with_little_time_left_is_heartbeated_before_it_expires() {
+    let s = LocalServer::start().await;
+    register_sim(&s).await;
+    let a = admin(&s);
+    let mut long = spec("ci", 1);
+    (long.heartbeat_interval_seconds, long.heartbeat_expiry_seconds) = (Some(20), Some(60));
+    a.create_pool(&long).await.unwrap();
+    wait_available(&a, &pool("ci"), 1).await;
+    let c = client_a(&s.endpoint);
+    let opts = ClaimOptions::default().with_request_id("replayed-late");
+    let first = c.claim_with(&pool("ci"), &opts).await.unwrap().response.lease;
+    // The lease has been alive 57 s of its 60 s window: 3 s left.
+    let db = s.db.client().await;
+    db.execute(
+        "UPDATE leases SET last_heartbeat_at = now() - interval '57 seconds', expires_at = now() + interval '3 seconds' \
+         WHERE lease_id::text = $1",
+        &[&first.lease_id],
+    )
+    .await
+    .unwrap();
+    let replay = c.claim_with(&pool("ci"), &opts).await.unwrap().response;
+    assert!(replay.replayed);
+    assert_eq!(replay.lease.expiry_window(), Duration::from_secs(60));
+    let guard = c.keep_alive(&replay.lease);
+    // The first beat comes when a third of those 3 s is left, not 20 s from now.
+    let until = Instant::now() + Duration::from_secs(10);
+    while guard.heartbeats() < 1 {
+        assert!(Instant::now() < until, "no heartbeat before the replayed lease expired: {:?}", guard.state());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let now = c.get_lease(&first.lease_id).await.unwrap();
+    assert!(now.expires_at > chrono::Utc::now() + chrono::Duration::seconds(30), "{now:?}");
+    guard.release(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_run_dropped_while_it_releases_still_releases() {
+    let s = LocalServer::start().await;
+    register_sim(&s).await;
+    let a = admin(&s);
+    a.create_pool(&spec("ci", 1)).await.unwrap();
+    wait_available(&a, &pool("ci"), 1).await;
+    // The run's release is held (never forwarded, never answered); later ones pass.
+    let held = Arc::new(AtomicUsize::new(0));
+    let rule: Rule = {
+        let held = held.clone();
+        Arc::new(move |line: &str| {
+            let release = line.starts_with("DELETE /v1/leases/");
+            if release && held.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n == 0).then_some(1)).is_ok() {
+                Fault::Hold
+            } else {
+                Fault::Pass
+            }
+        })
+    };
+    let proxy = Proxy::with_rule(&s.endpoint, rule).await;
+    let c = client_a(&proxy.endpoint());
+    let task = tokio::spawn(async move { c.run_leased(&pool("ci"), &ClaimOptions::default(), |_| async {}).await });
+    let until = Instant::now() + Duration::from_secs(30);
+    while held.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < until, "the run never released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(lease_count(&s).await, 1, "the held release never reached the server");
+    // Dropped in the middle of its release: the release is handed to the runtime.
+    task.abort();
+    no_lease_within(&s, Duration::from_secs(10), "after the run was dropped while releasing").await;
 }

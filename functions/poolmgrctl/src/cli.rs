@@ -336,14 +336,18 @@ pub enum LeaseCmd {
     /// IP address: find the guest by its MAC address or TAP device.
     ///
     /// The lease is heartbeated while CMD runs and released when CMD exits, whatever the exit
-    /// (the release is retried for 30s). SIGTERM and SIGHUP are forwarded to CMD, and SIGINT
-    /// too unless poolmgrctl runs in a terminal's foreground (the terminal already sent it to
-    /// CMD); poolmgrctl then waits for CMD. If the lease is lost while CMD runs (it expired or
-    /// was released elsewhere: its VM is being deleted), CMD is sent SIGTERM and poolmgrctl
-    /// exits 7 once CMD has exited. Otherwise it exits with CMD's code, 128+N when CMD was
-    /// killed by signal N. Only a SIGKILL of poolmgrctl skips the release: the lease then
-    /// expires after the pool's heartbeat_expiry_seconds. What it does is said on standard
-    /// error.
+    /// (the release is retried for 30s). A failed heartbeat (no answer, a throttle, a proxy's
+    /// error, a token being rotated) is said on standard error and tried again, backing off,
+    /// until the lease's expires_at. SIGTERM and SIGHUP are forwarded to CMD, and SIGINT too
+    /// unless poolmgrctl runs in a terminal's foreground (the terminal already sent it to
+    /// CMD); poolmgrctl then waits for CMD. A signal that arrives before CMD was started stops
+    /// the run: the lease is released and poolmgrctl exits 128+N. If the lease is lost while
+    /// CMD runs (the server says it is gone — it expired or was released elsewhere: its VM is
+    /// being deleted — or its expires_at passed without a successful heartbeat), CMD is sent
+    /// SIGTERM, then SIGKILL if it has not exited after --kill-after, and poolmgrctl exits 7
+    /// once CMD has exited. Otherwise it exits with CMD's code, 128+N when CMD was killed by
+    /// signal N. Only a SIGKILL of poolmgrctl skips the release: the lease then expires after
+    /// the pool's heartbeat_expiry_seconds. What it does is said on standard error.
     Run {
         /// NAMESPACE/NAME, or NAME in namespace `default`.
         #[arg(long)]
@@ -355,6 +359,10 @@ pub enum LeaseCmd {
         /// transient failures are retried for 30s.
         #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
         wait: Option<Duration>,
+        /// Once the lease is lost, how long CMD has to exit after SIGTERM before it is sent
+        /// SIGKILL.
+        #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+        kill_after: Duration,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<String>,

@@ -116,6 +116,7 @@ impl From<Error> for CliError {
             Error::Transport { message, .. } => CliError::unavailable(message),
             Error::InvalidInput(m) => CliError::usage(m),
             Error::Decode(m) => CliError::new("unknown", m),
+            e @ Error::LeaseExpired { .. } => CliError::new("deadline_exceeded", e.to_string()),
             other => CliError::new("unknown", other.to_string()),
         }
     }

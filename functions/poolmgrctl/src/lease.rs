@@ -23,9 +23,9 @@ pub async fn run(ctx: &Ctx, cmd: LeaseCmd) -> Result<(), CliError> {
             let request_id = request_id.filter(|r| !r.is_empty());
             claim(ctx, &pool, request_id, auto_request_id, wait).await
         }
-        LeaseCmd::Run { pool, request_id, wait, command } => {
+        LeaseCmd::Run { pool, request_id, wait, kill_after, command } => {
             let pool = parse_pool_ref(&pool)?;
-            crate::run::run(ctx, &pool, request_id.filter(|r| !r.is_empty()), wait, command).await
+            crate::run::run(ctx, &pool, request_id.filter(|r| !r.is_empty()), wait, kill_after, command).await
         }
         LeaseCmd::Heartbeat { lease_id } => {
             let r = ctx.send(Call::heartbeat(&lease_id)).await?;
@@ -33,6 +33,8 @@ pub async fn run(ctx: &Ctx, cmd: LeaseCmd) -> Result<(), CliError> {
             show(ctx, &r.body, std::slice::from_ref(&v["lease"]))
         }
         LeaseCmd::Release { lease_id } => {
+            // NOT_FOUND after an attempt whose answer was lost is that attempt's release: the
+            // client's send counts it as released.
             ctx.send(Call::release(&lease_id)).await?;
             ctx.done(&lease_id, &format!("lease {} released", printable(&lease_id)))
         }

@@ -2,7 +2,8 @@
 //! library's retrying claim, a generated request id unless one is given), heartbeats in the
 //! background (`poolmgr-client`'s keep-alive), runs CMD with the VM's facts in its
 //! environment, forwards SIGINT/SIGTERM/SIGHUP to it, and releases the lease once CMD has
-//! exited, whatever the exit.
+//! exited, whatever the exit. Failed heartbeats are reported and retried by the keep-alive
+//! until the lease expires; a lost lease stops CMD (SIGTERM, SIGKILL after --kill-after).
 //!
 //! Must never leak a lease it could release: every way out after the claim goes through
 //! [`finish`], which releases (retried) before the exit code is decided. Only a SIGKILL of
@@ -11,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use poolmgr_client::{ClaimResponse, LeaseGuard, PoolRef, RELEASE_DEADLINE, Status};
+use poolmgr_client::{ClaimResponse, LeaseGuard, LeaseState, PoolRef, RELEASE_DEADLINE, Status};
 use tokio::process::Command;
 
 use crate::Ctx;
@@ -31,6 +32,7 @@ pub async fn run(
     pool: &PoolRef,
     request_id: Option<String>,
     wait: Option<Duration>,
+    kill_after: Duration,
     command: Vec<String>,
 ) -> Result<(), CliError> {
     let Some((program, args)) = command.split_first() else {
@@ -64,6 +66,14 @@ pub async fn run(
         if claim.replayed { ", replayed" } else { "" }
     );
     let mut guard = ctx.client.keep_alive(&claim.lease);
+    let mut reports = guard.watch();
+    // The claim and a signal may have been ready together and the claim picked: a signal that
+    // came before CMD exists reached no CMD (in a terminal, ^C went to this process only), so
+    // it stops the run here instead of being taken for one CMD already got.
+    if let Some(sig) = pending_signal(&mut signals) {
+        eprintln!("lease run: {} before the command started; not starting it", signal_name(sig));
+        return finish(guard, &claim, Ending::NotStarted(128u8.saturating_add(sig as u8)), false).await;
+    }
     let mut child = match Command::new(program).args(args).envs(environment(&claim, &raw)).spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -74,6 +84,8 @@ pub async fn run(
     };
     let pid = child.id().map(|p| p as i32);
     let mut lost = false;
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let mut reporting = true;
     let ending = loop {
         tokio::select! {
             status = child.wait() => {
@@ -97,21 +109,57 @@ pub async fn run(
             e = guard.lost(), if !lost => {
                 lost = true;
                 eprintln!(
-                    "lease run: lease {} lost ({}); sending SIGTERM to the command",
+                    "lease run: lease {} lost ({}); sending SIGTERM to the command (SIGKILL in {})",
                     printable(&claim.lease.lease_id),
-                    CliError::from(e)
+                    CliError::from(e),
+                    humantime::format_duration(kill_after)
                 );
                 send_signal(pid, libc::SIGTERM);
+                kill_at = Some(tokio::time::Instant::now() + kill_after);
             }
+            () = sleep_until_some(kill_at) => {
+                kill_at = None;
+                eprintln!(
+                    "lease run: the command did not exit within {} of SIGTERM; sending SIGKILL",
+                    humantime::format_duration(kill_after)
+                );
+                send_signal(pid, libc::SIGKILL);
+            }
+            change = reports.next_change(), if reporting && !lost => match change {
+                Some(LeaseState::Alive { failures, last_error: Some(e), lease, .. }) if failures > 0 => {
+                    let left = (lease.expires_at - chrono::Utc::now()).num_milliseconds().max(0) as f64 / 1000.0;
+                    eprintln!(
+                        "lease run: heartbeat of lease {} failed ({}); retrying ({left:.0}s before it expires)",
+                        printable(&claim.lease.lease_id),
+                        CliError::from(e)
+                    );
+                }
+                Some(_) => {}
+                None => reporting = false,
+            },
         }
     };
     finish(guard, &claim, ending, lost).await
 }
 
+/// Completes at `at`, or never without one.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A signal already received and not yet handled, without waiting for one.
+fn pending_signal(signals: &mut Signals) -> Option<i32> {
+    use futures_util::FutureExt;
+    signals.recv().now_or_never()
+}
+
 /// Releases the lease (unless it is gone already), says so, and decides the exit code.
 async fn finish(guard: LeaseGuard, claim: &ClaimResponse, ending: Ending, lost: bool) -> Result<(), CliError> {
     let id = printable(&claim.lease.lease_id);
-    let gone = matches!(&guard.state(), poolmgr_client::LeaseState::Lost(e) if e.status() == Some(&Status::NotFound));
+    let gone = matches!(&guard.state(), LeaseState::Lost(e) if e.status() == Some(&Status::NotFound));
     if gone {
         drop(guard);
         eprintln!("lease run: lease {id} is gone already: nothing to release");

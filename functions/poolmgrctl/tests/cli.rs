@@ -1482,6 +1482,160 @@ async fn lease_run_heartbeats_and_when_the_lease_is_lost_stops_the_command_and_e
     assert!(o.stderr.contains("nothing to release"), "{o:#?}");
 }
 
+/// A proxy to `upstream` that passes every request on and, for the first `lose` lease
+/// releases (`DELETE /v1/leases/…`), answers a bare 502 of its own once the server has
+/// answered: the release committed, its answer never reached the CLI.
+async fn release_answer_losing_proxy(upstream: String, lose: usize) -> String {
+    use axum::body::{Body, to_bytes};
+    use axum::http::{Request, Response};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let http = reqwest::Client::new();
+    let left = std::sync::Arc::new(AtomicUsize::new(lose));
+    let app = axum::Router::new().fallback(move |req: Request<Body>| {
+        let (http, upstream, left) = (http.clone(), upstream.clone(), left.clone());
+        async move {
+            let (parts, body) = req.into_parts();
+            let body = to_bytes(body, 1 << 20).await.unwrap();
+            let url = format!("{upstream}{}", parts.uri);
+            let mut b = http.request(parts.method.clone(), &url).body(body.to_vec());
+            for (k, v) in &parts.headers {
+                if k != "host" && k != "content-length" {
+                    b = b.header(k.as_str(), v.as_bytes());
+                }
+            }
+            let r = b.send().await.unwrap();
+            let release = parts.method == reqwest::Method::DELETE && parts.uri.path().starts_with("/v1/leases/");
+            if release && left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                assert_eq!(r.status(), 204, "the release committed upstream");
+                return Response::builder().status(502).body(Body::from("bad gateway")).unwrap();
+            }
+            let mut out = Response::builder().status(r.status().as_u16());
+            for (k, v) in r.headers() {
+                out = out.header(k.as_str(), v.as_bytes());
+            }
+            out.body(Body::from(r.bytes().await.unwrap())).unwrap()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_release_whose_first_answer_is_lost_reports_released() {
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    s.create_pool("ci", 1).await;
+    s.wait_available("ci", 1).await;
+    let claim = s.ctl_as(CLIENT, &["lease", "claim", "--pool", "ci", "-o", "json"]).await.json();
+    let id = claim["lease"]["lease_id"].as_str().unwrap().to_owned();
+    let proxy = release_answer_losing_proxy(s.endpoint.clone(), 1).await;
+    // The first DELETE released it (its answer was replaced by a 502); the retry finds it gone.
+    let o = run(ctl_cmd(&proxy, CLIENT, &["lease", "release", &id])).await.ok();
+    assert!(o.stdout.contains(&format!("lease {id} released")), "{o:#?}");
+    assert!(s.lease_ids().await.is_empty());
+    // Released already, with nothing lost on the way: NOT_FOUND.
+    run(ctl_cmd(&proxy, CLIENT, &["lease", "release", &id])).await.fails(3, "not_found");
+}
+
+/// A proxy to `upstream` whose heartbeats follow `mode`: 0 pass, 1 every other one refused
+/// (a 429, then a bare 500 of its own), 2 never answered. Counts the refused ones.
+async fn heartbeat_proxy(
+    upstream: String,
+    mode: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    refused: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> String {
+    use axum::body::{Body, to_bytes};
+    use axum::http::{Request, Response};
+    use std::sync::atomic::Ordering;
+    let http = reqwest::Client::new();
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let app = axum::Router::new().fallback(move |req: Request<Body>| {
+        let (http, upstream, mode, refused, seen) =
+            (http.clone(), upstream.clone(), mode.clone(), refused.clone(), seen.clone());
+        async move {
+            let (parts, body) = req.into_parts();
+            if parts.uri.path().ends_with("/heartbeat") {
+                match (mode.load(Ordering::SeqCst), seen.fetch_add(1, Ordering::SeqCst) % 4) {
+                    (1, 0) => {
+                        refused.fetch_add(1, Ordering::SeqCst);
+                        let body = r#"{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","reason":"RESOURCE_EXHAUSTED","message":"slow down","request_id":"q"}}"#;
+                        return Response::builder().status(429).body(Body::from(body)).unwrap();
+                    }
+                    (1, 2) => {
+                        refused.fetch_add(1, Ordering::SeqCst);
+                        return Response::builder().status(500).body(Body::from("proxy error")).unwrap();
+                    }
+                    (2, _) => std::future::pending::<()>().await,
+                    _ => {}
+                }
+            }
+            let body = to_bytes(body, 1 << 20).await.unwrap();
+            let mut b = http.request(parts.method.clone(), format!("{upstream}{}", parts.uri)).body(body.to_vec());
+            for (k, v) in &parts.headers {
+                if k != "host" && k != "content-length" {
+                    b = b.header(k.as_str(), v.as_bytes());
+                }
+            }
+            let r = b.send().await.unwrap();
+            let mut out = Response::builder().status(r.status().as_u16());
+            for (k, v) in r.headers() {
+                out = out.header(k.as_str(), v.as_bytes());
+            }
+            out.body(Body::from(r.bytes().await.unwrap())).unwrap()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_run_reports_refused_heartbeats_and_kills_a_command_that_outlives_an_expired_lease() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    s.pool_with_heartbeats("ci", 1, 1, 3).await;
+    s.wait_available("ci", 1).await;
+    let (mode, refused) = (Arc::new(AtomicUsize::new(1)), Arc::new(AtomicUsize::new(0)));
+    let proxy = heartbeat_proxy(s.endpoint.clone(), mode.clone(), refused.clone()).await;
+    // A command that ignores SIGTERM: only the SIGKILL after --kill-after stops it.
+    let script = "trap '' TERM; echo started; while :; do sleep 0.1; done";
+    let mut run =
+        ctl_cmd(&proxy, ADMIN, &["lease", "run", "--pool", "ci", "--kill-after", "1s", "--", "sh", "-c", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+    read_until(&mut run, Duration::from_secs(60), |o| o.contains("started")).await;
+    let ids = s.lease_ids().await;
+    assert_eq!(ids.len(), 1);
+
+    // Half the heartbeats refused (429, a proxy's 500) for more than two expiry windows: the
+    // command keeps running under the lease.
+    let until = Instant::now() + Duration::from_secs(40);
+    while refused.load(Ordering::SeqCst) < 4 {
+        assert!(Instant::now() < until, "too few heartbeats");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(run.try_wait().unwrap().is_none(), "lease run ended on a refused heartbeat");
+    assert_eq!(s.lease_ids().await, ids);
+
+    // Heartbeats never answered: the lease expires, the command is stopped, exit 7.
+    mode.store(2, Ordering::SeqCst);
+    let o = out(tokio::time::timeout(Duration::from_secs(60), run.wait_with_output()).await.unwrap().unwrap());
+    assert_eq!(o.code, 7, "{o:#?}");
+    assert!(o.stderr.contains(&format!("heartbeat of lease {} failed (resource_exhausted", ids[0])), "{o:#?}");
+    assert!(o.stderr.contains("failed (internal: "), "{o:#?}");
+    assert!(o.stderr.contains(&format!("lease {} lost (deadline_exceeded", ids[0])), "{o:#?}");
+    assert!(o.stderr.contains("sending SIGKILL"), "{o:#?}");
+    s.no_lease_left().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_endpoint_is_trusted_through_the_ca_flag_environment_context_or_system_store() {
     let s = Stack::start().await;
