@@ -155,7 +155,13 @@ impl IfMatch {
             if tag.chars().any(|c| c.is_control() || c == ' ') {
                 return Err(bad("an entity tag holds no spaces or control characters"));
             }
-            if !weak && let Ok(v) = tag.parse::<i64>() {
+            // Strong comparison is byte-for-byte on the opaque tag (RFC 9110 §8.8.3.2): only
+            // a tag spelled exactly as this server spells its ETags names a version, so "042"
+            // or "+42" (which parse as 42) match nothing.
+            if !weak
+                && let Ok(v) = tag.parse::<i64>()
+                && v.to_string() == tag
+            {
                 versions.push(v);
             }
             tags += 1;
@@ -984,6 +990,11 @@ mod tests {
         assert_eq!(IfMatch::parse([" \"1\" , \"2\"", "\"3\""]).unwrap(), IfMatch::Versions(vec![1, 2, 3]));
         // Well-formed but never matching: weak, foreign.
         assert_eq!(IfMatch::parse(["W/\"42\", \"abc\", \"a,b\""]).unwrap(), IfMatch::Versions(vec![]));
+        // Strong comparison is byte-for-byte: other spellings of 42 are not the ETag "42".
+        for other in ["\"042\"", "\"+42\"", "\"-0\"", "\"00\""] {
+            assert_eq!(IfMatch::parse([other]).unwrap(), IfMatch::Versions(vec![]), "{other}");
+        }
+        assert_eq!(IfMatch::parse(["\"0\", \"-3\""]).unwrap(), IfMatch::Versions(vec![0, -3]));
         for bad in ["", " ", "42", "\"42", "\"4 2\"", "\"1\" \"2\"", "*, \"1\"", "W/42"] {
             let e = IfMatch::parse([bad]).unwrap_err();
             assert!(e.starts_with("If-Match "), "{bad:?}: {e}");

@@ -97,6 +97,22 @@ async fn update_with_the_etag_it_read_succeeds_and_a_stale_one_is_412_and_change
 }
 
 #[tokio::test]
+async fn an_if_match_tag_spelling_the_version_differently_is_412_only_the_exact_etag_matches() {
+    let app = TestApp::spawn().await;
+    app.create_pool("ci", 1).await;
+    let (_, e) = current(&app).await;
+    let version = e.trim_matches('"');
+    // Strong comparison is byte-for-byte on the opaque tag: "042" and "+42" are not "42".
+    for other in [format!("\"0{version}\""), format!("\"+{version}\""), format!("\"00{version}\"")] {
+        put_if(&app, pool_spec("ci", 2), &other).await.assert_reason(412, "FAILED_PRECONDITION", "ETAG_MISMATCH");
+    }
+    let (p, now) = current(&app).await;
+    assert_eq!((p.spec.size, now.as_str()), (1, e.as_str()), "the refused PUTs changed nothing");
+    let r = put_if(&app, pool_spec("ci", 2), &e).await;
+    assert_eq!(r.assert_ok_response(200).json::<api::Pool>().spec.size, 2);
+}
+
+#[tokio::test]
 async fn a_malformed_if_match_is_invalid_argument_and_changes_nothing() {
     let app = TestApp::spawn().await;
     app.create_pool("ci", 1).await;
