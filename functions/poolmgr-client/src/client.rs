@@ -123,8 +123,9 @@ impl ClientBuilder {
         self
     }
 
-    /// The client; fails on an endpoint that is not an http(s) URL, a zero time-out, or a CA
-    /// file that cannot be read or holds no certificate.
+    /// The client; fails on an endpoint that is not an http(s) URL, an `https://` endpoint
+    /// when the crate was built without a TLS feature, a zero time-out, or a CA file that
+    /// cannot be read or holds no certificate.
     pub fn build(self) -> Result<Client, Error> {
         let endpoint = self.endpoint.trim();
         let base = Url::parse(endpoint)
@@ -137,6 +138,7 @@ impl ClientBuilder {
         if self.timeout.is_zero() || self.connect_timeout.is_zero() {
             return Err(Error::InvalidInput("the time-outs must be more than 0".into()));
         }
+        check_tls_available(&base, endpoint)?;
         let b = reqwest::Client::builder()
             .user_agent(self.user_agent)
             .connect_timeout(self.connect_timeout.min(self.timeout));
@@ -145,6 +147,22 @@ impl ClientBuilder {
             b.build().map_err(|e| Error::InvalidInput(format!("cannot build the HTTP client: {}", chain(&e))))?;
         Ok(Client { http, base, token: self.token, timeout: self.timeout, retry: self.retry })
     }
+}
+
+/// Whether the client was built with a TLS backend (one of the TLS features).
+pub(crate) const TLS: bool =
+    cfg!(any(feature = "rustls-native-roots", feature = "rustls-webpki-roots", feature = "native-tls"));
+
+/// Without a TLS feature an `https://` endpoint could only fail at the first request: refused
+/// when the client is built instead, naming the features that would make it work.
+fn check_tls_available(base: &Url, endpoint: &str) -> Result<(), Error> {
+    if base.scheme() == "https" && !TLS {
+        return Err(Error::InvalidInput(format!(
+            "endpoint {endpoint:?} is https://, but poolmgr-client was built without a TLS feature: \
+             enable one of rustls-native-roots, rustls-webpki-roots or native-tls"
+        )));
+    }
+    Ok(())
 }
 
 /// The PEM text of an extra root and where it came from, for messages.
@@ -1016,6 +1034,23 @@ mod tests {
         assert!(c.has_token());
         assert!(!format!("{c:?}").contains("s3cret"));
         assert!(!Client::builder("http://h").token("").build().unwrap().has_token());
+    }
+
+    #[test]
+    fn an_https_endpoint_needs_a_tls_feature_and_says_which() {
+        let built = Client::new("https://h:8443");
+        if TLS {
+            assert!(built.is_ok(), "{built:?}");
+        } else {
+            let e = built.unwrap_err();
+            let m = e.to_string();
+            assert!(matches!(e, Error::InvalidInput(_)), "{e:?}");
+            for feature in ["rustls-native-roots", "rustls-webpki-roots", "native-tls"] {
+                assert!(m.contains(feature), "{m}");
+            }
+            // Plain http:// still works.
+            assert!(Client::new("http://h:8080").is_ok());
+        }
     }
 
     #[test]

@@ -36,7 +36,8 @@
 //! platform's trust store, e.g. `/etc/ssl/certs`, or `SSL_CERT_FILE`), `rustls-webpki-roots`
 //! (Mozilla's roots compiled in; with the first, both sets), `native-tls` (the platform's TLS
 //! library). [`ClientBuilder::ca_file`] and [`ClientBuilder::add_root_certificate`] add a
-//! private CA on top of any of them.
+//! private CA on top of any of them. Without any of these features the client speaks plain
+//! `http://` only, and [`ClientBuilder::build`] refuses an `https://` endpoint.
 //!
 //! # Layout
 //!

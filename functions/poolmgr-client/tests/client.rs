@@ -783,6 +783,8 @@ async fn a_transport_error_keeps_the_http_librarys_error_as_its_source() {
     assert!(std::error::Error::source(&e.clone()).is_some());
 }
 
+// Needs a TLS backend: without one the client refuses https:// endpoints.
+#[cfg(any(feature = "rustls-native-roots", feature = "rustls-webpki-roots", feature = "native-tls"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_endpoint_signed_by_a_private_ca_needs_that_ca() {
     let s = LocalServer::start().await;
