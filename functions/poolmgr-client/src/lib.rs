@@ -68,6 +68,6 @@ pub use client::{Call, Client, ClientBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_T
 pub use error::{ApiError, Error, REASON_HOOK_FAILED, Status, TransportKind, TransportSource, ValidationError};
 pub use events::EventFeed;
 pub use keepalive::{LeaseGuard, LeaseState, LeaseWatch, RELEASE_DEADLINE};
-pub use retry::{Backoff, RetryPolicy};
+pub use retry::{Backoff, MIN_BACKOFF, RetryPolicy};
 pub use run::{ActiveLease, LeasedRun};
 pub use types::*;

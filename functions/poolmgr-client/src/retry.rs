@@ -8,8 +8,13 @@ use std::time::Duration;
 
 use rand::RngExt;
 
+/// The shortest wait a [`Backoff`] gives, whatever its fields say: a zero backoff would make
+/// a retry loop (a claim waiting for an empty pool, a followed event feed) spin on the server.
+pub const MIN_BACKOFF: Duration = Duration::from_millis(10);
+
 /// Capped exponential backoff: attempt `n` (from 1) waits a random time between half and all
-/// of `min(max, first · 2^(n-1))`, and never less than the server's `Retry-After`.
+/// of `min(max, first · 2^(n-1))`, never less than the server's `Retry-After`, and never less
+/// than [`MIN_BACKOFF`] (so `Backoff::new(Duration::ZERO, …)` waits 10 ms, not nothing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
     /// The ceiling of the first wait.
@@ -37,12 +42,12 @@ impl Backoff {
     }
 
     /// The wait after failed attempt `attempt`: jittered in `[ceiling/2, ceiling]`, at least
-    /// `retry_after`.
+    /// `retry_after` and at least [`MIN_BACKOFF`].
     pub fn delay(&self, attempt: u32, retry_after: Option<Duration>, rng: &mut impl RngExt) -> Duration {
         let c = self.ceiling(attempt);
         let half = c / 2;
         let extra = if c > half { rng.random_range(Duration::ZERO..=c - half) } else { Duration::ZERO };
-        (half + extra).max(retry_after.unwrap_or_default())
+        (half + extra).max(retry_after.unwrap_or_default()).max(MIN_BACKOFF)
     }
 }
 
@@ -107,6 +112,21 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         assert_eq!(b.delay(1, Some(Duration::from_secs(3)), &mut rng), Duration::from_secs(3));
         assert!(b.delay(1, Some(Duration::from_millis(1)), &mut rng) >= Duration::from_millis(125));
+    }
+
+    #[test]
+    fn a_zero_backoff_still_waits_the_floor() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for b in [Backoff::new(Duration::ZERO, Duration::ZERO), Backoff::new(Duration::ZERO, Duration::from_secs(1))] {
+            for attempt in [1, 2, 10, u32::MAX] {
+                assert_eq!(b.delay(attempt, None, &mut rng), MIN_BACKOFF, "{b:?} attempt {attempt}");
+            }
+        }
+        // A tiny one too (its jitter would go as low as 1 ms).
+        let b = Backoff::new(Duration::from_millis(2), Duration::from_millis(4));
+        assert!((0..100).all(|_| b.delay(1, None, &mut rng) == MIN_BACKOFF));
+        // Above the floor nothing changes.
+        assert!(Backoff::default().delay(1, None, &mut rng) >= Duration::from_millis(125));
     }
 
     #[test]

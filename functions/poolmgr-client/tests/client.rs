@@ -745,6 +745,27 @@ async fn safe_calls_are_retried_on_transient_failures_and_other_writes_never_are
     assert_eq!(s.requests().len(), 1);
 }
 
+const EXHAUSTED: (u16, &str) = (
+    429,
+    r#"{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","reason":"NO_AVAILABLE_VM","message":"empty","request_id":"q"}}"#,
+);
+
+#[tokio::test]
+async fn a_zero_backoff_waits_the_floor_between_claim_attempts_instead_of_spinning() {
+    let s = Scripted::start(vec![Some(EXHAUSTED)]).await;
+    let c = Client::builder(&s.endpoint).token(CLIENT_A).build().unwrap();
+    let opts = ClaimOptions::default()
+        .with_backoff(Backoff::new(Duration::ZERO, Duration::ZERO))
+        .with_deadline(Duration::from_millis(300));
+    let e = c.claim_with(&pool("ci"), &opts).await.unwrap_err();
+    assert_eq!(e.status(), Some(&Status::ResourceExhausted));
+    // 300 ms at no less than MIN_BACKOFF apart: at most 31 attempts (a spinning loop makes
+    // hundreds or thousands).
+    let n = s.requests().len();
+    let most = (300 / MIN_BACKOFF.as_millis() + 1) as usize;
+    assert!(n >= 2 && n <= most, "{n} attempts in 300 ms");
+}
+
 #[tokio::test]
 async fn a_claims_deadline_cuts_the_attempt_in_flight_and_names_the_id_that_recovers_it() {
     let s = Scripted::start(vec![None]).await;

@@ -233,8 +233,8 @@ pub enum PoolCmd {
         /// How many AVAILABLE VMs to wait for.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(0..=10000))]
         available: i64,
-        /// Poll interval.
-        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+        /// Poll interval (at least 100ms).
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
         interval: Duration,
     },
     /// Show a pool's live counts, its desired size and why (autoscaling: the measured claim
@@ -245,8 +245,8 @@ pub enum PoolCmd {
         /// Keep polling and redrawing until Ctrl-C.
         #[arg(long, short = 'w')]
         watch: bool,
-        /// Poll interval of --watch.
-        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+        /// Poll interval of --watch (at least 100ms).
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
         interval: Duration,
     },
 }
@@ -261,8 +261,8 @@ pub enum RolloutCmd {
         /// Keep polling and redrawing until Ctrl-C.
         #[arg(long, short = 'w')]
         watch: bool,
-        /// Poll interval of --watch.
-        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+        /// Poll interval of --watch (at least 100ms).
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_interval)]
         interval: Duration,
     },
     /// The kept revisions (the last 10), newest first.
@@ -507,6 +507,23 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 30s, 2m, 1h30m, 1500ms)"))
 }
 
+/// The shortest poll interval: a shorter one (`--interval 0`) would poll the server in a loop
+/// with no pause.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A poll interval: a duration of at least [`MIN_INTERVAL`].
+pub fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < MIN_INTERVAL {
+        return Err(format!(
+            "{} is too short a poll interval; use at least {}",
+            humantime::format_duration(d),
+            humantime::format_duration(MIN_INTERVAL)
+        ));
+    }
+    Ok(d)
+}
+
 fn parse_phase(s: &str) -> Result<Phase, String> {
     let up = s.to_ascii_uppercase();
     match Phase::parse(&up) {
@@ -535,6 +552,17 @@ mod tests {
         assert_eq!(parse_duration("1500ms").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
         assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn poll_intervals_are_at_least_100ms() {
+        assert_eq!(parse_interval("100ms").unwrap(), Duration::from_millis(100));
+        assert_eq!(parse_interval("2").unwrap(), Duration::from_secs(2));
+        for short in ["0", "0s", "99ms", "1ns"] {
+            let e = parse_interval(short).unwrap_err();
+            assert!(e.contains("at least 100ms"), "{short}: {e}");
+        }
+        assert!(parse_interval("soon").is_err());
     }
 
     #[test]

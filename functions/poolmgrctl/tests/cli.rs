@@ -716,6 +716,17 @@ async fn bad_filters_and_formats_are_usage_errors_before_anything_is_sent() {
     }
     let o = ctl_offline(&none, &["pool", "wait", "ci", "--available", "-1"]).await;
     assert_eq!(o.code, 2, "{o:#?}");
+    // A poll interval under 100 ms would poll with no pause: refused before anything is sent.
+    for args in [
+        &["pool", "wait", "ci", "--available", "1", "--interval", "0"][..],
+        &["pool", "wait", "ci", "--available", "1", "--interval", "50ms"],
+        &["pool", "status", "ci", "--watch", "--interval", "0s"],
+        &["pool", "rollout", "status", "ci", "--watch", "--interval", "0"],
+    ] {
+        let o = ctl_offline(&none, args).await;
+        assert_eq!(o.code, 2, "{args:?}: {o:#?}");
+        assert!(o.stderr.contains("at least 100ms") && !o.stderr.contains("connect"), "{args:?}: {o:#?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
