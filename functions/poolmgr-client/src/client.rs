@@ -8,7 +8,7 @@
 //! write: a retried create or update could apply twice; the claim's retrying is
 //! [`crate::claim`]'s, with one `request_id`.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -798,7 +798,7 @@ impl Client {
     /// `P` is the page's type: [`LeaseList`], [`PoolList`], [`VmList`], [`HostList`], or a
     /// caller's own ([`Page`]).
     pub fn pages<P: Page>(&self, call: Call) -> Pages<P> {
-        Pages { client: self.clone(), call, token: None, done: false, _page: PhantomData }
+        Pages { client: self.clone(), call, token: None, seen: SeenTokens::default(), done: false, _page: PhantomData }
     }
 
     /// Announces `req.claims` claims within `req.within_seconds`: the pool pre-warms for them
@@ -917,17 +917,41 @@ page!(VmList, Vm, vms);
 page!(HostList, Host, hosts);
 
 /// The pages of one list, read in order ([`Client::pages`]). Each page is asked with the
-/// token the previous one gave; a server that repeats a token is an error rather than a
-/// loop. Cancel-safe: dropping [`Pages::next_page`]'s future loses nothing, the next call
-/// asks for the same page again.
+/// token the previous one gave; a server that gives a token it gave before (at once, or
+/// after others: A, B, A) is an error rather than a loop. Cancel-safe: dropping
+/// [`Pages::next_page`]'s future loses nothing, the next call asks for the same page again.
 #[derive(Debug)]
 pub struct Pages<P> {
     client: Client,
     call: Call,
     /// The token of the page to read next (`None`: the call's own, the first).
     token: Option<String>,
+    /// Every token asked with so far.
+    seen: SeenTokens,
     done: bool,
     _page: PhantomData<fn() -> P>,
+}
+
+/// The page tokens a paginator has asked with: a token given again would repeat pages
+/// already read, for ever.
+#[derive(Debug, Default)]
+struct SeenTokens(HashSet<String>);
+
+impl SeenTokens {
+    /// Records that the page asked with `asked` (`None`: the first, without a token) gave
+    /// `next`; an error naming `list` when `next` was asked with before.
+    fn check(&mut self, list: &str, asked: Option<&str>, next: &str) -> Result<(), Error> {
+        if let Some(a) = asked {
+            self.0.insert(a.to_owned());
+        }
+        if !next.is_empty() && self.0.contains(next) {
+            return Err(Error::Decode(format!(
+                "{list}: the server gave page token {next:?} again after {} page(s): its list never ends",
+                self.0.len()
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl<P: Page> Pages<P> {
@@ -941,12 +965,12 @@ impl<P: Page> Pages<P> {
             None => self.call.clone(),
         };
         let asked = call.query.iter().find(|(k, _)| *k == "page_token").map(|(_, v)| v.clone());
+        let list = format!("{} {}", call.method, self.client.url(&call).path());
         let page: P = self.client.send(call).await?.json()?;
         let next = page.next_page_token();
+        self.seen.check(&list, asked.as_deref(), next)?;
         if next.is_empty() {
             self.done = true;
-        } else if asked.as_deref() == Some(next) {
-            return Err(Error::Decode(format!("the server repeated page token {next:?}: its list never ends")));
         } else {
             self.token = Some(next.to_owned());
         }
@@ -1050,6 +1074,28 @@ mod tests {
             }
             // Plain http:// still works.
             assert!(Client::new("http://h:8080").is_ok());
+        }
+    }
+
+    #[test]
+    fn a_page_token_given_again_is_an_error_naming_the_list_however_late() {
+        let list = "GET /v1/leases";
+        // A, B, A: the third page would start the loop again.
+        let mut seen = SeenTokens::default();
+        seen.check(list, None, "A").unwrap();
+        seen.check(list, Some("A"), "B").unwrap();
+        let e = seen.check(list, Some("B"), "A").unwrap_err();
+        assert!(matches!(&e, Error::Decode(m) if m.starts_with(list) && m.contains("\"A\"")), "{e:?}");
+        // At once (A, A), and back to the call's own starting token.
+        let mut seen = SeenTokens::default();
+        assert!(seen.check(list, Some("A"), "A").is_err());
+        let mut seen = SeenTokens::default();
+        seen.check(list, Some("S"), "A").unwrap();
+        assert!(seen.check(list, Some("A"), "S").is_err());
+        // The last page (an empty token) ends the list, however many came before.
+        let mut seen = SeenTokens::default();
+        for (asked, next) in [(None, "1"), (Some("1"), "2"), (Some("2"), "3"), (Some("3"), "")] {
+            seen.check(list, asked, next).unwrap();
         }
     }
 

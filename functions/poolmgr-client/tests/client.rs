@@ -767,6 +767,29 @@ async fn a_zero_backoff_waits_the_floor_between_claim_attempts_instead_of_spinni
 }
 
 #[tokio::test]
+async fn a_server_whose_page_tokens_go_round_in_a_circle_is_an_error_not_an_endless_list() {
+    use futures_util::StreamExt;
+    // A, B, A, B, …: every token is new to the page that gives it, none to the paginator.
+    let pages = vec![
+        Some((200, r#"{"pools":[],"next_page_token":"A"}"#)),
+        Some((200, r#"{"pools":[],"next_page_token":"B"}"#)),
+        Some((200, r#"{"pools":[],"next_page_token":"A"}"#)),
+        Some((200, r#"{"pools":[],"next_page_token":"B"}"#)),
+    ];
+    let s = Scripted::start(pages.clone()).await;
+    let all = tokio::time::timeout(Duration::from_secs(10), quick(&s.endpoint).list_pools(None)).await;
+    let e = all.expect("the paginator stops by itself").unwrap_err();
+    assert!(matches!(&e, Error::Decode(m) if m.contains("GET /v1/pools") && m.contains("\"A\"")), "{e:?}");
+    let asked = s.requests();
+    assert_eq!(asked.len(), 3, "{asked:?}");
+    assert!(asked[2].contains("page_token=B"), "{asked:?}");
+    // The stream ends with the same error.
+    let s = Scripted::start(pages).await;
+    let items: Vec<_> = quick(&s.endpoint).pools(None).collect().await;
+    assert!(matches!(items.as_slice(), [Err(Error::Decode(m))] if m.contains("GET /v1/pools")), "{items:?}");
+}
+
+#[tokio::test]
 async fn a_claims_deadline_cuts_the_attempt_in_flight_and_names_the_id_that_recovers_it() {
     let s = Scripted::start(vec![None]).await;
     // The client's own time-out is 30 s: only the deadline can end this attempt early.
