@@ -188,7 +188,7 @@ impl Client {
             // caller, and an attempt started just before it must not run 30 s past it.
             let err = match self.attempt(&Call::claim(&req), Some(deadline)).await {
                 Ok(reply) => {
-                    let response = reply.json()?;
+                    let response = decode_claim(&reply, Some(&request_id))?;
                     return Ok(Claimed { response, reply, attempts: attempt });
                 }
                 Err(e) => e,
@@ -206,6 +206,17 @@ impl Client {
             attempt += 1;
         }
     }
+}
+
+/// A claim's success answer as a [`ClaimResponse`]. One that cannot be read still claimed a
+/// VM (the server committed before answering): the error says which id recovers its lease.
+pub(crate) fn decode_claim(reply: &Reply, request_id: Option<&str>) -> Result<ClaimResponse, Error> {
+    reply.json().map_err(|e| match (e, request_id) {
+        (Error::Decode(m), Some(id)) => Error::Decode(format!(
+            "{m}; the claim succeeded all the same: claim again with request_id {id} to get its lease"
+        )),
+        (e, _) => e,
+    })
 }
 
 /// A claim that ended without an answer may have claimed a VM: say which id recovers it.
@@ -247,6 +258,16 @@ mod tests {
         let o = ClaimOptions::default().with_retry_hook_failure(true);
         assert!(o.retries(&hook));
         assert!(!o.retries(&api(Status::Internal)), "only a hook's failure");
+    }
+
+    #[test]
+    fn an_unreadable_claim_answer_names_the_id_that_recovers_the_lease() {
+        let reply = Reply::for_test(200, "{\"lease\": 7}");
+        let e = decode_claim(&reply, Some("r-9")).unwrap_err();
+        assert!(matches!(&e, Error::Decode(m) if m.contains("request_id r-9") && m.contains("succeeded")), "{e:?}");
+        // Without an id there is none to name.
+        let e = decode_claim(&reply, None).unwrap_err();
+        assert!(matches!(&e, Error::Decode(m) if !m.contains("request_id")), "{e:?}");
     }
 
     #[test]

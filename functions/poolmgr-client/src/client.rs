@@ -490,6 +490,16 @@ impl Reply {
     pub fn etag(&self) -> Option<&str> {
         self.headers.get(reqwest::header::ETAG).and_then(|v| v.to_str().ok())
     }
+
+    #[cfg(test)]
+    pub(crate) fn for_test(status: u16, body: &'static str) -> Reply {
+        Reply {
+            status,
+            headers: HeaderMap::new(),
+            body: Bytes::from_static(body.as_bytes()),
+            what: "POST /v1/claims".into(),
+        }
+    }
 }
 
 /// The innermost cause: for a connection failure, the part that says what went wrong.
@@ -719,7 +729,8 @@ impl Client {
     /// retries safe.
     pub async fn claim_once(&self, req: &ClaimRequest) -> Result<ClaimResponse, Error> {
         check_request_id(req.request_id.as_deref())?;
-        self.send_once(Call::claim(req)).await?.json()
+        let reply = self.send_once(Call::claim(req)).await?;
+        crate::claim::decode_claim(&reply, req.request_id.as_deref().filter(|r| !r.is_empty()))
     }
 
     /// The lease (404 once it ended, or for another principal's lease).

@@ -107,6 +107,8 @@ enum Fault {
     Hold,
     /// Answer this (status, body) itself without forwarding: a proxy's own error.
     Answer(u16, &'static str),
+    /// Forward it and pass the answer on with its body overwritten (same length, not JSON).
+    Garble,
 }
 
 /// Picks what happens to a request, from its request line.
@@ -222,12 +224,12 @@ async fn relay(
                 }
                 continue;
             }
-            Fault::Pass | Fault::Lose => {}
+            Fault::Pass | Fault::Lose | Fault::Garble => {}
         }
         if uw.write_all(&request).await.is_err() {
             return;
         }
-        let Some((_, answer)) = read_message(&mut ur).await else { return };
+        let Some((_, mut answer)) = read_message(&mut ur).await else { return };
         if request_line.starts_with("POST /v1/claims ") {
             claims.fetch_add(1, Ordering::SeqCst);
         }
@@ -237,6 +239,11 @@ async fn relay(
             let conn = cr.into_inner().reunite(cw).unwrap();
             let _ = conn.set_zero_linger();
             return;
+        }
+        if fault == Fault::Garble {
+            let head = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+            swallowed.lock().unwrap().push(String::from_utf8_lossy(&answer).into_owned());
+            answer[head..].fill(b'~');
         }
         if cw.write_all(&answer).await.is_err() {
             return;
@@ -293,6 +300,44 @@ async fn a_claim_whose_answer_is_lost_is_retried_with_the_same_id_and_costs_one_
     let p = a.get_pool(&pool("ci")).await.unwrap();
     assert_eq!((p.status.available + p.status.provisioning, p.status.leased), (2, 1), "{:?}", p.status);
     assert_eq!(a.get_lease(&got.response.lease.lease_id).await.unwrap(), got.response.lease);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_answer_that_cannot_be_read_names_the_id_that_recovers_its_lease() {
+    let s = LocalServer::start().await;
+    register_sim(&s).await;
+    let a = admin(&s);
+    a.create_pool(&spec("ci", 2)).await.unwrap();
+    wait_available(&a, &pool("ci"), 2).await;
+
+    // The first claim's answer arrives with a body that is not JSON.
+    let garble = Arc::new(AtomicUsize::new(1));
+    let left = garble.clone();
+    let rule: Rule = Arc::new(move |line: &str| {
+        let hit = line.starts_with("POST /v1/claims ")
+            && left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        if hit { Fault::Garble } else { Fault::Pass }
+    });
+    let proxy = Proxy::with_rule(&s.endpoint, rule).await;
+    let c = client_a(&proxy.endpoint());
+    let opts = ClaimOptions::default().with_request_id("job-garbled");
+    let e = c.claim_with(&pool("ci"), &opts).await.unwrap_err();
+    assert!(matches!(&e, Error::Decode(_)), "{e:?}");
+    assert!(e.to_string().contains("request_id job-garbled"), "{e}");
+    assert_eq!(proxy.claims.load(Ordering::SeqCst), 1, "a garbled answer is not retried");
+    // The claim committed, and the id the error names gets its lease back.
+    let committed = body_of(&proxy.swallowed.lock().unwrap()[0]);
+    assert_eq!(lease_count(&s).await, 1);
+    let again = c.claim_with(&pool("ci"), &opts).await.unwrap();
+    assert!(again.response.replayed);
+    assert_eq!(json!(again.response.lease.lease_id), committed["lease"]["lease_id"]);
+    assert_eq!(lease_count(&s).await, 1);
+
+    // claim_once says the same when it was given an id.
+    garble.store(1, Ordering::SeqCst);
+    let req = ClaimRequest::new(pool("ci"), Some("job-once".into()));
+    let e = c.claim_once(&req).await.unwrap_err();
+    assert!(e.to_string().contains("request_id job-once"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
