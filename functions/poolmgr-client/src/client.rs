@@ -203,6 +203,22 @@ fn add_roots(b: reqwest::ClientBuilder, roots: &[ExtraRoot]) -> Result<reqwest::
 }
 
 /// One request of the contract: method, path segments (each escaped), query, JSON body.
+///
+/// Each route this crate models has its constructor ([`Call::get_pool`], [`Call::claim`],
+/// …). For one it does not (a route a newer server added), build the call from its parts
+/// with [`Call::new`] and send it with [`Client::send`]:
+///
+/// ```no_run
+/// use poolmgr_client::{Call, Client, Method};
+///
+/// # async fn run(client: &Client) -> Result<(), poolmgr_client::Error> {
+/// let call = Call::new(Method::POST, &["v1", "pools", "default", "ci", "drain"])
+///     .with_query("dry_run", true)
+///     .with_body(serde_json::json!({ "reason": "maintenance" }));
+/// let reply = client.send(call).await?;
+/// let answer: serde_json::Value = reply.json()?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Call {
@@ -225,7 +241,11 @@ fn body<T: Serialize>(v: &T) -> Option<serde_json::Value> {
 }
 
 impl Call {
-    fn new(method: Method, path: &[&str]) -> Call {
+    /// A call of `method` on the path made of `path`'s segments under the endpoint (each
+    /// escaped, so a segment may hold `/`: `&["v1", "vms", id]`), with no query and no body.
+    /// Add them with [`Call::with_query`] and [`Call::with_body`]. Whether [`Client::send`]
+    /// retries it is [`Call::is_idempotent`]'s answer: a GET is retried, a POST is not.
+    pub fn new(method: Method, path: &[&str]) -> Call {
         Call {
             method,
             path: path.iter().map(|s| s.to_string()).collect(),
@@ -253,6 +273,18 @@ impl Call {
     pub fn with_query(mut self, key: &'static str, value: impl ToString) -> Call {
         self.query.retain(|(k, _)| *k != key);
         self.query(key, value)
+    }
+
+    /// The same call with `body` as its JSON body (replacing any it had).
+    pub fn with_body(mut self, body: serde_json::Value) -> Call {
+        self.body = Some(body);
+        self
+    }
+
+    /// The same call with `extra` added to the client's time-out (a long-poll's wait).
+    pub fn with_extra_timeout(mut self, extra: Duration) -> Call {
+        self.extra_timeout = extra;
+        self
     }
 
     /// Whether sending this call twice has the effect of sending it once, so a transient
@@ -1053,6 +1085,21 @@ mod tests {
         let call = Call::events(&q);
         assert_eq!(c.url(&call).as_str(), "http://h:1/v1/events?after=7&limit=5&wait_seconds=20");
         assert_eq!(call.extra_timeout, Duration::from_secs(20));
+    }
+
+    #[test]
+    fn a_call_to_a_route_the_crate_does_not_model_is_built_from_its_parts() {
+        let c = Client::new("http://h:1/base").unwrap();
+        let call = Call::new(Method::POST, &["v1", "pools", "default", "ci", "drain"])
+            .with_query("dry_run", true)
+            .with_query("dry_run", false)
+            .with_body(serde_json::json!({"reason": "x"}))
+            .with_extra_timeout(Duration::from_secs(3));
+        assert_eq!(c.url(&call).as_str(), "http://h:1/base/v1/pools/default/ci/drain?dry_run=false");
+        assert_eq!(call.body, Some(serde_json::json!({"reason": "x"})));
+        assert_eq!(call.extra_timeout, Duration::from_secs(3));
+        assert!(!call.is_idempotent());
+        assert!(Call::new(Method::GET, &["v1", "things"]).is_idempotent());
     }
 
     #[test]

@@ -193,6 +193,25 @@ pub struct LeaseWatch {
 }
 
 impl LeaseWatch {
+    /// A watch with no heartbeats behind it that always says `lease` is alive: [`LeaseWatch::lost`]
+    /// never completes, [`LeaseWatch::next_change`] answers `None`. For tests of code that
+    /// takes a watch or an [`crate::ActiveLease`]; a real one comes from [`LeaseGuard::watch`].
+    pub fn alive(lease: Lease) -> LeaseWatch {
+        LeaseWatch::fixed(LeaseState::Alive { lease, heartbeats: 0, failures: 0, last_error: None })
+    }
+
+    /// As [`LeaseWatch::alive`], for a lease already lost for `why`: [`LeaseWatch::lost`]
+    /// answers `why` at once.
+    pub fn lost_with(why: Error) -> LeaseWatch {
+        LeaseWatch::fixed(LeaseState::Lost(why))
+    }
+
+    fn fixed(state: LeaseState) -> LeaseWatch {
+        // The sender is dropped: the state never changes.
+        let (_, state) = watch::channel(state);
+        LeaseWatch { state }
+    }
+
     /// What the heartbeat task last saw.
     pub fn state(&self) -> LeaseState {
         self.state.borrow().clone()

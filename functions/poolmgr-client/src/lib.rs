@@ -71,3 +71,6 @@ pub use keepalive::{LeaseGuard, LeaseState, LeaseWatch, RELEASE_DEADLINE};
 pub use retry::{Backoff, MIN_BACKOFF, RetryPolicy};
 pub use run::{ActiveLease, LeasedRun};
 pub use types::*;
+
+/// The HTTP method of a [`Call`] (the `http` crate's, through `reqwest`), for [`Call::new`].
+pub use reqwest::Method;

@@ -29,6 +29,13 @@ pub struct ActiveLease {
 }
 
 impl ActiveLease {
+    /// An active lease made of its parts, for tests of code that takes one (a job given to
+    /// [`Client::run_leased`]): a claim answer (e.g. read from JSON) and a watch, such as
+    /// [`LeaseWatch::alive`] or [`LeaseWatch::lost_with`]. [`Client::run_leased`] builds its own.
+    pub fn new(claim: ClaimResponse, watch: LeaseWatch) -> ActiveLease {
+        ActiveLease { claim, watch }
+    }
+
     /// The lease as claimed.
     pub fn lease(&self) -> &Lease {
         &self.claim.lease

@@ -835,6 +835,33 @@ async fn a_server_whose_page_tokens_go_round_in_a_circle_is_an_error_not_an_endl
 }
 
 #[tokio::test]
+async fn an_active_lease_for_a_test_is_built_from_a_claim_answer_and_a_fixed_watch() {
+    let claim: ClaimResponse = serde_json::from_value(json!({
+        "lease": {
+            "lease_id": "l-1", "vm_uid": "u-1", "pool": {"namespace": "default", "name": "ci"},
+            "claimed_at": "2025-01-01T00:00:00Z", "last_heartbeat_at": "2025-01-01T00:00:00Z",
+            "expires_at": "2025-01-01T00:02:00Z", "request_id": "r-1"
+        },
+        "vm": {"id": "vm-1", "uid": "u-1", "flintlock_host": {"name": "sim", "address": "127.0.0.1:1"},
+               "network_interfaces": {}},
+        "replayed": false
+    }))
+    .unwrap();
+    let active = ActiveLease::new(claim.clone(), LeaseWatch::alive(claim.lease.clone()));
+    assert_eq!((active.lease().lease_id.as_str(), active.vm().id.as_str()), ("l-1", "vm-1"));
+    assert!(matches!(active.watch.state(), LeaseState::Alive { lease, .. } if lease == claim.lease));
+    assert!(active.watch.lost_now().is_none());
+    let mut w = active.watch.clone();
+    assert!(w.next_change().await.is_none(), "nothing beats behind it");
+    assert!(tokio::time::timeout(Duration::from_millis(50), w.lost()).await.is_err(), "never lost");
+
+    let gone = Error::Api(ApiError::new(404, Status::NotFound, "no lease l-1"));
+    let mut w = LeaseWatch::lost_with(gone);
+    assert_eq!(w.lost().await.status(), Some(&Status::NotFound));
+    assert!(w.lost_now().is_some());
+}
+
+#[tokio::test]
 async fn a_claims_deadline_cuts_the_attempt_in_flight_and_names_the_id_that_recovers_it() {
     let s = Scripted::start(vec![None]).await;
     // The client's own time-out is 30 s: only the deadline can end this attempt early.
