@@ -17,10 +17,10 @@
 #                    a pool with a pre-lease hook loses its answer after it committed; clients
 #                    retry with the same ids and each loss comes back as a replay of its lease.
 #   6 rollout-kills  a pool's template changes under a light claim load; poolmgr-local is
-#                    SIGKILLed every 1-2 s while the rollout runs (3 times, 5 in the full run) and
-#                    restarted, flintlock-sim once, beside a burst of overlapping passes: the
-#                    rollout completes, never above size + max_surge, no leased VM retired, no
-#                    event lost or doubled.
+#                    SIGKILLed 1-2 s into its running reconcile loop and again while restarting
+#                    (2 kills, 6 in the full run), flintlock-sim once, beside a burst of
+#                    overlapping passes: the rollout completes, never above size + max_surge,
+#                    no leased VM retired, no event lost or doubled.
 #
 # Starts its own PostgreSQL under .dev/chaos (wiped first), flintlock-sim and poolmgr-local on
 # free ports, and stops all of them on exit. Prints one summary line per scenario; exits 1 if
