@@ -16,11 +16,16 @@
 #   5 lost-answer    poolmgr-local restarted with its fault point on: every 3rd fresh claim on
 #                    a pool with a pre-lease hook loses its answer after it committed; clients
 #                    retry with the same ids and each loss comes back as a replay of its lease.
+#   6 rollout-kills  a pool's template changes under a light claim load; poolmgr-local is
+#                    SIGKILLed 1-2 s into its running reconcile loop and again while restarting
+#                    (2 kills, 6 in the full run), flintlock-sim once, beside a burst of
+#                    overlapping passes: the rollout completes, never above size + max_surge,
+#                    no leased VM retired, no event lost or doubled.
 #
 # Starts its own PostgreSQL under .dev/chaos (wiped first), flintlock-sim and poolmgr-local on
 # free ports, and stops all of them on exit. Prints one summary line per scenario; exits 1 if
 # any scenario or check failed. Logs: .dev/chaos/logs/. --short is the CI version (smaller
-# load, shorter outages; ~2 minutes after the build).
+# load, shorter outages, fewer kills; ~3 minutes after the build).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=lib/stack.sh
@@ -40,7 +45,7 @@ for arg in "$@"; do
     case "$arg" in
         --short) SHORT=1 ;;
         -h | --help)
-            sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)
@@ -52,9 +57,13 @@ done
 
 if [[ $SHORT == 1 ]]; then
     CLIENTS=6 DURATION=9s DOWN=3 POOL_SIZE=24 PROV_POOLS=2 PROV_SIZE=6 OV_POOLS=3 OV_SIZE=3 OV_GROW=6 HOOK_SIZE=12
+    RO_SIZE=12 RO_HOLDER_KILLS=1 RO_CLIENTS=1 RO_BURST_ROUNDS=2
 else
     CLIENTS=16 DURATION=20s DOWN=6 POOL_SIZE=60 PROV_POOLS=4 PROV_SIZE=10 OV_POOLS=6 OV_SIZE=5 OV_GROW=10 HOOK_SIZE=32
+    RO_SIZE=24 RO_HOLDER_KILLS=3 RO_CLIENTS=2 RO_BURST_ROUNDS=4
 fi
+# Scenario 6: the simulator's boot delay (ms) and how long the rollout may take (s).
+RO_BOOT_MS=2000 RO_BOUND=150
 # Scenario 5: the answer of every LOSE_EVERY-th fresh claim is lost after it committed.
 LOSE_EVERY=3
 
@@ -90,12 +99,14 @@ start_sim() {
 }
 
 # A pass killed mid-pool leaves that pool's reconcile lease until it expires (deadline + hook
-# timeout + 30 s): 45 s here instead of ~2 min by default, so scenario 2 recovers in time.
+# timeout + 30 s): 45 s here instead of ~2 min by default, so scenario 2 recovers in time
+# (scenario 6 lowers it to 35 s: RECONCILE_DEADLINE_S=4 HOOK_TIMEOUT_S=1).
+RECONCILE_DEADLINE_S=10 HOOK_TIMEOUT_S=5
 start_app() {
     DATABASE_URL=$DB_URL POOLMGR_ADMIN_TOKENS=admin:$ADMIN POOLMGR_CLIENT_TOKENS=chaos:$CLIENT \
         POOLMGR_RECONCILE_INTERVAL_SECONDS=1 POOLMGR_DB_CONNECT_TIMEOUT_SECONDS=2 \
         POOLMGR_DB_STATEMENT_TIMEOUT_SECONDS=5 POOLMGR_FLINTLOCK_TIMEOUT_SECONDS=2 \
-        POOLMGR_RECONCILE_DEADLINE_SECONDS=10 POOLMGR_HOOK_TIMEOUT_SECONDS=5 \
+        POOLMGR_RECONCILE_DEADLINE_SECONDS=$RECONCILE_DEADLINE_S POOLMGR_HOOK_TIMEOUT_SECONDS=$HOOK_TIMEOUT_S \
         POOLMGR_ORPHAN_SCAN_SECONDS=2 POOLMGR_RECONCILE_BACKOFF_MS=100 POOLMGR_RECONCILE_BACKOFF_CAP_SECONDS=2 \
         RUST_LOG=${RUST_LOG:-warn} stack_app_start --out "$LOGS/poolmgr-local.out" "127.0.0.1:$APP_PORT" "$LOGS/poolmgr-local.log"
 }
@@ -322,6 +333,260 @@ if [[ -z $FRESH || $HOOKED_VMS -ne $((FRESH + LOST)) ]]; then
 fi
 run_check s5 || s5=1
 record "5 lost-answer" "$s5" "lost_answers=$LOST replayed_after_error=$REPLAYED claims=$(kv claims_ok "$LOAD") fresh=$FRESH vm_claimed_events=$HOOKED_VMS conn_errors=$(kv conn_errors "$LOAD") 429s=$(kv exhausted_429 "$LOAD") leases=$(kv leases_in_db "$LOAD")/$(kv leases_held "$LOAD") unexpected=$(kv unexpected "$LOAD")${notes} | check: $CHECK_LINE"
+
+# ---- 6: a rollout through killed passes and restarted processes ------------------------------
+T6=$SECONDS
+log "scenario 6: a rollout of default/rolling ($RO_SIZE VMs) while poolmgr-local is SIGKILLed $((2 * RO_HOLDER_KILLS)) times and flintlock-sim once"
+s6=0
+notes=""
+# The poolmgr-local of scenario 5 goes on until the first kill: a restart now would cost a
+# loop lease (below) of idle waiting, since a stopped process does not give it back. Its fault
+# point loses the answer of every 3rd fresh claim; the load and the held claims below retry
+# with their request_ids and get replays. The restarted ones run without the fault point, and
+# with a 35 s reconcile lease (4 s deadline + 1 s hook timeout + 30 s): a kill inside the
+# pool's step leaves the lease behind by design (see docs/chaos.md), and the rollout waits it
+# out. A 2 s boot keeps creates in flight at the simulator's kill.
+RECONCILE_DEADLINE_S=4 HOOK_TIMEOUT_S=1
+stack_stop "$SIM_PID"
+start_sim "$RO_BOOT_MS"
+RO_SURGE=$(((RO_SIZE * 25 + 99) / 100)) # "25%" of the target, rounded up as the server does
+RO_CEILING=$((RO_SIZE + RO_SURGE))
+ro_spec() { # IMAGE_TAG: the pool, IMMEDIATE_ON_LEASE, with a rollout block; the tag is the change
+    printf '%s' '{"namespace": "default", "name": "rolling", "size": '"$RO_SIZE"', "flintlock_hosts": ["sim"],
+      "replenishment": {"strategy": "IMMEDIATE_ON_LEASE"}, "heartbeat_interval_seconds": 300, "heartbeat_expiry_seconds": 600,
+      "rollout": {"max_surge": "25%", "max_unavailable": 0, "claim_preference": "CURRENT"},
+      "microvm_template": {"root_volume": {"id": "root", "source": {"container_source": "example.invalid/chaos/runner:'"$1"'"}},
+                           "interfaces": [{"device_id": "eth1", "type": "TAP"}]}}'
+}
+ro_sql() { sql "$1" | tr '|' ' '; }
+ro_state() { sql "SELECT coalesce(rollout_state, '-') FROM pools WHERE namespace = 'default' AND name = 'rolling'"; }
+api POST /v1/pools "$(ro_spec 1)" >/dev/null
+wait_available rolling "$RO_SIZE" 60 || die "pool default/rolling never filled; see $LOGS/poolmgr-local.log"
+OLD_REV=$(sql "SELECT revision FROM pools WHERE namespace = 'default' AND name = 'rolling'")
+# Two leases held across the whole rollout (on the old revision): the rollout must leave them.
+for i in 0 1; do
+    for attempt in 1 2 3 4 5; do
+        curl -sS -f -o /dev/null -X POST "$ENDPOINT/v1/claims" -H "Authorization: Bearer $CLIENT" -H 'content-type: application/json' \
+            -d '{"pool": {"namespace": "default", "name": "rolling"}, "request_id": "s6hold-'"$i"'"}' 2>/dev/null && break
+        ((attempt < 5)) || die "claiming s6hold-$i failed 5 times"
+        sleep 0.5
+    done
+done
+HOLD_VMS=$(sql "SELECT string_agg(quote_literal(vm_id), ',') FROM leases WHERE request_id LIKE 's6hold-%'")
+wait_available rolling "$RO_SIZE" 60 || die "pool default/rolling did not refill after the held claims"
+# A light claim load (a claim per client every ~5 s, so the pool stays mostly warm and the
+# rollout, not the claims, replaces most stale VMs); it meets the kills as connection errors.
+rm -f "$STOP_LOAD"
+stack_spawn poolmgr-chaos "$LOGS/s6.out" "$LOGS/s6.log" \
+    "$BIN/poolmgr-chaos" claims --endpoint "$ENDPOINT" --token "$CLIENT" --principal chaos --pool default/rolling \
+    --clients "$RO_CLIENTS" --keep 1 --pause 5s --duration 5s --until-file "$STOP_LOAD" --id-prefix s6
+LOAD_PID=$SPAWNED_PID
+seen_by_load "$LOGS/s6.log" claims_ok 60 || s6=1
+
+# The change: a new image, so a new revision and a rollout.
+api PUT /v1/pools/default/rolling "$(ro_spec 2)" >/dev/null
+T_PUT=$SECONDS
+REV=$(sql "SELECT revision FROM pools WHERE namespace = 'default' AND name = 'rolling'")
+# The poller: every ~200 ms, in one statement (one snapshot), the VMs the ceiling counts under
+# IMMEDIATE_ON_LEASE (what reconcile/rollout.rs keeps and the rollout bench polls: AVAILABLE,
+# being claimed, PROVISIONING / CREATE_HOOK_RUNNING, QUARANTINED; not LEASED, not DELETING),
+# and the ids of the stale AVAILABLE VMs (for the event check below). SQL, not the API: the
+# API is down during the kills.
+RO_POLL=$LOGS/s6.poll
+RO_POLL_STOP=$DIR/s6.poll.stop
+rm -f "$RO_POLL_STOP"
+(
+    while [[ ! -e $RO_POLL_STOP ]]; do
+        # counted, stale ids, then for the log: time, AVAILABLE stale/current, PROVISIONING, LEASED, DELETING.
+        sql "SELECT count(*) FILTER (WHERE v.phase IN ('AVAILABLE', 'PRE_LEASE_HOOK_RUNNING', 'PROVISIONING', 'CREATE_HOOK_RUNNING', 'QUARANTINED')
+                                      OR (v.phase = 'LEASED' AND l.lease_id IS NULL))
+                    || ' ' || coalesce(string_agg(v.id, ',') FILTER (WHERE v.phase = 'AVAILABLE' AND v.revision <> $REV), '-')
+                    || ' ' || to_char(now(), 'HH24:MI:SS.MS')
+                    || ' available=' || count(*) FILTER (WHERE v.phase = 'AVAILABLE' AND v.revision <> $REV)
+                    || '/' || count(*) FILTER (WHERE v.phase = 'AVAILABLE' AND v.revision = $REV)
+                    || ' provisioning=' || count(*) FILTER (WHERE v.phase IN ('PROVISIONING', 'CREATE_HOOK_RUNNING'))
+                    || ' leased=' || count(*) FILTER (WHERE v.phase = 'LEASED')
+                    || ' deleting=' || count(*) FILTER (WHERE v.phase = 'DELETING')
+             FROM vms v LEFT JOIN leases l ON l.vm_id = v.id WHERE v.pool_namespace = 'default' AND v.pool_name = 'rolling'" \
+            >>"$RO_POLL" 2>>"$LOGS/s6.poll.err" || true
+        sleep 0.2
+    done
+) &
+POLL_PID=$!
+at_exit touch "$RO_POLL_STOP"
+
+# The kills. A poolmgr-local reconciles only while it holds the loop lease (reconcile/driver.rs:
+# one loop at a time, a row renewed at every pass, 15 s long), so a killed holder stops all
+# reconciling until its lease runs out and a restarted process takes it over. Force the
+# moment: each holder kill waits until a live process holds the lease and lands 1-2 s into its
+# running loop (inside a pass or between two); the process is restarted at once and killed
+# again 1-2 s later, while it waits to take the lease over (a restart that dies before its first
+# pass), and restarted again. During the first takeover wait a burst of overlapping in-process
+# passes (scenario 4's, which take no loop lease) steps the pool alone; flintlock-sim is
+# SIGKILLed once, inside the next running loop, and restarted on its port and state file.
+KILLS=0
+HOLDER_KILLS=0
+MID_STEP=0
+SIM_KILLED=0
+BURST_PID=""
+killed_owner=""
+while true; do
+    t0=$SECONDS
+    owner=""
+    while ((SECONDS - t0 < 60)); do
+        owner=$(sql "SELECT coalesce(max(owner), '') FROM reconcile_loop WHERE until > now() AND owner IS DISTINCT FROM '$killed_owner'")
+        [[ -n $owner ]] && break
+        sleep 0.2
+    done
+    if [[ -z $owner ]]; then
+        notes+=" no-process-took-the-loop-lease-over-in-60s"
+        s6=1
+        break
+    fi
+    if ((HOLDER_KILLS == 1)); then
+        sleep 0.5
+        stack_stop "$SIM_PID" KILL
+        SIM_KILLED=1
+        sleep 1
+        start_sim "$RO_BOOT_MS"
+    fi
+    ((HOLDER_KILLS < RO_HOLDER_KILLS)) || break
+    sleep "1.$((RANDOM % 10))"
+    [[ $(ro_state) == PROGRESSING ]] || break
+    stack_stop "$APP_PID" KILL
+    KILLS=$((KILLS + 1))
+    HOLDER_KILLS=$((HOLDER_KILLS + 1))
+    killed_owner=$owner
+    log "scenario 6: kill $KILLS (the loop's holder) $((SECONDS - T_PUT)) s into the rollout"
+    pool_owner=$(sql "SELECT coalesce(max(reconcile_owner), '') FROM pools WHERE namespace = 'default' AND name = 'rolling' AND reconcile_until > now()")
+    start_app
+    # The pool's reconcile lease held at the kill and still held by the same pass once the new
+    # process is up (a live pass gives it back after its step): the killed process died between
+    # taking the pool and finishing its step. The lease stays until it expires (by design).
+    if [[ -n $pool_owner ]]; then
+        MID_STEP=$((MID_STEP + $(sql "SELECT count(*) FROM pools WHERE namespace = 'default' AND name = 'rolling' AND reconcile_owner = '$pool_owner' AND reconcile_until > now()")))
+    fi
+    if ((HOLDER_KILLS == 1)); then
+        POOLMGR_RECONCILE_DEADLINE_SECONDS=$RECONCILE_DEADLINE_S POOLMGR_HOOK_TIMEOUT_SECONDS=$HOOK_TIMEOUT_S \
+            POOLMGR_FLINTLOCK_TIMEOUT_SECONDS=2 stack_spawn poolmgr-chaos "$LOGS/s6-passes.out" "$LOGS/s6-passes.log" \
+            "$BIN/poolmgr-chaos" passes --host sim --concurrency 8 --pools 0 --size 1 --grow-to 1 \
+            --grow-after "$RO_BURST_ROUNDS" --pool-prefix s6-none
+        BURST_PID=$SPAWNED_PID
+    fi
+    sleep "1.$((RANDOM % 10))"
+    stack_stop "$APP_PID" KILL
+    KILLS=$((KILLS + 1))
+    log "scenario 6: kill $KILLS (waiting for the loop lease) $((SECONDS - T_PUT)) s into the rollout"
+    start_app
+done
+# The load has met the kills: it winds down (a pause) while the rollout finishes.
+touch "$STOP_LOAD"
+# Done: COMPLETE, or an end it must never reach (HALTED, ROLLED_BACK).
+while ((SECONDS - T_PUT < RO_BOUND)); do
+    state=$(ro_state)
+    [[ $state == PROGRESSING ]] || break
+    sleep 0.5
+done
+STATE=$(ro_state)
+stack_wait "$LOAD_PID" || s6=1
+LOAD=$(tail -n 1 "$LOGS/s6.out")
+grep FAIL "$LOGS/s6.log" >&2 || true
+BURST="none"
+if [[ -n $BURST_PID ]]; then
+    stack_wait "$BURST_PID" || s6=1
+    BURST=$(tail -n 1 "$LOGS/s6-passes.out")
+    grep FAIL "$LOGS/s6-passes.log" >&2 || true
+    BURST="$(kv passes "$BURST")(errors=$(kv pass_errors "$BURST"))"
+fi
+touch "$RO_POLL_STOP"
+wait "$POLL_PID" || true
+MAX_VMS=$(cut -d ' ' -f 1 "$RO_POLL" | sort -n | tail -n 1)
+POLLS=$(wc -l <"$RO_POLL")
+ABOVE=$(awk -v c="$RO_CEILING" '$1 > c' "$RO_POLL" | wc -l)
+
+if [[ $STATE != COMPLETE ]]; then
+    notes+=" state=$STATE-after-$((SECONDS - T_PUT))s(want COMPLETE)"
+    s6=1
+fi
+if [[ -z $MAX_VMS || $MAX_VMS -gt $RO_CEILING ]]; then
+    notes+=" ${ABOVE}-polls-above-the-ceiling"
+    s6=1
+fi
+# Killed fewer times than planned because the rollout was already done, or retiring nothing
+# (the claims used every stale VM up): it proved less.
+if [[ $KILLS -lt $((2 * RO_HOLDER_KILLS)) || $SIM_KILLED -ne 1 ]]; then
+    notes+=" only-${KILLS}-kills-and-${SIM_KILLED}-sim-kills-during-the-rollout"
+    s6=1
+fi
+STALE_LEFT=$(sql "SELECT count(*) FROM vms WHERE pool_namespace = 'default' AND pool_name = 'rolling' AND phase = 'AVAILABLE' AND revision <> $REV")
+if [[ $STALE_LEFT -ne 0 ]]; then
+    notes+=" stale-available-left=$STALE_LEFT"
+    s6=1
+fi
+# The rollout's events for this revision: exactly one start and one completion, no halt.
+read -r STARTED COMPLETED HALTED TOOK <<<"$(ro_sql "SELECT
+    count(*) FILTER (WHERE type = 'ROLLOUT_STARTED' AND (payload->>'to')::int = $REV),
+    count(*) FILTER (WHERE type = 'POOL_ROLLOUT_COMPLETED' AND (payload->>'revision')::int = $REV),
+    count(*) FILTER (WHERE type IN ('ROLLOUT_HALTED', 'ROLLOUT_ROLLED_BACK')),
+    coalesce(round(extract(epoch FROM max(created_at) FILTER (WHERE type = 'POOL_ROLLOUT_COMPLETED')
+                   - min(created_at) FILTER (WHERE type = 'ROLLOUT_STARTED')))::text, '-')
+    FROM events WHERE pool_namespace = 'default' AND pool_name = 'rolling'")"
+if [[ $STARTED -ne 1 || $COMPLETED -ne 1 || $HALTED -ne 0 ]]; then
+    notes+=" events(started,completed,halted)=$STARTED,$COMPLETED,$HALTED(want 1,1,0)"
+    s6=1
+fi
+# "Loses no event", checked three ways; the first does not trust the product's own counting:
+# - every VM the poller saw AVAILABLE on the old revision and that is gone now (its row
+#   deleted or DELETING) left either through a claim (VM_CLAIMED: a lease, released by the
+#   load) or for the rollout (VM_DELETED_FOR_ROLLOUT); one with neither left without its
+#   event (UNACCOUNTED). A stale VM retired between two polls is not in the set: the check
+#   misses nothing it claims, it only sees fewer VMs;
+# - no VM has two VM_DELETED_FOR_ROLLOUT (a retirement replayed by a restarted pass);
+# - the VM_DELETED_FOR_ROLLOUT events of this revision number the status' extra boots and
+#   the POOL_ROLLOUT_COMPLETED's extra_boots (each is written in the retiring statement).
+SEEN=$(cut -d ' ' -f 2 "$RO_POLL" | tr ',' '\n' | grep -v '^-$' | sort -u | sed "s/.*/'&'/" | paste -sd, -)
+read -r SEEN_N UNACCOUNTED <<<"$(ro_sql "SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (
+        SELECT 1 FROM vms v WHERE v.id = s.id AND v.phase <> 'DELETING') AND NOT EXISTS (
+        SELECT 1 FROM events e WHERE e.vm_id = s.id AND e.type IN ('VM_CLAIMED', 'VM_DELETED_FOR_ROLLOUT')))
+    FROM unnest(ARRAY[${SEEN:-NULL}]::text[]) s(id) WHERE s.id IS NOT NULL")"
+read -r RETIRED RETIRED_TWICE EXTRA_BOOTS COMPLETED_EXTRA LEASED_RETIRED HOLD_OK <<<"$(ro_sql "SELECT
+    (SELECT count(*) FROM events WHERE pool_name = 'rolling' AND type = 'VM_DELETED_FOR_ROLLOUT' AND (payload->>'to')::int = $REV),
+    (SELECT count(*) FROM (SELECT vm_id FROM events WHERE pool_name = 'rolling' AND type = 'VM_DELETED_FOR_ROLLOUT'
+                           GROUP BY vm_id HAVING count(*) > 1) d),
+    (SELECT rollout_extra_boots FROM pools WHERE namespace = 'default' AND name = 'rolling'),
+    (SELECT coalesce(max(payload->>'extra_boots'), '-') FROM events WHERE pool_name = 'rolling' AND type = 'POOL_ROLLOUT_COMPLETED'),
+    (SELECT count(*) FROM events r WHERE r.pool_name = 'rolling' AND r.type = 'VM_DELETED_FOR_ROLLOUT'
+       AND EXISTS (SELECT 1 FROM events c WHERE c.vm_id = r.vm_id AND c.type = 'VM_CLAIMED')),
+    (SELECT count(*) FROM leases l JOIN vms v ON v.id = l.vm_id
+     WHERE l.request_id LIKE 's6hold-%' AND v.phase = 'LEASED' AND v.revision = $OLD_REV AND v.id IN ($HOLD_VMS))")"
+if [[ $RETIRED -lt 1 ]]; then
+    notes+=" nothing-retired(the-claims-used-every-stale-VM)"
+    s6=1
+fi
+if [[ $UNACCOUNTED -ne 0 ]]; then
+    notes+=" stale-vms-gone-without-event=$UNACCOUNTED"
+    s6=1
+    sql "SELECT s.id, coalesce(string_agg(e.type, ',' ORDER BY e.id), 'no events') FROM unnest(ARRAY[$SEEN]::text[]) s(id)
+         LEFT JOIN events e ON e.vm_id = s.id GROUP BY s.id" >"$LOGS/s6-stale-vms.txt" || true
+fi
+if [[ $RETIRED_TWICE -ne 0 || $RETIRED != "$EXTRA_BOOTS" || $RETIRED != "$COMPLETED_EXTRA" ]]; then
+    notes+=" retired_events=$RETIRED(twice=$RETIRED_TWICE)!=extra_boots(status=$EXTRA_BOOTS,completed=$COMPLETED_EXTRA)"
+    s6=1
+fi
+# No leased VM retired: no VM_DELETED_FOR_ROLLOUT names a VM that was ever claimed, and the
+# two leases held through the rollout still hold their old-revision VMs.
+if [[ $LEASED_RETIRED -ne 0 || $HOLD_OK -ne 2 ]]; then
+    notes+=" claimed-vms-retired=$LEASED_RETIRED held-leases-intact=$HOLD_OK/2"
+    s6=1
+fi
+for lease in $(sql "SELECT lease_id FROM leases WHERE request_id LIKE 's6hold-%'"); do
+    curl -fsS -o /dev/null -X DELETE "$ENDPOINT/v1/leases/$lease" -H "Authorization: Bearer $CLIENT" || notes+=" release-of-$lease-failed"
+done
+# The pool's story, for whoever reads a failure: its events, and the poll lines in s6.poll.
+sql "SELECT id, to_char(created_at, 'HH24:MI:SS.MS'), type, coalesce(vm_id, ''), payload FROM events
+     WHERE pool_namespace = 'default' AND pool_name = 'rolling' ORDER BY id" >"$LOGS/s6-events.txt" || true
+run_check s6 || s6=1
+record "6 rollout-kills" "$s6" "kills=$KILLS(loop_holders=$HOLDER_KILLS,mid_step=$MID_STEP)+sim=$SIM_KILLED burst_passes=$BURST max_vms=$MAX_VMS/ceiling=$RO_CEILING polls=$POLLS complete_in=${TOOK}s events(started,completed)=$STARTED,$COMPLETED retired=$RETIRED extra_boots=$EXTRA_BOOTS stale_seen=$SEEN_N unaccounted=$UNACCOUNTED claimed_retired=$LEASED_RETIRED held=$HOLD_OK/2 claims=$(kv claims_ok "$LOAD") conn_errors=$(kv conn_errors "$LOAD") 429s=$(kv exhausted_429 "$LOAD") scenario_s=$((SECONDS - T6))${notes} | check: $CHECK_LINE"
 
 printf '\n'
 printf 'chaos summary (%s, %ss):\n' "$([[ $SHORT == 1 ]] && echo short || echo full)" "$((SECONDS - T_START))"

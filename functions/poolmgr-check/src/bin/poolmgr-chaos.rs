@@ -173,6 +173,11 @@ struct ClaimsArgs {
     /// this run's leases only.
     #[arg(long, default_value = "chaos")]
     id_prefix: String,
+    /// Each client waits this long after a claim (and its replay and release) before the
+    /// next: the default keeps the pool busy, a longer one is a light load beside a fault
+    /// that must find the pool mostly warm (scenario 6, rollout-kills).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20ms")]
+    pause: Duration,
 }
 
 #[derive(clap::Args)]
@@ -409,6 +414,7 @@ async fn run_client(
     duration: Duration,
     until_file: Option<std::path::PathBuf>,
     prefix: String,
+    pause: Duration,
 ) -> ClientEnd {
     let t0 = Instant::now();
     let mut held: VecDeque<(String, String)> = VecDeque::new();
@@ -439,7 +445,7 @@ async fn run_client(
                 return ClientEnd { held: held.into(), gave_up: Some(e.to_string()) };
             }
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(pause).await;
     }
     ClientEnd { held: held.into(), gave_up: None }
 }
@@ -478,7 +484,15 @@ async fn claims(a: ClaimsArgs) -> anyhow::Result<bool> {
         })
     };
     let ends = futures::future::join_all((0..a.clients).map(|i| {
-        tokio::spawn(run_client(claimer.clone(), i, a.keep, a.duration, a.until_file.clone(), a.id_prefix.clone()))
+        tokio::spawn(run_client(
+            claimer.clone(),
+            i,
+            a.keep,
+            a.duration,
+            a.until_file.clone(),
+            a.id_prefix.clone(),
+            a.pause,
+        ))
     }))
     .await;
     progress.abort();
