@@ -969,11 +969,45 @@ async fn pool_apply_compares_with_the_servers_defaults_filled_in_and_sees_blocks
     assert!(s.get("/v1/pools/default/ci").await["spec"]["microvm_template"]["kernel"].get("cmdline").is_none());
 }
 
+/// The test proxies' common part: `parts` and `body` sent on to `url` (every header but
+/// `host` and `content-length`).
+async fn pass_on(
+    http: &reqwest::Client,
+    url: &str,
+    parts: &axum::http::request::Parts,
+    body: &[u8],
+) -> reqwest::Response {
+    let mut b = http.request(parts.method.clone(), url).body(body.to_vec());
+    for (k, v) in &parts.headers {
+        if k != "host" && k != "content-length" {
+            b = b.header(k.as_str(), v.as_bytes());
+        }
+    }
+    b.send().await.unwrap()
+}
+
+/// The upstream's answer `r` as the proxy's own, status, headers and body.
+async fn answer(r: reqwest::Response) -> axum::http::Response<axum::body::Body> {
+    let mut out = axum::http::Response::builder().status(r.status().as_u16());
+    for (k, v) in r.headers() {
+        out = out.header(k.as_str(), v.as_bytes());
+    }
+    out.body(axum::body::Body::from(r.bytes().await.unwrap())).unwrap()
+}
+
+/// Serves a test proxy's router on a free loopback port; its base URL.
+async fn serve_proxy(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
 /// A proxy to `upstream` that, before passing a PUT on, changes the pool itself (size 9,
 /// unconditionally): someone else's change between apply's read and its write.
 async fn meddling_proxy(upstream: String) -> String {
     use axum::body::{Body, to_bytes};
-    use axum::http::{Request, Response};
+    use axum::http::Request;
     let http = reqwest::Client::new();
     let app = axum::Router::new().fallback(move |req: Request<Body>| {
         let (http, upstream) = (http.clone(), upstream.clone());
@@ -987,24 +1021,11 @@ async fn meddling_proxy(upstream: String) -> String {
                 let r = http.put(&url).bearer_auth(ADMIN).json(&theirs).send().await.unwrap();
                 assert_eq!(r.status(), 200);
             }
-            let mut b = http.request(parts.method.clone(), &url).body(body.to_vec());
-            for (k, v) in &parts.headers {
-                if k != "host" && k != "content-length" {
-                    b = b.header(k.as_str(), v.as_bytes());
-                }
-            }
-            let r = b.send().await.unwrap();
-            let mut out = Response::builder().status(r.status().as_u16());
-            for (k, v) in r.headers() {
-                out = out.header(k.as_str(), v.as_bytes());
-            }
-            out.body(Body::from(r.bytes().await.unwrap())).unwrap()
+            let r = pass_on(&http, &url, &parts, &body).await;
+            answer(r).await
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}")
+    serve_proxy(app).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1508,29 +1529,16 @@ async fn release_answer_losing_proxy(upstream: String, lose: usize) -> String {
             let (parts, body) = req.into_parts();
             let body = to_bytes(body, 1 << 20).await.unwrap();
             let url = format!("{upstream}{}", parts.uri);
-            let mut b = http.request(parts.method.clone(), &url).body(body.to_vec());
-            for (k, v) in &parts.headers {
-                if k != "host" && k != "content-length" {
-                    b = b.header(k.as_str(), v.as_bytes());
-                }
-            }
-            let r = b.send().await.unwrap();
+            let r = pass_on(&http, &url, &parts, &body).await;
             let release = parts.method == reqwest::Method::DELETE && parts.uri.path().starts_with("/v1/leases/");
             if release && left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
                 assert_eq!(r.status(), 204, "the release committed upstream");
                 return Response::builder().status(502).body(Body::from("bad gateway")).unwrap();
             }
-            let mut out = Response::builder().status(r.status().as_u16());
-            for (k, v) in r.headers() {
-                out = out.header(k.as_str(), v.as_bytes());
-            }
-            out.body(Body::from(r.bytes().await.unwrap())).unwrap()
+            answer(r).await
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}")
+    serve_proxy(app).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1583,24 +1591,11 @@ async fn heartbeat_proxy(
                 }
             }
             let body = to_bytes(body, 1 << 20).await.unwrap();
-            let mut b = http.request(parts.method.clone(), format!("{upstream}{}", parts.uri)).body(body.to_vec());
-            for (k, v) in &parts.headers {
-                if k != "host" && k != "content-length" {
-                    b = b.header(k.as_str(), v.as_bytes());
-                }
-            }
-            let r = b.send().await.unwrap();
-            let mut out = Response::builder().status(r.status().as_u16());
-            for (k, v) in r.headers() {
-                out = out.header(k.as_str(), v.as_bytes());
-            }
-            out.body(Body::from(r.bytes().await.unwrap())).unwrap()
+            let r = pass_on(&http, &format!("{upstream}{}", parts.uri), &parts, &body).await;
+            answer(r).await
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}")
+    serve_proxy(app).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
