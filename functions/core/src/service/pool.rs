@@ -329,8 +329,16 @@ async fn delete_rows(state: &AppState, pool: &PoolRef, force: bool, by: &str) ->
 }
 
 async fn delete_one(state: &AppState, vm: &store::VmRow, host: Option<&store::HostRow>) {
-    if let Err(e) = crate::teardown::finish_vm_delete(&state.flintlock, &state.db, vm, host).await {
-        tracing::warn!(vm = %vm.id, error = %e, "VM of deleted pool left DELETING for the reconciler");
+    match crate::teardown::finish_vm_delete(&state.flintlock, &state.db, vm, host).await {
+        // A release pending on this VM (its lease was not the pool delete's to take), finished
+        // here first: the release then finds the row gone, so its release is recorded here,
+        // as the reconciler's sweep does.
+        Ok(store::VmFinish::Removed { lease: Some(l), .. }) => {
+            let held = (chrono::Utc::now() - l.claimed_at).as_seconds_f64();
+            state.metrics.release(&l.pool_ref(), "api", Some(held));
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(vm = %vm.id, error = %e, "VM of deleted pool left DELETING for the reconciler"),
     }
 }
 
