@@ -11,7 +11,7 @@ use anyhow::Context;
 use std::sync::Arc;
 
 use poolmgr_core::wake::Waker;
-use poolmgr_core::{AppState, Config, cli, db, http, telemetry};
+use poolmgr_core::{AppState, Config, cli, db, http, reconcile, telemetry};
 use tokio::sync::Notify;
 
 const ABOUT: &str = "poolmgr's HTTP API (every function's routes) and a reconcile ticker on one address, \
@@ -47,18 +47,35 @@ async fn main() -> anyhow::Result<()> {
         );
         router = fault::lose_claim_answers(router, every);
     }
-    if cfg.reconcile.ticker {
-        tokio::spawn(poolmgr_core::reconcile::run_ticker(state.clone()));
+    let (stop_ticker, stop) = reconcile::Stop::new();
+    let ticker = if cfg.reconcile.ticker {
+        Some(tokio::spawn(reconcile::run_ticker(state.clone(), stop)))
     } else {
         tracing::info!("POOLMGR_RECONCILE_TICKER=off: no reconciler in this process");
-    }
+        None
+    };
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("cannot listen on {addr}: set POOLMGR_HTTP_ADDR to a free address"))?;
     let local = listener.local_addr()?;
     tracing::info!(%local, max_connections = limits.max_connections, header_timeout = ?limits.header_timeout, "poolmgr-local listening");
     println!("poolmgr-local listening on http://{local}");
-    serve::serve(listener, router, limits, shutdown()).await.context("serving HTTP")?;
+    // On SIGTERM or Ctrl-C the ticker stops with the HTTP server: it finishes the pass in
+    // flight and gives the reconcile loop lease back, so another poolmgr-local on the same
+    // database (or this one restarted) loops at once instead of after the lease runs out.
+    let signalled = async {
+        shutdown().await;
+        let _ = stop_ticker.send(true);
+    };
+    serve::serve(listener, router, limits, signalled).await.context("serving HTTP")?;
+    if let Some(ticker) = ticker {
+        // A pass has its deadline; past it (a hook command still running) the lease runs out
+        // by itself.
+        let room = cfg.reconcile.deadline + cfg.hooks.command_timeout + std::time::Duration::from_secs(5);
+        if tokio::time::timeout(room, ticker).await.is_err() {
+            tracing::warn!("the reconcile pass in flight did not finish; its loop lease runs out by itself");
+        }
+    }
     tracing::info!("poolmgr-local stopped");
     Ok(())
 }

@@ -75,3 +75,53 @@ async fn connections_beyond_the_cap_wait_for_one_to_close() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
     assert!(s.log().contains("POOLMGR_HTTP_MAX_CONNECTIONS"), "the cap is logged when reached:\n{}", s.log());
 }
+
+/// SIGTERM: poolmgr-local stops its reconcile ticker with the HTTP server and gives the loop
+/// lease back, so a restarted process (or another one on the database) loops at once. Before,
+/// the lease stayed with the dead process until it ran out and a restart's refills waited.
+#[tokio::test]
+async fn sigterm_gives_the_reconcile_loop_lease_back() {
+    use poolmgr_tests::{ADMIN, SIM_HOST, pool_spec};
+    use serde_json::json;
+    // A ten-minute linger: after creating the pool's VM the loop keeps the lease.
+    let mut s = LocalServer::start_with(&[("POOLMGR_RECONCILE_LINGER_MS", "600000")]).await;
+    let http = reqwest::Client::new();
+    let host = json!({"name": SIM_HOST, "address": s.sim_server.addr.to_string(), "tls": {"insecure": true}});
+    let r = http.post(format!("{}/v1/hosts", s.endpoint)).bearer_auth(ADMIN).json(&host).send().await.unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let r = http
+        .post(format!("{}/v1/pools", s.endpoint))
+        .bearer_auth(ADMIN)
+        .json(&pool_spec("ci", 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let db = s.db.client().await;
+    let held = "SELECT count(*) FROM reconcile_loop WHERE owner IS NOT NULL AND until > now()";
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let n: i64 = db.query_one(held, &[]).await.unwrap().get(0);
+        let vms: i64 = db.query_one("SELECT count(*) FROM vms WHERE phase = 'AVAILABLE'", &[]).await.unwrap().get(0);
+        if n == 1 && vms == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the loop never filled the pool while holding the lease:\n{}",
+            s.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid = s.server.id().expect("poolmgr-local runs").to_string();
+    let killed = std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(60), s.server.wait())
+        .await
+        .expect("poolmgr-local exits after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "{status:?}; its log:\n{}", s.log());
+    let owners: i64 =
+        db.query_one("SELECT count(*) FROM reconcile_loop WHERE owner IS NOT NULL", &[]).await.unwrap().get(0);
+    assert_eq!(owners, 0, "the loop lease was left to run out; its log:\n{}", s.log());
+}

@@ -214,7 +214,8 @@ async fn a_ticker_that_joined_another_processes_loop_asks_at_most_once_per_debou
     )
     .await
     .unwrap();
-    let ticker = tokio::spawn(poolmgr_core::reconcile::run_ticker(app.state.clone()));
+    let ticker =
+        tokio::spawn(poolmgr_core::reconcile::run_ticker(app.state.clone(), poolmgr_core::reconcile::Stop::new().1));
     for _ in 0..40 {
         notify.notify_one();
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -231,4 +232,37 @@ async fn a_ticker_that_joined_another_processes_loop_asks_at_most_once_per_debou
     );
     let owner: Option<String> = c.query_one("SELECT owner FROM reconcile_loop", &[]).await.unwrap().get(0);
     assert_eq!(owner.as_deref(), Some("another-process"), "the ticker never took a held lease");
+}
+
+/// poolmgr-local's shutdown: a ticker told to stop while its loop holds the loop lease (here
+/// lingering for ten minutes after a wake) returns and gives the lease back, so another process
+/// loops at once instead of waiting for the lease to run out (15 s).
+#[tokio::test]
+async fn a_stopped_ticker_gives_the_loop_lease_back() {
+    let app = TestApp::spawn_with(|env| {
+        env.push(("POOLMGR_RECONCILE_LINGER_MS".into(), "600000".into()));
+        env.push(("POOLMGR_RECONCILE_INTERVAL_SECONDS".into(), "3600".into()));
+    })
+    .await;
+    let notify = Arc::new(tokio::sync::Notify::new());
+    let app = app.with_waker(poolmgr_core::wake::Waker::local(notify.clone()));
+    let (stop, stopped) = poolmgr_core::reconcile::Stop::new();
+    let ticker = tokio::spawn(poolmgr_core::reconcile::run_ticker(app.state.clone(), stopped));
+    notify.notify_one();
+    // Wait for the moment: the wake's loop holds the lease (and keeps it for its linger).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while app.scalar_i64("SELECT count(*) FROM reconcile_loop WHERE owner IS NOT NULL AND until > now()").await == 0 {
+        assert!(std::time::Instant::now() < deadline, "the ticker's loop never took the lease");
+        notify.notify_one();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), ticker)
+        .await
+        .expect("a stopped ticker returns after the pass in flight, not after its linger")
+        .unwrap();
+    assert_eq!(app.scalar_i64("SELECT count(*) FROM reconcile_loop WHERE owner IS NOT NULL").await, 0);
+    // Another process takes the loop at once.
+    let c = app.conn().await;
+    assert!(poolmgr_core::store::loop_take(&**c, "next-process", 15.0).await.unwrap());
 }

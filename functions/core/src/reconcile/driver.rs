@@ -96,6 +96,45 @@ fn moved(r: &PassReport) -> bool {
 /// Fails only when the loop lease cannot be read; a failure after that ends the loop, gives
 /// the lease back and hands on if work or an ask is pending.
 pub async fn run_loop_from(state: &AppState, budget: Duration, start: Start) -> Result<LoopReport, ReconcileError> {
+    run_loop_until(state, budget, start, &mut Stop::never()).await
+}
+
+/// Stops a loop between passes (poolmgr-local's shutdown, [`run_ticker`]): the pass in flight
+/// finishes, then the loop gives its lease back and hands nothing on, so another process's
+/// loop can take over at once instead of after the lease runs out.
+#[derive(Debug, Clone)]
+pub struct Stop(tokio::sync::watch::Receiver<bool>);
+
+impl Stop {
+    /// A stop and the sender that sets it (send `true`).
+    pub fn new() -> (tokio::sync::watch::Sender<bool>, Stop) {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        (tx, Stop(rx))
+    }
+
+    fn never() -> Stop {
+        // The sender is dropped: `changed` fails at once, so `stopped` waits forever instead.
+        Stop(tokio::sync::watch::channel(false).1)
+    }
+
+    fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Completes once the stop is set (never, when its sender is gone unset).
+    async fn stopped(&mut self) {
+        if self.0.wait_for(|s| *s).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+async fn run_loop_until(
+    state: &AppState,
+    budget: Duration,
+    start: Start,
+    stop: &mut Stop,
+) -> Result<LoopReport, ReconcileError> {
     let t0 = Instant::now();
     let rc = &state.config.reconcile;
     let owner = format!("loop-{}", ulid::Ulid::generate());
@@ -119,6 +158,10 @@ pub async fn run_loop_from(state: &AppState, budget: Duration, start: Start) -> 
     // schedule comes back in a minute.
     let pending;
     loop {
+        if stop.is_set() {
+            pending = false;
+            break;
+        }
         let lease = match renew(state, &owner).await {
             Ok(Some(l)) => l,
             Ok(None) => {
@@ -174,12 +217,15 @@ pub async fn run_loop_from(state: &AppState, budget: Duration, start: Start) -> 
             pending = worked || awaiting || lease.asked;
             break;
         }
-        match &signal {
-            Some(n) => {
-                let _ = tokio::time::timeout(rc.loop_interval, n.notified()).await;
+        let pause = async {
+            match &signal {
+                Some(n) => {
+                    let _ = tokio::time::timeout(rc.loop_interval, n.notified()).await;
+                }
+                None => tokio::time::sleep(rc.loop_interval).await,
             }
-            None => tokio::time::sleep(rc.loop_interval).await,
-        }
+        };
+        tokio::select! { () = pause => {}, () = stop.stopped() => {} }
     }
     release(state, &owner, true, None).await;
     if pending {
@@ -274,19 +320,29 @@ async fn release(
 /// write of the one reconcile_loop row and a commit each (the deployed shape of
 /// scripts/bench-claims.sh: 1790 asks for 13604 claims, and 1.20-1.39 times the in-process
 /// path's PostgreSQL CPU per claim).
-pub async fn run_ticker(state: AppState) {
+///
+/// Returns once `stop` is set, after the pass in flight, with the loop lease given back.
+pub async fn run_ticker(state: AppState, mut stop: Stop) {
     let signal = state.waker.local_signal();
     let mut tick = tokio::time::interval(state.config.reconcile.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let start = match &signal {
-            Some(n) => tokio::select! { _ = tick.tick() => Start::Schedule, _ = n.notified() => Start::Wake },
-            None => {
-                tick.tick().await;
-                Start::Schedule
-            }
+            Some(n) => tokio::select! {
+                _ = tick.tick() => Start::Schedule,
+                _ = n.notified() => Start::Wake,
+                () = stop.stopped() => return,
+            },
+            None => tokio::select! {
+                _ = tick.tick() => Start::Schedule,
+                () = stop.stopped() => return,
+            },
         };
-        match run_loop_from(&state, state.config.reconcile.loop_budget, start).await {
+        let done = run_loop_until(&state, state.config.reconcile.loop_budget, start, &mut stop).await;
+        if stop.is_set() {
+            return;
+        }
+        match done {
             Ok(r) => {
                 tracing::debug!(
                     passes = r.passes,
