@@ -211,6 +211,11 @@ pub struct RolloutRow {
     /// Held leases whose VM was deleted under them, or whose release did not answer 204.
     pub leases_disrupted: usize,
     pub boot_p50_s: Option<f64>,
+    /// [`boot_chain`]: the boots the rollout waited for one after the other, their sum, and
+    /// the rollout's time less it (what the reconciler added). Completed rollouts only.
+    pub boot_chain_vms: Option<usize>,
+    pub boot_chain_s: Option<f64>,
+    pub rollout_less_boots_s: Option<f64>,
     /// The lowest AVAILABLE count polled from the change to the rollout's end.
     pub min_available: Option<i64>,
     /// AVAILABLE when the template changed (the poll before it).
@@ -267,6 +272,7 @@ pub fn row(scenario: Scenario, configuration: &str, k: f64, seed: u64, m: &Measu
     let completed = first("POOL_ROLLOUT_COMPLETED");
     let halted = first("ROLLOUT_HALTED");
     let span_end = completed.or(halted).unwrap_or(run.end);
+    let chain = started.zip(completed).and_then(|(s, c)| boot_chain(events, s, c));
 
     let in_span = |c: &&ClaimRecord| c.arrival >= span_from * k && c.arrival <= span_end * k;
     let ratio = |claims: &[ClaimRecord]| {
@@ -381,6 +387,9 @@ pub fn row(scenario: Scenario, configuration: &str, k: f64, seed: u64, m: &Measu
         status_extra_boots: last.and_then(|s| s.extra_boots),
         leases_disrupted: disrupted.len(),
         boot_p50_s: quantile(draws, 0.5).map(|ms| ms / 1000.0 * k),
+        boot_chain_vms: chain.map(|c| c.0),
+        boot_chain_s: chain.map(|c| c.1 * k),
+        rollout_less_boots_s: started.zip(completed).zip(chain).map(|((s, c), (_, b))| (c - s - b) * k),
         min_available,
         available_at_change,
         failed_vms,
@@ -394,6 +403,38 @@ pub fn row(scenario: Scenario, configuration: &str, k: f64, seed: u64, m: &Measu
         samples: samples.len(),
         wall_s: run.end,
         violations,
+    }
+}
+
+/// The chain of boots a rollout had to wait for one after the other (issue 24's "rolled within
+/// a minute plus its boots"), from the events (row time): the new VM that became AVAILABLE
+/// last, the new VM whose AVAILABLE came last at or before its creation (whose surge slot it
+/// may have taken), and so on back to a VM created before any new one was AVAILABLE. Returns
+/// (the chain's VMs, the sum of their boots, VM_PROVISIONED → VM_AVAILABLE, in row seconds);
+/// the rollout's time less that sum is what the reconciler added: its steps between one boot
+/// and the next, at the start and at the end.
+pub fn boot_chain(events: &[Event], from: f64, until: f64) -> Option<(usize, f64)> {
+    let created: HashMap<&str, f64> = events
+        .iter()
+        .filter(|e| e.kind == "VM_PROVISIONED" && e.t >= from && e.t <= until)
+        .filter_map(|e| Some((e.vm_id.as_deref()?, e.t)))
+        .collect();
+    // (available, created) of every new VM that became AVAILABLE, by availability.
+    let mut booted: Vec<(f64, f64)> = events
+        .iter()
+        .filter(|e| e.kind == "VM_AVAILABLE" && e.t <= until)
+        .filter_map(|e| Some((e.t, *created.get(e.vm_id.as_deref()?)?)))
+        .collect();
+    booted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (mut available, mut made) = *booted.last()?;
+    let (mut n, mut sum) = (0, 0.0);
+    loop {
+        n += 1;
+        sum += available - made;
+        match booted.iter().rev().find(|(a, _)| *a <= made) {
+            Some(&(a, c)) => (available, made) = (a, c),
+            None => return Some((n, sum)),
+        }
     }
 }
 
@@ -693,6 +734,41 @@ mod tests {
         assert_eq!(r.violations.len(), 2, "{:?}", r.violations);
         assert!(r.violations[0].contains("ceiling 63"));
         assert!(r.violations[1].contains("0 POOL_ROLLOUT_COMPLETED"));
+    }
+
+    #[test]
+    fn the_boot_chain_follows_each_vm_back_to_the_availability_that_came_before_its_creation() {
+        // Surge of 2, started at 0: a and b (a canary pair), c created when a was AVAILABLE,
+        // d when b was, e when c was; e is the last. The chain is e ← c ← a: boots 3 + 4 + 2.
+        let events = [
+            ev("VM_PROVISIONED", Some("old"), -10.0),
+            ev("VM_PROVISIONED", Some("a"), 0.5),
+            ev("VM_PROVISIONED", Some("b"), 0.5),
+            ev("VM_AVAILABLE", Some("a"), 3.5),
+            ev("VM_PROVISIONED", Some("c"), 4.0),
+            ev("VM_AVAILABLE", Some("b"), 5.0),
+            ev("VM_PROVISIONED", Some("d"), 5.5),
+            ev("VM_AVAILABLE", Some("old"), 6.0),
+            ev("VM_AVAILABLE", Some("d"), 7.0),
+            ev("VM_AVAILABLE", Some("c"), 8.0),
+            ev("VM_PROVISIONED", Some("e"), 8.5),
+            ev("VM_AVAILABLE", Some("e"), 10.5),
+        ];
+        let (n, sum) = boot_chain(&events, 0.0, 11.0).unwrap();
+        assert_eq!(n, 3);
+        assert!((sum - 9.0).abs() < 1e-9, "{sum}");
+        // Nothing new became AVAILABLE: no chain.
+        assert_eq!(boot_chain(&events[..3], 0.0, 11.0), None);
+        // In a row: the rollout took 11 s, 9 of them boots.
+        let run = RowRun { claims: vec![], changed_at: Some(0.0), end: 20.0 };
+        let mut all = vec![ev("ROLLOUT_STARTED", None, 0.0)];
+        all.extend(events);
+        all.push(ev("POOL_ROLLOUT_COMPLETED", None, 11.0));
+        let m = Measured { run: &run, samples: &[], events: &all, draws: &[], baseline: None };
+        let r = row(Scenario::Idle, "local", 10.0, 1, &m);
+        assert_eq!(r.boot_chain_vms, Some(3));
+        assert!((r.boot_chain_s.unwrap() - 90.0).abs() < 1e-9);
+        assert!((r.rollout_less_boots_s.unwrap() - 20.0).abs() < 1e-9);
     }
 
     #[test]
