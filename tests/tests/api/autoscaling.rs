@@ -340,3 +340,45 @@ async fn a_drop_in_demand_is_followed_down_and_the_demand_before_it_never_comes_
     assert!(sizes.windows(2).all(|w| w[1] <= w[0]), "never up again: {sizes:?}");
     assert!(*sizes.last().unwrap() <= 3, "down: {sizes:?} ({})", scaling_state(&app).await);
 }
+
+/// Issue 22, the step benchmark at the issue's demand: a rise is sized for its own rate from
+/// the last seconds' slices (`store::demand_list` counts them in PostgreSQL), not for the
+/// window that saw it, whose count over its span grows with the rise's age; and a batch of the
+/// same claims at once is not read as a rate. A 48 s window (slices of 2 s), 3 s provisioning,
+/// pools five minutes old: 80 claims over the last 8 s is 10 claims/s (30 Erlangs, about 42
+/// VMs) where the window alone reads 80 / 48 s (5 Erlangs, about 11); the same 80 claims
+/// within a tenth of a second stay near the window's reading.
+#[tokio::test]
+async fn a_rise_is_sized_for_its_own_rate_and_a_batch_is_not_read_as_one() {
+    let app = TestApp::spawn_with(|env| {
+        env.push(("POOLMGR_AUTOSCALE_WINDOW_SECONDS".into(), "48".into()));
+    })
+    .await;
+    let policy = json!({"min": 1, "max": 500, "target_warm_ratio": 0.99, "scale_down_stabilization_seconds": 600});
+    for name in ["step", "batch"] {
+        let mut spec = autoscaled(name, 1, policy.clone());
+        spec["replenishment"] = json!({"strategy": "IMMEDIATE_ON_LEASE"});
+        app.created_pool(spec).await;
+    }
+    let c = app.conn().await;
+    c.batch_execute(
+        "UPDATE pools SET created_at = now() - interval '300 s';
+         INSERT INTO events (type, pool_namespace, pool_name, payload)
+         SELECT 'VM_AVAILABLE', 'default', p, jsonb_build_object('provision_seconds', 3.0)
+         FROM unnest(ARRAY['step', 'batch']) p, generate_series(1, 20);
+         INSERT INTO events (type, pool_namespace, pool_name, payload, created_at)
+         SELECT 'VM_CLAIMED', 'default', 'step', '{}', now() - make_interval(secs => 8.0 * (1 - i::float8 / 80))
+         FROM generate_series(1, 80) i;
+         INSERT INTO events (type, pool_namespace, pool_name, payload, created_at)
+         SELECT 'VM_CLAIMED', 'default', 'batch', '{}', now() - make_interval(secs => 0.5 + 0.1 * (1 - i::float8 / 80))
+         FROM generate_series(1, 80) i;",
+    )
+    .await
+    .unwrap();
+    app.pass().await;
+    let step = app.get_pool("step").await.status;
+    let batch = app.get_pool("batch").await.status;
+    let (step_size, batch_size) = (step.desired_size, batch.desired_size);
+    assert!((35..=60).contains(&step_size), "the step sized for 10 claims/s: {step_size} ({step:?})");
+    assert!(batch_size <= 20, "the batch not read as a rate: {batch_size} ({batch:?})");
+}

@@ -11,7 +11,7 @@ use super::ReconcileError;
 use super::sizing::{Arrivals, Observed, arrival_rate, cut_spans, decide};
 use crate::app::AppState;
 use crate::domain::PoolRef;
-use crate::store::{self, DEMAND_WINDOWS, PoolDemand, ScalingWrite};
+use crate::store::{self, DEMAND_WINDOWS, PoolDemand, RISE_SLICE_WINDOWS, ScalingWrite};
 
 /// What one sizing step did.
 #[derive(Debug, Default, Clone)]
@@ -35,7 +35,9 @@ pub fn decision(state: &AppState, d: &PoolDemand) -> ScalingWrite {
         .unwrap_or_else(|| state.config.autoscale.default_provisioning.as_secs_f64());
     let counts = [0, 1, 2].map(|i| d.claims[i] + d.refused[i]);
     let rising_since = prev.rising.then_some(d.now - prev.since);
-    let (rate, change) = arrival_rate(&Arrivals { counts, spans, full, provisioning, rising_since });
+    let slices = [0, 1, 2, 3].map(|i| d.claims[3 + i] + d.refused[3 + i]);
+    let slice = RISE_SLICE_WINDOWS * window;
+    let (rate, change) = arrival_rate(&Arrivals { counts, spans, full, provisioning, rising_since, slices, slice });
     let observed = Observed {
         demand_per_second: rate,
         since: change.map_or(0.0, |(c, _)| d.now - c),

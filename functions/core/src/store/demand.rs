@@ -41,10 +41,11 @@ pub struct PoolDemand {
     /// The database's now, in seconds since the epoch.
     pub now: f64,
     /// VM_CLAIMED events within the window, 5 and 30 windows ([`DEMAND_WINDOWS`]), none
-    /// before the last change of demand seen.
-    pub claims: [i64; 3],
-    /// Refused requests within the same windows.
-    pub refused: [i64; 3],
+    /// before the last change of demand seen; then within each of the [`RISE_SLICES`] slices
+    /// of [`RISE_SLICE_WINDOWS`] windows that end now, oldest first.
+    pub claims: [i64; 3 + RISE_SLICES],
+    /// Refused requests within the same windows and slices.
+    pub refused: [i64; 3 + RISE_SLICES],
     /// Seconds since the pool was created (a window longer than that saw less).
     pub age: f64,
     /// The p90 of the last 20 VMs' creation to AVAILABLE (`None`: none recorded).
@@ -60,6 +61,13 @@ pub struct PoolDemand {
 /// The demand windows, in demand windows: the rate is estimated over all three
 /// (`reconcile::sizing::arrival_rate`).
 pub const DEMAND_WINDOWS: [f64; 3] = [1.0, 5.0, 30.0];
+
+/// The last few seconds as consecutive slices (each [`RISE_SLICE_WINDOWS`] of the demand
+/// window: 2.5 s of the default 60 s), for the rate of a rise while it comes
+/// (`reconcile::sizing::arrival_rate`). [`demand_list`]'s statement spells both out (four
+/// counts of `$1 / 24` seconds each): change them together.
+pub const RISE_SLICES: usize = 4;
+pub const RISE_SLICE_WINDOWS: f64 = 1.0 / 24.0;
 
 impl PoolDemand {
     pub fn pool_ref(&self) -> PoolRef {
@@ -103,14 +111,22 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                         (SELECT jsonb_build_array(
                                     count(*) FILTER (WHERE e.created_at >= greatest(p.created_at, now() - make_interval(secs => $1))),
                                     count(*) FILTER (WHERE e.created_at >= greatest(s.since, now() - make_interval(secs => 5 * $1))),
-                                    count(*))
+                                    count(*),
+                                    count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => 4 * $1 / 24) AND e.created_at < now() - make_interval(secs => 3 * $1 / 24)),
+                                    count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => 3 * $1 / 24) AND e.created_at < now() - make_interval(secs => 2 * $1 / 24)),
+                                    count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => 2 * $1 / 24) AND e.created_at < now() - make_interval(secs => $1 / 24)),
+                                    count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => $1 / 24)))
                          FROM events e, bound
                          WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name AND e.id >= bound.long_id
                            AND e.type = 'VM_CLAIMED' AND e.created_at >= s.since) AS claims,
                         (SELECT jsonb_build_array(
                                     count(*) FILTER (WHERE r.refused_at >= greatest(p.created_at, now() - make_interval(secs => $1))),
                                     count(*) FILTER (WHERE r.refused_at >= greatest(s.since, now() - make_interval(secs => 5 * $1))),
-                                    count(*))
+                                    count(*),
+                                    count(*) FILTER (WHERE r.refused_at >= now() - make_interval(secs => 4 * $1 / 24) AND r.refused_at < now() - make_interval(secs => 3 * $1 / 24)),
+                                    count(*) FILTER (WHERE r.refused_at >= now() - make_interval(secs => 3 * $1 / 24) AND r.refused_at < now() - make_interval(secs => 2 * $1 / 24)),
+                                    count(*) FILTER (WHERE r.refused_at >= now() - make_interval(secs => 2 * $1 / 24) AND r.refused_at < now() - make_interval(secs => $1 / 24)),
+                                    count(*) FILTER (WHERE r.refused_at >= now() - make_interval(secs => $1 / 24)))
                          FROM pool_refused_claims r
                          WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
                            AND r.refused_at >= s.since) AS refused,
