@@ -69,10 +69,8 @@ async fn main() -> anyhow::Result<()> {
     };
     serve::serve(listener, router, limits, signalled).await.context("serving HTTP")?;
     if let Some(ticker) = ticker {
-        // A pass has its deadline; past it (a hook command still running) the lease runs out
-        // by itself.
-        let room = cfg.reconcile.deadline + cfg.hooks.command_timeout + std::time::Duration::from_secs(5);
-        if tokio::time::timeout(room, ticker).await.is_err() {
+        // Past the longest a pass may take the lease runs out by itself.
+        if tokio::time::timeout(reconcile::pass_room(&cfg), ticker).await.is_err() {
             tracing::warn!("the reconcile pass in flight did not finish; its loop lease runs out by itself");
         }
     }

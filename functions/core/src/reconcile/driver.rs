@@ -99,6 +99,12 @@ pub async fn run_loop_from(state: &AppState, budget: Duration, start: Start) -> 
     run_loop_until(state, budget, start, &mut Stop::never()).await
 }
 
+/// The longest a pass may take: past its deadline it still finishes the hook commands it
+/// started.
+pub fn pass_room(config: &crate::Config) -> Duration {
+    config.reconcile.deadline + config.hooks.command_timeout + Duration::from_secs(5)
+}
+
 /// Stops a loop between passes (poolmgr-local's shutdown, [`run_ticker`]): the pass in flight
 /// finishes, then the loop gives its lease back and hands nothing on, so another process's
 /// loop can take over at once instead of after the lease runs out.
@@ -138,8 +144,7 @@ async fn run_loop_until(
     let t0 = Instant::now();
     let rc = &state.config.reconcile;
     let owner = format!("loop-{}", ulid::Ulid::generate());
-    // Past its pass deadline a pass still finishes the hook commands it started.
-    let pass_room = rc.deadline + state.config.hooks.command_timeout + Duration::from_secs(5);
+    let pass_room = pass_room(&state.config);
     let linger = rc.linger.as_secs_f64();
     let mut report = LoopReport::default();
 

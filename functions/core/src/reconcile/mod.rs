@@ -100,7 +100,7 @@ use crate::domain::{Phase, PoolRef};
 use crate::store::{self, HostRow, PoolRow, VmRow};
 use conn::StepConn;
 
-pub use driver::{LoopReport, Start, Stop, run_loop, run_loop_from, run_ticker};
+pub use driver::{LoopReport, Start, Stop, pass_room, run_loop, run_loop_from, run_ticker};
 pub use error::ReconcileError;
 pub use provision::new_vm_id;
 pub use select::{needs_step, pools_with_work};

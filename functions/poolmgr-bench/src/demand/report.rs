@@ -283,19 +283,27 @@ Measured: the row's idle \
          times, so its lags and provisioning times are upper bounds of what the same settings would show at \
          k = 1.\n\n",
     );
-    let mut check_lines = vec![];
-    if s.violations.is_empty() {
-        check_lines.push("no VM handed out in two leases, no lease given to two claims, no pool above its autoscaling max in any poll".to_owned());
-    } else {
-        check_lines.extend(s.violations.iter().map(|v| format!("VIOLATION: {v}")));
-    }
-    if !checks.is_empty() {
-        check_lines.push(format!("`poolmgr-check --settled`: {checks}"));
-    }
-    out.push_str(&format!("Checks after the run: {}.\n\n", check_lines.join("; ")));
-    out.push_str(END);
-    out.push('\n');
+    let violations: Vec<String> = s.violations.iter().map(|v| format!("VIOLATION: {v}")).collect();
+    close_section(
+        &mut out,
+        "no VM handed out in two leases, no lease given to two claims, no pool above its autoscaling max in any poll",
+        &violations,
+        checks,
+        END,
+    );
     out
+}
+
+/// Ends a generated section: "Checks after the run" (`clean` when there is no violation,
+/// else the violations), `poolmgr-check --settled`'s summary, and the section's end marker.
+pub fn close_section(out: &mut String, clean: &str, violations: &[String], checks: &str, end: &str) {
+    let mut lines = vec![if violations.is_empty() { clean.to_owned() } else { violations.join("; ") }];
+    if !checks.is_empty() {
+        lines.push(format!("`poolmgr-check --settled`: {checks}"));
+    }
+    out.push_str(&format!("Checks after the run: {}.\n\n", lines.join("; ")));
+    out.push_str(end);
+    out.push('\n');
 }
 
 #[cfg(test)]

@@ -203,20 +203,15 @@ pub fn markdown(rows: &[RolloutRow], machine: &str, settings: &str, checks: &str
         .iter()
         .flat_map(|r| r.violations.iter().map(move |v| format!("VIOLATION {}/{}: {v}", r.scenario, r.configuration)))
         .collect();
-    let mut lines = vec![if violations.is_empty() {
+    super::report::close_section(
+        &mut out,
         "no VM in two leases, no pool above its ceiling in any poll, every expected rollout event present \
          (ROLLOUT_STARTED and POOL_ROLLOUT_COMPLETED once each; ROLLOUT_HALTED and ROLLOUT_ROLLED_BACK for \
-         `broken`; none for `baseline`), the status' extra boots equal to the VM_DELETED_FOR_ROLLOUT events"
-            .to_owned()
-    } else {
-        violations.join("; ")
-    }];
-    if !checks.is_empty() {
-        lines.push(format!("`poolmgr-check --settled`: {checks}"));
-    }
-    out.push_str(&format!("Checks after the run: {}.\n\n", lines.join("; ")));
-    out.push_str(END);
-    out.push('\n');
+         `broken`; none for `baseline`), the status' extra boots equal to the VM_DELETED_FOR_ROLLOUT events",
+        &violations,
+        checks,
+        END,
+    );
     out
 }
 
