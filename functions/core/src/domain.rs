@@ -592,6 +592,10 @@ pub struct ScalingState {
     pub provisioning_seconds: f64,
     #[serde(default)]
     pub expected_claims: i64,
+    /// While a hint lasts: the demand part of the size when it was first seen, which the
+    /// hint's claims not arrived yet add to (`reconcile::sizing::decide`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint_base: Option<i64>,
     /// Whether the next passes must look at the pool again (demand measured, a hint, or a
     /// size above the floor); the sizing step skips the others (`pools_scaling_active`).
     #[serde(default)]

@@ -341,6 +341,35 @@ async fn a_drop_in_demand_is_followed_down_and_the_demand_before_it_never_comes_
     assert!(*sizes.last().unwrap() <= 3, "down: {sizes:?} ({})", scaling_state(&app).await);
 }
 
+/// IMMEDIATE_ON_LEASE pools `names` aimed at 99 % warm hits with the stabilization window
+/// given, five minutes old, whose last 20 VMs took 3 s to provision, on a stack with a 48 s
+/// demand window (slices of 2 s).
+async fn rate_pools(names: &[&str], stabilization: i32) -> TestApp {
+    let app = TestApp::spawn_with(|env| {
+        env.push(("POOLMGR_AUTOSCALE_WINDOW_SECONDS".into(), "48".into()));
+    })
+    .await;
+    let policy =
+        json!({"min": 1, "max": 500, "target_warm_ratio": 0.99, "scale_down_stabilization_seconds": stabilization});
+    for name in names {
+        let mut spec = autoscaled(name, 1, policy.clone());
+        spec["replenishment"] = json!({"strategy": "IMMEDIATE_ON_LEASE"});
+        app.created_pool(spec).await;
+    }
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let c = app.conn().await;
+    c.batch_execute("UPDATE pools SET created_at = now() - interval '300 s'").await.unwrap();
+    c.execute(
+        "INSERT INTO events (type, pool_namespace, pool_name, payload)
+         SELECT 'VM_AVAILABLE', 'default', p, jsonb_build_object('provision_seconds', 3.0)
+         FROM unnest($1::text[]) p, generate_series(1, 20)",
+        &[&names],
+    )
+    .await
+    .unwrap();
+    app
+}
+
 /// Issue 22, the step benchmark at the issue's demand: a rise is sized for its own rate from
 /// the last seconds' slices (`store::demand_list` counts them in PostgreSQL), not for the
 /// window that saw it, whose count over its span grows with the rise's age; and a batch of the
@@ -350,23 +379,10 @@ async fn a_drop_in_demand_is_followed_down_and_the_demand_before_it_never_comes_
 /// within a tenth of a second stay near the window's reading.
 #[tokio::test]
 async fn a_rise_is_sized_for_its_own_rate_and_a_batch_is_not_read_as_one() {
-    let app = TestApp::spawn_with(|env| {
-        env.push(("POOLMGR_AUTOSCALE_WINDOW_SECONDS".into(), "48".into()));
-    })
-    .await;
-    let policy = json!({"min": 1, "max": 500, "target_warm_ratio": 0.99, "scale_down_stabilization_seconds": 600});
-    for name in ["step", "batch"] {
-        let mut spec = autoscaled(name, 1, policy.clone());
-        spec["replenishment"] = json!({"strategy": "IMMEDIATE_ON_LEASE"});
-        app.created_pool(spec).await;
-    }
+    let app = rate_pools(&["step", "batch"], 600).await;
     let c = app.conn().await;
     c.batch_execute(
-        "UPDATE pools SET created_at = now() - interval '300 s';
-         INSERT INTO events (type, pool_namespace, pool_name, payload)
-         SELECT 'VM_AVAILABLE', 'default', p, jsonb_build_object('provision_seconds', 3.0)
-         FROM unnest(ARRAY['step', 'batch']) p, generate_series(1, 20);
-         INSERT INTO events (type, pool_namespace, pool_name, payload, created_at)
+        "INSERT INTO events (type, pool_namespace, pool_name, payload, created_at)
          SELECT 'VM_CLAIMED', 'default', 'step', '{}', now() - make_interval(secs => 8.0 * (1 - i::float8 / 80))
          FROM generate_series(1, 80) i;
          INSERT INTO events (type, pool_namespace, pool_name, payload, created_at)
@@ -381,4 +397,43 @@ async fn a_rise_is_sized_for_its_own_rate_and_a_batch_is_not_read_as_one() {
     let (step_size, batch_size) = (step.desired_size, batch.desired_size);
     assert!((35..=60).contains(&step_size), "the step sized for 10 claims/s: {step_size} ({step:?})");
     assert!(batch_size <= 20, "the batch not read as a rate: {batch_size} ({batch:?})");
+}
+
+/// A hint's claims are not counted twice once they arrive: as the hint's claims still to come
+/// and through the rate they make. Two pools see the same 80 claims over 8 s (10 claims/s,
+/// provisioning 3 s); one of them had announced 100 claims before they came. The announced
+/// pool is sized for the larger of its size before the hint plus the 20 claims still to come,
+/// and the rate: the other pool's size, not that plus 20.
+#[tokio::test]
+async fn an_announced_rise_is_sized_for_the_larger_of_the_hint_and_the_rate_not_their_sum() {
+    // No stabilization window: each pass's size is its recommendation.
+    let app = rate_pools(&["hinted", "plain"], 0).await;
+    let c = app.conn().await;
+    app.post(CLIENT_A, "/v1/pools/default/hinted/expect", json!({"claims": 100, "within_seconds": 60}))
+        .await
+        .assert_ok(202);
+    app.pass().await;
+    let before = app.get_pool("hinted").await.status;
+    assert!((100..=103).contains(&before.desired_size), "warm for the 100 announced claims: {before:?}");
+    // The announced claims arrive: 80 over the last 8 s, after the hint (moved back 10 s).
+    c.batch_execute(
+        "UPDATE pools SET expected_at = now() - interval '10 s' WHERE name = 'hinted';
+         INSERT INTO events (type, pool_namespace, pool_name, payload, created_at)
+         SELECT 'VM_CLAIMED', 'default', p, '{}', now() - make_interval(secs => 8.0 * (1 - i::float8 / 80))
+         FROM unnest(ARRAY['hinted', 'plain']) p, generate_series(1, 80) i;",
+    )
+    .await
+    .unwrap();
+    app.pass().await;
+    let hinted = app.get_pool("hinted").await.status;
+    let plain = app.get_pool("plain").await.status;
+    assert!((35..=60).contains(&plain.desired_size), "10 claims/s: {plain:?}");
+    assert!(
+        hinted.desired_size.abs_diff(plain.desired_size) <= 2,
+        "the rate's size ({}), not it plus the 20 announced claims to come: {hinted:?}",
+        plain.desired_size
+    );
+    let reason: String =
+        c.query_one("SELECT scaling->>'reason' FROM pools WHERE name = 'hinted'", &[]).await.unwrap().get(0);
+    assert_eq!(reason, "DEMAND", "the rate is the larger part");
 }

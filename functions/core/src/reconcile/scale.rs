@@ -95,6 +95,7 @@ fn same_but_time(a: &crate::domain::ScalingState, b: &crate::domain::ScalingStat
         && a.reason == b.reason
         && a.active == b.active
         && a.expected_claims == b.expected_claims
+        && a.hint_base == b.hint_base
         && (a.demand_per_second - b.demand_per_second).abs() < 1e-9
         && a.since == b.since
         && a.rising == b.rising

@@ -17,7 +17,8 @@
 //!   step's start to the first grid point at or above 95 % after the first one below it
 //!   during the step;
 //!   back down = from the step's end until the warm part is within max(1, 10 %) of its mean
-//!   over the ten minutes before the step.
+//!   over the ten minutes before the step; and until the desired size is within max(1, 10 %)
+//!   of the model's size at the rate after the step (the "near the model's size").
 //!
 //! Never asserts anything about the figures.
 
@@ -102,6 +103,11 @@ pub struct Row {
     pub recovery_to_95_s: Option<f64>,
     pub back_down_s: Option<f64>,
     pub pre_step_warm: Option<f64>,
+    /// The model's size after the step (Erlang B at the rate after it, the boot's mean time,
+    /// 99 %), and the time from the step's end until the desired size is within
+    /// max(1, 10 %) of it (autoscaled rows).
+    pub model_size_after_step: Option<i64>,
+    pub desired_back_down_s: Option<f64>,
     pub hints_sent: usize,
     pub hints_accepted: usize,
     /// The configuration's real-time segment (k = 1), when it ran: claim → replacement AVAILABLE.
@@ -221,6 +227,19 @@ pub fn rolling_ratio(claims: &[ClaimRecord], from: f64, to: f64, step: f64) -> V
         t += step;
     }
     out
+}
+
+/// The time from `from` (trace seconds) to the first sample at or after it whose `value` is at
+/// most `level` (samples are in real seconds, `k` the time scale); `None`: none before the
+/// samples end (or no value).
+pub fn first_at_most(
+    samples: &[Sample],
+    k: f64,
+    from: f64,
+    level: f64,
+    value: impl Fn(&Sample) -> Option<f64>,
+) -> Option<f64> {
+    samples.iter().find(|x| x.t * k >= from && value(x).is_some_and(|v| v <= level)).map(|x| x.t * k - from)
 }
 
 pub fn is_warm_hit(c: &ClaimRecord) -> bool {
@@ -371,6 +390,7 @@ pub fn row(plan: &RowPlan<'_>, m: &Measured<'_>) -> Row {
     }
 
     let (mut rolling_min, mut recovery_s, mut back_down_s, mut pre_step) = (None, None, None, None);
+    let (mut model_after, mut desired_back_down_s) = (None, None);
     if let Some((s, e)) = plan.trace.step {
         let series = rolling_ratio(claims, s - 600.0, e + 1800.0, 5.0);
         rolling_min = series.iter().filter(|(t, _)| *t >= s && *t <= e).map(|(_, r)| *r).reduce(f64::min);
@@ -380,7 +400,14 @@ pub fn row(plan: &RowPlan<'_>, m: &Measured<'_>) -> Row {
             let pre = before.iter().map(|x| x.warm() as f64).sum::<f64>() / before.len() as f64;
             pre_step = Some(pre);
             let near = pre + (pre * 0.1).max(1.0);
-            back_down_s = m.samples.iter().find(|x| x.t * k >= e && (x.warm() as f64) <= near).map(|x| x.t * k - e);
+            back_down_s = first_at_most(m.samples, k, e, near, |x| Some(x.warm() as f64));
+        }
+        let boot_mean = plan.peak_load / plan.trace.peak_rate().max(1e-9);
+        if let Some(after) = plan.trace.phases.iter().find(|p| p.start <= e && e < p.end) {
+            let model = i64::from(super::trace::erlang_size(after.rate * boot_mean, super::trace::TARGET_WARM));
+            model_after = Some(model);
+            let near = model as f64 + (model as f64 * 0.1).max(1.0);
+            desired_back_down_s = first_at_most(m.samples, k, e, near, |x| x.desired.map(|d| d as f64));
         }
     }
     let draws: Vec<f64> = m.sim_log.map(|log| boot_draws(log, plan.pool)).unwrap_or_default();
@@ -452,6 +479,8 @@ pub fn row(plan: &RowPlan<'_>, m: &Measured<'_>) -> Row {
         recovery_to_95_s: recovery_s,
         back_down_s,
         pre_step_warm: pre_step,
+        model_size_after_step: model_after,
+        desired_back_down_s,
         hints_sent: m.replayed.hints.len(),
         hints_accepted: m.replayed.hints.iter().filter(|h| h.status == 202).count(),
         realtime_refill_lag_p50_s: None,
@@ -545,6 +574,28 @@ mod tests {
         // A dip after the step's end is not the step's.
         assert_eq!(recovery(&series, 0.0, 60.0, 0.95), Some(0.0));
         assert_eq!(recovery(&[(0.0, 1.0), (5.0, 0.5)], 0.0, 10.0, 0.95), None);
+    }
+
+    #[test]
+    fn back_down_is_the_first_sample_after_the_end_at_or_below_the_level() {
+        let at = |t: f64, desired: Option<i64>, available: i64| Sample { t, desired, available, ..Sample::default() };
+        // k = 10: samples at 100..104 real seconds are trace seconds 1000..1040.
+        let samples = [
+            at(100.0, Some(50), 40),
+            at(101.0, Some(50), 9),
+            at(102.0, None, 3),
+            at(103.0, Some(6), 3),
+            at(104.0, Some(5), 2),
+        ];
+        let desired = |x: &Sample| x.desired.map(|d| d as f64);
+        assert_eq!(first_at_most(&samples, 10.0, 1000.0, 6.0, desired), Some(30.0), "no desired size is no value");
+        assert_eq!(first_at_most(&samples, 10.0, 1000.0, 5.5, desired), Some(40.0));
+        assert_eq!(
+            first_at_most(&samples, 10.0, 1015.0, 10.0, |x| Some(x.available as f64)),
+            Some(5.0),
+            "from the end on"
+        );
+        assert_eq!(first_at_most(&samples, 10.0, 1000.0, 1.0, desired), None, "never");
     }
 
     #[test]
