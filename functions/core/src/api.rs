@@ -149,6 +149,10 @@ pub struct AutoscalingStatus {
     pub provisioning_seconds: f64,
     /// Announced claims (`POST …/expect`) not arrived yet.
     pub expected_claims: i64,
+    /// Idle VMs kept for batches of claims at once (a CI matrix) while they keep coming; 0
+    /// when none were seen lately.
+    #[serde(default)]
+    pub batch_buffer: i64,
 }
 
 /// `POST …/expect`'s answer: until when the hint lasts and the size the pool now works towards.
@@ -231,6 +235,7 @@ impl PoolStatusOut {
                 refused_per_second: s.refused_per_second,
                 provisioning_seconds: s.provisioning_seconds,
                 expected_claims: s.expected_claims,
+                batch_buffer: s.batch_buffer,
             }
         });
         PoolStatusOut { counts, desired_size: row.target_size(), autoscaling, rollout: RolloutStatus::new(row) }

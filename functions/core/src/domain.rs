@@ -558,6 +558,19 @@ string_enum!(
     }
 );
 
+/// A batch of claims seen at once (`reconcile::batches`): when (seconds on the database's
+/// clock), its size, how many of its claims the idle buffer served, and that buffer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    #[serde(rename = "t")]
+    pub at: f64,
+    pub n: i32,
+    #[serde(rename = "c")]
+    pub covered: i32,
+    #[serde(rename = "b")]
+    pub buffer: i32,
+}
+
 /// What a pool's sizing keeps between decisions (the `pools.scaling` column; `reconcile::sizing`
 /// decides from it and returns the next one). Pure data.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -596,6 +609,12 @@ pub struct ScalingState {
     /// hint's claims not arrived yet add to (`reconcile::sizing::decide`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hint_base: Option<i64>,
+    /// The batches (claims at once) seen over the batch memory (`reconcile::batches`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batches: Vec<Batch>,
+    /// The idle buffer the size keeps for them (0: none).
+    #[serde(default)]
+    pub batch_buffer: i64,
     /// Whether the next passes must look at the pool again (demand measured, a hint, or a
     /// size above the floor); the sizing step skips the others (`pools_scaling_active`).
     #[serde(default)]

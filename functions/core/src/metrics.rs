@@ -38,7 +38,7 @@ pub type PoolGaugeValue = fn(&PoolRow, &PoolStatus) -> f64;
 /// The contract's pool gauges: name, help text, value. The one definition of them: the
 /// Prometheus text of `/metrics` ([`render_pool_gauges`]) and the EMF lines of the reconcile
 /// function ([`Metrics::pool_gauges`]) both read this list.
-pub const POOL_GAUGES: [(&str, &str, PoolGaugeValue); 14] = [
+pub const POOL_GAUGES: [(&str, &str, PoolGaugeValue); 15] = [
     ("poolmgr_pool_size", "Size of the pool's spec.", |p, _| f64::from(p.size)),
     ("poolmgr_pool_available", "AVAILABLE VMs.", |_, s| s.available as f64),
     ("poolmgr_pool_leased", "LEASED VMs, plus VMs being claimed.", |_, s| (s.leased + s.claiming) as f64),
@@ -67,6 +67,11 @@ pub const POOL_GAUGES: [(&str, &str, PoolGaugeValue); 14] = [
     ("poolmgr_pool_expected_claims", "Announced claims (POST /expect) not arrived yet.", |p, _| {
         p.scaling.as_ref().map_or(0.0, |s| s.expected_claims as f64)
     }),
+    (
+        "poolmgr_pool_batch_buffer",
+        "Idle VMs the autoscaler keeps for batches of claims at once while they keep coming.",
+        |p, _| p.scaling.as_ref().map_or(0.0, |s| s.batch_buffer as f64),
+    ),
     ("poolmgr_pool_revision", "The pool's revision (bumped by a template or create-command change).", |p, _| {
         f64::from(p.revision)
     }),
@@ -777,6 +782,10 @@ mod tests {
             "# TYPE poolmgr_pool_expected_claims gauge",
             r#"poolmgr_pool_expected_claims{pool_namespace="default",pool_name="a"} 0"#,
             r#"poolmgr_pool_expected_claims{pool_namespace="default",pool_name="b"} 0"#,
+            "# HELP poolmgr_pool_batch_buffer Idle VMs the autoscaler keeps for batches of claims at once while they keep coming.",
+            "# TYPE poolmgr_pool_batch_buffer gauge",
+            r#"poolmgr_pool_batch_buffer{pool_namespace="default",pool_name="a"} 0"#,
+            r#"poolmgr_pool_batch_buffer{pool_namespace="default",pool_name="b"} 0"#,
             "# HELP poolmgr_pool_revision The pool's revision (bumped by a template or create-command change).",
             "# TYPE poolmgr_pool_revision gauge",
             r#"poolmgr_pool_revision{pool_namespace="default",pool_name="a"} 3"#,

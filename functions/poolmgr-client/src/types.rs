@@ -417,6 +417,10 @@ pub struct AutoscalingStatus {
     pub provisioning_seconds: f64,
     /// Claims announced by demand hints and not yet seen.
     pub expected_claims: i64,
+    /// Idle VMs kept for batches of claims at once while they keep coming (0 from servers
+    /// that do not send it).
+    #[serde(default)]
+    pub batch_buffer: i64,
 }
 
 /// A pool's status: its live VM counts, what it works towards and why.

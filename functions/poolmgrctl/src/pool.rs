@@ -247,6 +247,7 @@ fn status_table(pool: &Value) -> Table {
         "REFUSED/S",
         "PROVISION_P90",
         "EXPECTED",
+        "BATCH_BUFFER",
     ]);
     let a = &st["autoscaling"];
     let rate = |v: &Value| v.as_f64().map_or_else(|| "-".to_owned(), |x| format!("{x:.2}"));
@@ -267,6 +268,7 @@ fn status_table(pool: &Value) -> Table {
         rate(&a["refused_per_second"]),
         secs(&a["provisioning_seconds"]),
         if a.is_null() { "-".to_owned() } else { cell(&a["expected_claims"]) },
+        if a["batch_buffer"].is_null() { "-".to_owned() } else { cell(&a["batch_buffer"]) },
     ]);
     t
 }

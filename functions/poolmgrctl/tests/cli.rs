@@ -489,9 +489,10 @@ async fn pools() {
                 "CLAIMS/S",
                 "REFUSED/S",
                 "PROVISION_P90",
-                "EXPECTED"
+                "EXPECTED",
+                "BATCH_BUFFER"
             ],
-            ["default/ci", "1", "1", "STATIC", "1", "0", "0", "0", "0", "0", "-", "-", "-", "-"],
+            ["default/ci", "1", "1", "STATIC", "1", "0", "0", "0", "0", "0", "-", "-", "-", "-", "-"],
         ]
     );
     assert_eq!(s.ctl(&["-o", "json", "pool", "status", "ci"]).await.json(), s.get("/v1/pools/default/ci").await);
@@ -1243,7 +1244,7 @@ async fn contexts_give_endpoint_and_token_and_flags_then_environment_win() {
     assert_eq!(t.len(), 2);
     s.create_pool("ci", 0).await;
     let t = s.ctl(&["--no-headers", "pool", "status", "ci"]).await.ok().table();
-    assert_eq!(t, [["default/ci", "0", "0", "STATIC", "0", "0", "0", "0", "0", "0", "-", "-", "-", "-"]]);
+    assert_eq!(t, [["default/ci", "0", "0", "STATIC", "0", "0", "0", "0", "0", "0", "-", "-", "-", "-", "-"]]);
 }
 
 /// Issue 22: `pool expect` announces demand (client or admin token), the autoscaled pool's

@@ -437,3 +437,66 @@ async fn an_announced_rise_is_sized_for_the_larger_of_the_hint_and_the_rate_not_
         c.query_one("SELECT scaling->>'reason' FROM pools WHERE name = 'hinted'", &[]).await.unwrap().get(0);
     assert_eq!(reason, "DEMAND", "the rate is the larger part");
 }
+
+/// Batches (claims at once, a CI matrix) that keep coming are served from an idle buffer
+/// kept in PostgreSQL between passes (`reconcile::batches`), and a batch is its requests: a
+/// request refused and then served is counted once, at its refusal, not again as a batch when
+/// its retry takes a VM. Two pools remember one batch of 30 from ten minutes ago; each then
+/// sees 30 claims at once. The first pool's are fresh requests: a second batch, so the pool
+/// keeps a buffer for them, in its status, its metrics and its size. The second pool's are
+/// the retries of requests it refused 30 s before: no batch, no buffer.
+#[tokio::test]
+async fn batches_that_keep_coming_get_a_buffer_and_a_served_retry_is_not_one() {
+    let app = rate_pools(&["fresh", "retried"], 600).await;
+    let c = app.conn().await;
+    // The key a refused request is kept under: CLIENT_A's principal and its request_id.
+    let r = app.claim(CLIENT_A, "retried", Some("probe")).await;
+    assert_eq!(r.status, 429, "no VM yet: {}", r.body);
+    assert_eq!(
+        app.scalar_i64("SELECT count(*) FROM pool_refused_claims WHERE request_key = 'client-a:probe'").await,
+        1
+    );
+    c.batch_execute("DELETE FROM pool_refused_claims").await.unwrap();
+    c.batch_execute(
+        "UPDATE pools SET scaling = jsonb_build_object(
+             'batches', jsonb_build_array(jsonb_build_object(
+                 't', extract(epoch FROM now()) - 600, 'n', 30, 'c', 0, 'b', 0)),
+             'since', extract(epoch FROM now()) - 300,
+             'demand_per_second', 0.2, 'active', true);
+         INSERT INTO pool_refused_claims (pool_namespace, pool_name, request_key, refused_at)
+         SELECT 'default', 'retried', 'client-a:retried-job-' || i, now() - interval '30 s'
+         FROM generate_series(1, 30) i;
+         INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at, last_heartbeat_at, expires_at,
+                             request_id, principal)
+         SELECT p || '-lease-' || i, p || '-vm-' || i, 'default', p, now(), now(), now() + interval '1 hour',
+                p || '-job-' || i, 'client-a'
+         FROM unnest(ARRAY['fresh', 'retried']) p, generate_series(1, 30) i;
+         INSERT INTO events (type, pool_namespace, pool_name, lease_id, payload, created_at)
+         SELECT 'VM_CLAIMED', 'default', p, p || '-lease-' || i, '{}', now() - make_interval(secs => 0.5 + 0.002 * i)
+         FROM unnest(ARRAY['fresh', 'retried']) p, generate_series(1, 30) i;",
+    )
+    .await
+    .unwrap();
+    app.pass().await;
+    let state = |name: &'static str| {
+        let c = &c;
+        async move {
+            let row = c.query_one("SELECT scaling FROM pools WHERE name = $1", &[&name]).await.unwrap();
+            row.get::<_, Value>(0)
+        }
+    };
+    let (fresh, retried) = (state("fresh").await, state("retried").await);
+    assert_eq!(fresh["batches"].as_array().map(Vec::len), Some(2), "{fresh}");
+    assert_eq!(retried["batches"].as_array().map(Vec::len), Some(1), "{retried}");
+    let status = app.get_pool("fresh").await.status;
+    let buffer = status.autoscaling.as_ref().expect("autoscaled").batch_buffer;
+    assert!((25..=30).contains(&buffer), "a buffer for batches of 30: {status:?}");
+    assert!(status.desired_size as i64 >= buffer, "{status:?}");
+    let other = app.get_pool("retried").await.status;
+    assert_eq!(other.autoscaling.as_ref().expect("autoscaled").batch_buffer, 0, "{other:?}");
+    let text = app.scrape().await;
+    assert!(
+        text.contains(&format!("poolmgr_pool_batch_buffer{{pool_namespace=\"default\",pool_name=\"fresh\"}} {buffer}")),
+        "{text}"
+    );
+}

@@ -70,6 +70,7 @@
 //! a pass about one timeout, not one per VM, and never keeps a pool from being topped up on
 //! its healthy hosts.
 
+pub mod batches;
 mod conn;
 pub mod driver;
 mod error;

@@ -16,7 +16,8 @@
 //! counts at once). The size is the smallest whose Erlang-B loss
 //! is at most `1 - target_warm_ratio`; Erlang B holds for any holding-time distribution.
 //! Or, with `buffer`, an explicit number of idle VMs on top of the busy ones (Actions Runner
-//! Controller's `minRunners + assignedJobs`).
+//! Controller's `minRunners + assignedJobs`). With a warm ratio, batches of claims at once
+//! that keep coming add an idle buffer of their own (`super::batches`; [`Observed::batch_buffer`]).
 //!
 //! Up at once, down only after a stabilization window: the size never goes below the highest
 //! recommendation of the last `scale_down_stabilization_seconds` plus a tenth (Kubernetes'
@@ -47,6 +48,8 @@ pub struct Observed {
     pub busy: i64,
     /// Announced claims that have not arrived yet, while the hint lasts.
     pub hint_remaining: i64,
+    /// The idle buffer for batches of claims at once (`super::batches::buffer`; 0: none).
+    pub batch_buffer: i64,
 }
 
 /// A decision: the size to work towards and why, and the state to keep.
@@ -237,7 +240,11 @@ fn demand_size(strategy: Strategy, policy: &Autoscaling, o: &Observed, busy_avg:
             let now = o.busy as f64;
             let busy = if now > busy_avg + 3.0 * busy_avg.sqrt() + 1.0 { now } else { busy_avg };
             let load = lambda * p + if counts_leased(strategy) { busy } else { 0.0 };
-            i64::from(servers_for(load, 1.0 - r, cap))
+            // Batches (claims at once) are served warm by idle VMs at their instant: the
+            // buffer is that many on top of the slots the load keeps out on average, of which
+            // Erlang B's own slack is a part (`super::batches`).
+            let batched = if o.batch_buffer > 0 { load.ceil() as i64 + o.batch_buffer } else { 0 };
+            i64::from(servers_for(load, 1.0 - r, cap)).max(batched)
         }
         (None, None) => 0,
     };
@@ -245,7 +252,8 @@ fn demand_size(strategy: Strategy, policy: &Autoscaling, o: &Observed, busy_avg:
 }
 
 /// The decision for one pool at `now` (seconds), given its previous `desired` size and state.
-/// `window` is the demand window (seconds): the busy average's time constant.
+/// `window` is the demand window (seconds): the busy average's time constant. The state's
+/// batches are carried over from `prev`: the caller (`scale`) sets the ones it recorded.
 pub fn decide(
     strategy: Strategy,
     policy: &Autoscaling,
@@ -336,7 +344,9 @@ pub fn decide(
         provisioning_seconds: o.provisioning_seconds,
         expected_claims: hint,
         hint_base,
-        active: lambda > 0.0 || hint > 0 || o.busy > 0 || busy_avg >= 0.05 || next != policy.min,
+        batches: prev.batches.clone(),
+        batch_buffer: o.batch_buffer,
+        active: o.batch_buffer > 0 || lambda > 0.0 || hint > 0 || o.busy > 0 || busy_avg >= 0.05 || next != policy.min,
     };
     Decision { desired: next, reason, state }
 }

@@ -46,6 +46,10 @@ pub struct PoolDemand {
     pub claims: [i64; 3 + RISE_SLICES],
     /// Refused requests within the same windows and slices.
     pub refused: [i64; 3 + RISE_SLICES],
+    /// Of the slices' claims, those whose request had been refused before (counted in
+    /// `refused` already): the rest are fresh arrivals (`reconcile::batches`).
+    #[serde(default)]
+    pub retried: [i64; RISE_SLICES],
     /// Seconds since the pool was created (a window longer than that saw less).
     pub age: f64,
     /// The p90 of the last 20 VMs' creation to AVAILABLE (`None`: none recorded).
@@ -130,6 +134,20 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                          FROM pool_refused_claims r
                          WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
                            AND r.refused_at >= s.since) AS refused,
+                        -- The slices' claims of a request refused before (its retry served).
+                        (SELECT jsonb_build_array(
+                                    count(*) FILTER (WHERE e.created_at < now() - make_interval(secs => 3 * $1 / 24)),
+                                    count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => 3 * $1 / 24) AND e.created_at < now() - make_interval(secs => 2 * $1 / 24)),
+                                    count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => 2 * $1 / 24) AND e.created_at < now() - make_interval(secs => $1 / 24)),
+                                    count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => $1 / 24)))
+                         FROM events e
+                         JOIN leases l ON l.lease_id = e.lease_id
+                         JOIN pool_refused_claims r ON (r.pool_namespace, r.pool_name, r.request_key)
+                                                     = (p.namespace, p.name, l.principal || ':' || l.request_id)
+                         , bound
+                         WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name AND e.id >= bound.first_id
+                           AND e.type = 'VM_CLAIMED' AND e.created_at >= now() - make_interval(secs => 4 * $1 / 24)
+                           AND l.request_id IS NOT NULL AND r.refused_at <= e.created_at) AS retried,
                         greatest(0, extract(epoch FROM now() - p.created_at))::float8 AS age,
                         -- events_pool_available: the pool's last VM_AVAILABLE events only.
                         (SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY x.s) FROM (

@@ -1,0 +1,190 @@
+//! Batches: claims that arrive all at once (a CI matrix fanning out 1 to 50 jobs), told
+//! apart from a rate and sized for as an idle buffer (issue 22; docs/design-notes.md, "Batch
+//! buffer").
+//!
+//! A batch is served warm only if its n VMs are idle at its instant, and its instant is not
+//! known in advance. A rate estimate cannot do that: it reads a served batch as more slots out
+//! for a provisioning interval, grows the pool by the batch's size after the batch (when the
+//! replacements of its claims are booting anyway, so the extra VMs arrive with them, too late
+//! for it) and holds that for a stabilization window, while the next batch comes at any
+//! moment. So batches are remembered (when, how large) for [`BATCH_MEMORY_WINDOWS`], and while
+//! they keep coming (two or more remembered) the pool keeps an idle buffer sized for them
+//! ([`buffer`]): the smallest whose misses on the batches seen would stay within half of the
+//! warm-hit target's allowance for all the claims of that time (a compound Poisson load).
+//! The part of a batch the buffer served is taken out of the rate's windows, so it does not
+//! also raise the size as a rate; the part it did not serve (refused requests, still
+//! waiting) stays in them and grows the pool for them as before.
+//!
+//! Pure: no I/O, no clock, no rows; `scale` feeds it the last seconds' fresh arrivals.
+
+use crate::domain::Batch;
+
+use super::sizing::changed_tail;
+
+/// How unlikely under the rate the last two slices' fresh arrivals must be to count as a
+/// batch: a steady Poisson load almost never makes one (a decision every 2 s, ten hours at
+/// 2 claims/s: none).
+pub const BATCH_SIGNIFICANCE: f64 = 1e-6;
+/// The smallest batch remembered: smaller ones are within any pool's slack.
+pub const MIN_BATCH: i64 = 3;
+/// How long batches are remembered, in demand windows (an hour of the default 60 s).
+pub const BATCH_MEMORY_WINDOWS: f64 = 60.0;
+/// At most this many batches remembered (the newest).
+pub const MAX_BATCHES: usize = 64;
+/// Batches have stopped coming once none came for this many of their mean gap (for Poisson
+/// arrivals, that happens by chance 5 % of the time: e⁻³).
+pub const KEEP_COMING_GAPS: f64 = 5.0;
+
+/// The fresh arrivals of the last few seconds, per slice (oldest first; as
+/// `store::PoolDemand`'s slices): each request once (a refused request's later claim is not
+/// fresh), and of those the ones that took a VM at once.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Recent {
+    pub fresh: [i64; 4],
+    pub served: [i64; 4],
+    pub slice: f64,
+}
+
+/// The batch in the last two slices, if any: their fresh arrivals above both what the rate
+/// (per second) expects and what the two slices before them held, when that many are
+/// significantly unlikely ([`BATCH_SIGNIFICANCE`]) and at least [`MIN_BATCH`]. A step
+/// (arrivals that keep coming) is a batch only in its first seconds, as far as they go: the
+/// slices before then hold as many.
+pub fn excess(r: &Recent, rate: f64) -> Option<i64> {
+    let f = r.fresh.map(|n| n.max(0));
+    let recent = f[2] + f[3];
+    let base = (2.0 * rate.max(0.0) * r.slice).max(2.0 * f[0].max(f[1]) as f64);
+    let e = (recent as f64 - base).floor() as i64;
+    (e >= MIN_BATCH && changed_tail(recent, base, BATCH_SIGNIFICANCE, true)).then_some(e)
+}
+
+/// The batches remembered after this decision: those of the last `memory` seconds (at most
+/// [`MAX_BATCHES`]), with the one just `seen` (its size) added, or merged into the last one
+/// when that was seen within two slices (the same batch, seen again as the slices move on).
+/// `buffer` is the idle buffer the pool kept before this batch: of the batch's claims served
+/// at once (`served`), that many at most were the buffer's.
+pub fn record(
+    prev: &[Batch],
+    now: f64,
+    memory: f64,
+    slice: f64,
+    seen: Option<i64>,
+    served: i64,
+    buffer: i64,
+) -> Vec<Batch> {
+    let mut out: Vec<Batch> = prev.iter().copied().filter(|b| b.at > now - memory && b.at <= now).collect();
+    if let Some(n) = seen {
+        let n = i32::try_from(n).unwrap_or(i32::MAX);
+        match out.last_mut() {
+            Some(last) if last.at >= now - 2.0 * slice => {
+                last.n = last.n.max(n);
+                let covered = i64::from(last.n).min(served).min(i64::from(last.buffer));
+                last.covered = last.covered.max(i32::try_from(covered).unwrap_or(0));
+            }
+            _ => {
+                let buffer = i32::try_from(buffer.max(0)).unwrap_or(i32::MAX);
+                let covered = i64::from(n).min(served.max(0)).min(i64::from(buffer));
+                out.push(Batch { at: now, n, covered: i32::try_from(covered).unwrap_or(0), buffer });
+            }
+        }
+    }
+    let extra = out.len().saturating_sub(MAX_BATCHES);
+    out.drain(..extra);
+    out
+}
+
+/// The batches' claims the buffer served within the last `span` seconds: taken out of the
+/// rate's window of that span.
+pub fn covered_within(batches: &[Batch], now: f64, span: f64) -> i64 {
+    batches.iter().filter(|b| b.at >= now - span).map(|b| i64::from(b.covered)).sum()
+}
+
+/// The idle buffer at `now` for the batches remembered: none unless they keep coming (two or
+/// more, the last within [`KEEP_COMING_GAPS`] of their mean gap); else the smallest `b` whose
+/// misses on them, Σ max(0, n − b), are at most `allowance`.
+pub fn buffer(batches: &[Batch], now: f64, allowance: f64) -> i64 {
+    let (Some(first), Some(last)) = (batches.first(), batches.last()) else { return 0 };
+    if batches.len() < 2 || now - last.at > KEEP_COMING_GAPS * (last.at - first.at) / (batches.len() - 1) as f64 {
+        return 0;
+    }
+    let misses = |b: i64| batches.iter().map(|x| (i64::from(x.n) - b).max(0)).sum::<i64>() as f64;
+    let top = batches.iter().map(|x| i64::from(x.n)).max().unwrap_or(0);
+    (0..=top).find(|b| misses(*b) <= allowance).unwrap_or(top)
+}
+
+/// The misses [`buffer`] leaves the batches: half of what `target_warm_ratio` allows all the
+/// claims of the memory's `span` seconds at `rate` per second plus the batches' own (the other
+/// half is the steady claims' Erlang loss).
+pub fn allowance(target_warm_ratio: f64, rate: f64, span: f64, batches: &[Batch]) -> f64 {
+    let batched: i64 = batches.iter().map(|b| i64::from(b.n)).sum();
+    (1.0 - target_warm_ratio).max(0.0) / 2.0 * (rate.max(0.0) * span.max(0.0) + batched as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recent(fresh: [i64; 4]) -> Recent {
+        Recent { fresh, served: fresh, slice: 2.5 }
+    }
+
+    fn batch(at: f64, n: i32) -> Batch {
+        Batch { at, n, covered: 0, buffer: 0 }
+    }
+
+    #[test]
+    fn a_batch_is_what_the_rate_and_the_slices_before_do_not_explain() {
+        // 50 at once on 0.5 claims/s, in one slice or split across two.
+        assert_eq!(excess(&recent([1, 0, 0, 50]), 0.5), Some(47));
+        assert_eq!(excess(&recent([1, 2, 30, 21]), 0.5), Some(47));
+        // Seen again two slices on: the slices before it now hold it.
+        assert_eq!(excess(&recent([0, 50, 1, 0]), 0.5), None);
+        // A steady 2 claims/s (5 a slice), however it wobbles within reason.
+        assert_eq!(excess(&recent([5, 3, 9, 8]), 2.0), None);
+        assert_eq!(excess(&recent([2, 4, 12, 10]), 2.0), None);
+        // Too small to matter, or not unlikely enough.
+        assert_eq!(excess(&recent([0, 0, 1, 1]), 0.02), None);
+        assert_eq!(excess(&recent([0, 0, 0, 3]), 0.5), None);
+        // A step's first seconds look like a batch as far as they go; a slice later they
+        // do not.
+        assert_eq!(excess(&recent([0, 0, 0, 5]), 0.02), Some(4));
+        assert_eq!(excess(&recent([0, 5, 5, 5]), 0.02), None);
+    }
+
+    #[test]
+    fn a_batch_seen_again_is_merged_and_old_ones_are_forgotten() {
+        let b = record(&[], 100.0, 1800.0, 2.5, Some(30), 30, 40);
+        assert_eq!(b, vec![Batch { at: 100.0, n: 30, covered: 30, buffer: 40 }]);
+        let b = record(&b, 102.0, 1800.0, 2.5, Some(45), 42, 99);
+        assert_eq!(b, vec![Batch { at: 100.0, n: 45, covered: 40, buffer: 40 }], "the buffer before it served 40");
+        let b = record(&b, 110.0, 1800.0, 2.5, Some(10), 0, 5);
+        assert_eq!(b.len(), 2, "a new one, refused: {b:?}");
+        assert_eq!((b[1].n, b[1].covered), (10, 0));
+        assert_eq!(record(&b, 1905.0, 1800.0, 2.5, None, 0, 0).len(), 1, "the first one is past the memory");
+        let many: Vec<Batch> = (0..100).map(|i| batch(f64::from(i), 5)).collect();
+        let kept = record(&many, 100.0, 1800.0, 2.5, None, 0, 0);
+        assert_eq!((kept.len(), kept[0].at), (MAX_BATCHES, 36.0), "the newest kept");
+        assert_eq!(covered_within(&b, 110.0, 60.0), 40);
+        assert_eq!(covered_within(&b, 110.0, 5.0), 0);
+    }
+
+    #[test]
+    fn the_buffer_covers_the_batches_within_the_allowance_while_they_keep_coming() {
+        assert_eq!(buffer(&[batch(0.0, 50)], 10.0, 0.0), 0, "one batch is not batches that keep coming");
+        // Every 300 s, the last at 1200 s.
+        let seen: Vec<Batch> =
+            [12, 45, 30, 7, 22].iter().zip(0..).map(|(n, i)| batch(f64::from(i) * 300.0, *n)).collect();
+        assert_eq!(buffer(&seen, 1300.0, 0.0), 45);
+        // Five misses allowed: 45 - 40 = 5.
+        assert_eq!(buffer(&seen, 1300.0, 5.0), 40);
+        assert_eq!(buffer(&seen, 1300.0, 1000.0), 0);
+        // They stopped: none for five mean gaps (1500 s).
+        assert_eq!(buffer(&seen, 2699.0, 0.0), 45);
+        assert_eq!(buffer(&seen, 2701.0, 0.0), 0);
+        assert_eq!(buffer(&[], 0.0, 0.0), 0);
+        // The model day's matrix hours: 0.5 claims/s over an hour and these batches, 99 %.
+        let a = allowance(0.99, 0.5, 3600.0, &seen);
+        assert!((a - 0.005 * (1800.0 + 116.0)).abs() < 1e-9, "{a}");
+        assert_eq!(buffer(&seen, 1300.0, a), 36);
+    }
+}
