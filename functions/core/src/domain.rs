@@ -558,8 +558,9 @@ string_enum!(
     }
 );
 
-/// A batch of claims seen at once (`reconcile::batches`): when (seconds on the database's
-/// clock), its size, how many of its claims the idle buffer served, and that buffer.
+/// A batch of claims seen at once (`reconcile::batches`): when it came (its median arrival,
+/// seconds on the database's clock), its size, how many of its claims the idle buffer served,
+/// that buffer, and whether it is confirmed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Batch {
     #[serde(rename = "t")]
@@ -569,6 +570,9 @@ pub struct Batch {
     pub covered: i32,
     #[serde(rename = "b")]
     pub buffer: i32,
+    /// The slices after it held fewer arrivals: a batch, not a step's first seconds.
+    #[serde(rename = "k", default)]
+    pub confirmed: bool,
 }
 
 /// What a pool's sizing keeps between decisions (the `pools.scaling` column; `reconcile::sizing`

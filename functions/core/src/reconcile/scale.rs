@@ -45,11 +45,12 @@ pub fn decision_with(window: f64, default_provisioning: f64, d: &PoolDemand) -> 
         fresh: [0, 1, 2, 3].map(|i| slices[i] - d.retried[i]),
         served: [0, 1, 2, 3].map(|i| d.claims[3 + i] - d.retried[i]),
         slice,
+        at: d.recent_at,
     };
     let memory = BATCH_MEMORY_WINDOWS * window;
     let seen = batches::excess(&recent, prev.demand_per_second);
     let served = recent.served[2] + recent.served[3];
-    let batches = batches::record(&prev.batches, d.now, memory, slice, seen, served, prev.batch_buffer);
+    let batches = batches::record(&prev.batches, d.now, memory, &recent, seen, served, prev.batch_buffer);
     let counts =
         [0, 1, 2].map(|i| (d.claims[i] + d.refused[i] - batches::covered_within(&batches, d.now, spans[i])).max(0));
     let rising_since = prev.rising.then_some(d.now - prev.since);
@@ -154,6 +155,8 @@ mod tests {
         idle_vm_minutes: f64,
         buffers: Vec<(f64, i64)>,
         sizes: Vec<(f64, i32)>,
+        /// The most confirmed batches remembered at any pass.
+        confirmed: usize,
     }
 
     /// Replays `arrivals` (request times, sorted) against a modelled pool: a claim takes an
@@ -178,7 +181,7 @@ mod tests {
         let (mut available, mut booting, mut waiting): (i64, Vec<f64>, Vec<f64>) = (20, vec![], vec![]);
         let (mut desired, mut scaling) = (20, None);
         let requests = arrivals.iter().filter(|a| **a >= warmup).count();
-        let mut out = Outcome { requests, warm: 0, idle_vm_minutes: 0.0, buffers: vec![], sizes: vec![] };
+        let mut out = Outcome { requests, warm: 0, idle_vm_minutes: 0.0, buffers: vec![], sizes: vec![], confirmed: 0 };
         let (dt, mut t, mut next) = (0.5, 0.0, 0usize);
         let count = |v: &Vec<f64>, from: f64, to: f64| {
             v.iter().rev().take_while(|x| **x >= from).filter(|x| **x < to).count() as i64
@@ -235,6 +238,16 @@ mod tests {
                 c
             };
             let (c, r, rc) = (windows(&claims), windows(&refused), windows(&retried_claims));
+            let mut last: Vec<f64> = claims
+                .iter()
+                .rev()
+                .take_while(|x| **x >= t - 2.0 * slice)
+                .chain(refused.iter().rev().take_while(|x| **x >= t - 2.0 * slice))
+                .copied()
+                .collect();
+            last.sort_by(f64::total_cmp);
+            // percentile_disc(0.5): the first value at or past half.
+            let recent_at = (!last.is_empty()).then(|| last[(last.len() - 1) / 2]);
             let d = PoolDemand {
                 namespace: "ns".into(),
                 name: "p".into(),
@@ -248,6 +261,7 @@ mod tests {
                 refused: r,
                 // Blind: every claim of the slices retried, none fresh: no batch is seen.
                 retried: [3, 4, 5, 6].map(|i| if blind { c[i] + r[i] } else { rc[i] }),
+                recent_at,
                 age: t,
                 provisioning: Some(boot),
                 busy: 0,
@@ -258,6 +272,7 @@ mod tests {
             desired = wr.desired;
             out.buffers.push((t, wr.scaling.batch_buffer));
             out.sizes.push((t, desired));
+            out.confirmed = out.confirmed.max(wr.scaling.batches.iter().filter(|b| b.confirmed).count());
             scaling = Some(wr.scaling);
             let have = available + booting.len() as i64;
             if have < i64::from(desired) {
@@ -349,14 +364,15 @@ mod tests {
         }
     }
 
-    /// A step (from 0.02 to 2 claims/s for 30 minutes, and back) is no batches: at most its
-    /// first seconds look like one, and one is not batches that keep coming, so no buffer.
+    /// Steps are no batches: two within an hour (from 0.02 to 5 claims/s for ten minutes,
+    /// twice, twenty minutes apart) leave no confirmed batch and no buffer, where their first
+    /// seconds look like one (two, unconfirmed, without `batches::record`'s confirmation).
     #[test]
-    fn a_step_keeps_no_batch_buffer() {
+    fn steps_keep_no_batch_buffer() {
         let mut u = rng(7);
         let mut arrivals = vec![];
         let (mut start, mut t) = (0.0_f64, 0.0_f64);
-        for (len, rate) in [(3600.0, 0.02), (1800.0, 2.0), (3600.0, 0.02)] {
+        for (len, rate) in [(3600.0, 0.02), (600.0, 5.0), (1200.0, 0.02), (600.0, 5.0), (3600.0, 0.02)] {
             t = t.max(start);
             loop {
                 t += -u().ln() / rate;
@@ -367,7 +383,8 @@ mod tests {
             }
             start += len;
         }
-        let o = replay(&arrivals, 9000.0, 31.0, 0.99, false);
+        let o = replay(&arrivals, start, 31.0, 0.99, false);
+        assert_eq!(o.confirmed, 0);
         assert_eq!(o.buffers.iter().map(|(_, b)| *b).max(), Some(0));
     }
 }

@@ -50,6 +50,10 @@ pub struct PoolDemand {
     /// `refused` already): the rest are fresh arrivals (`reconcile::batches`).
     #[serde(default)]
     pub retried: [i64; RISE_SLICES],
+    /// When the last two slices' claims and refusals came: their median (seconds since the
+    /// epoch; `None`: none came).
+    #[serde(default)]
+    pub recent_at: Option<f64>,
     /// Seconds since the pool was created (a window longer than that saw less).
     pub age: f64,
     /// The p90 of the last 20 VMs' creation to AVAILABLE (`None`: none recorded).
@@ -148,6 +152,15 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                          WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name AND e.id >= bound.first_id
                            AND e.type = 'VM_CLAIMED' AND e.created_at >= now() - make_interval(secs => 4 * $1 / 24)
                            AND l.request_id IS NOT NULL AND r.refused_at <= e.created_at) AS retried,
+                        -- When the last two slices' arrivals came: their median.
+                        (SELECT extract(epoch FROM percentile_disc(0.5) WITHIN GROUP (ORDER BY x.t))::float8 FROM (
+                             SELECT e.created_at AS t FROM events e, bound
+                             WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name AND e.id >= bound.first_id
+                               AND e.type = 'VM_CLAIMED' AND e.created_at >= now() - make_interval(secs => 2 * $1 / 24)
+                             UNION ALL
+                             SELECT r.refused_at FROM pool_refused_claims r
+                             WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
+                               AND r.refused_at >= now() - make_interval(secs => 2 * $1 / 24)) x) AS recent_at,
                         greatest(0, extract(epoch FROM now() - p.created_at))::float8 AS age,
                         -- events_pool_available: the pool's last VM_AVAILABLE events only.
                         (SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY x.s) FROM (
