@@ -573,6 +573,10 @@ pub struct Batch {
     /// The slices after it held fewer arrivals: a batch, not a step's first seconds.
     #[serde(rename = "k", default)]
     pub confirmed: bool,
+    /// It came while a hint was live: announced, so the hint's, not a surprise the idle
+    /// buffer must be kept for.
+    #[serde(rename = "h", default, skip_serializing_if = "std::ops::Not::not")]
+    pub announced: bool,
 }
 
 /// What a pool's sizing keeps between decisions (the `pools.scaling` column; `reconcile::sizing`
@@ -613,6 +617,10 @@ pub struct ScalingState {
     /// hint's claims not arrived yet add to (`reconcile::sizing::decide`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hint_base: Option<i64>,
+    /// While a hint lasts: the arrival rate when it was first seen. The pool's usual claims
+    /// keep coming meanwhile; only the arrivals beyond that rate are the announced ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint_rate: Option<f64>,
     /// The batches (claims at once) seen over the batch memory (`reconcile::batches`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub batches: Vec<Batch>,

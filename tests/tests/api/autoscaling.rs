@@ -117,7 +117,8 @@ async fn a_burst_of_claims_scales_up_at_once_counting_refused_claims_once_per_re
 }
 
 /// Down only after the stabilization window, and only by AVAILABLE VMs: a leased VM and the
-/// VMs still provisioning are never taken for a scale-down.
+/// VMs still provisioning are never taken for a scale-down. What a hint asked for is not held
+/// once it has run out (it is no measured demand); a measured peak is.
 #[tokio::test]
 async fn a_pool_scales_down_only_after_its_window_and_never_takes_a_leased_vm() {
     let app = spawn().await;
@@ -134,11 +135,23 @@ async fn a_pool_scales_down_only_after_its_window_and_never_takes_a_leased_vm() 
     let desired: i64 = r.json_at("/desired_size");
     assert_eq!(desired, 6, "{}", r.body);
     app.settle(60, "6 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 6 }).await;
+    // Four of the announced claims come: a measured demand of 4 busy VMs (buffer 0); three
+    // go again.
     let lease = app.claimed(CLIENT_A, "ci", Some("keep")).await.lease.lease_id;
-    // The hint runs out after 1 s plus the provisioning time; the size is held for the window.
+    let mut gone = vec![];
+    for i in 0..3 {
+        gone.push(app.claimed(CLIENT_A, "ci", Some(&format!("gone-{i}"))).await.lease.lease_id);
+    }
+    app.pass().await;
+    for id in gone {
+        app.delete(CLIENT_A, &format!("/v1/leases/{id}")).await.assert_ok(204);
+    }
+    // The hint runs out after 1 s plus the provisioning time: its 6 are not held, the
+    // measured 4 are for the window, with their dead band of one VM.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     app.pass().await;
-    assert!(app.get_pool("ci").await.status.desired_size >= 6, "held within the window");
+    let status = app.get_pool("ci").await.status;
+    assert_eq!(status.desired_size, 5, "held within the window: {status:?}");
     // Past the window: down to the busy VM (buffer 0), the floor 1.
     let mut down = false;
     for _ in 0..100 {
@@ -155,7 +168,7 @@ async fn a_pool_scales_down_only_after_its_window_and_never_takes_a_leased_vm() 
     app.get(CLIENT_A, &format!("/v1/leases/{lease}")).await.assert_ok(200);
     let reasons: Vec<Value> = scaled_events(&app).await.iter().map(|e| e["reason"].clone()).collect();
     assert_eq!(reasons.first(), Some(&json!("HINT")), "{reasons:?}");
-    assert!(app.count_events("VM_DELETED_ON_SCALE_DOWN").await >= 5);
+    assert!(app.count_events("VM_DELETED_ON_SCALE_DOWN").await >= 1);
 }
 
 /// The ceiling counts every VM (leased, provisioning and available), whatever the strategy,

@@ -62,25 +62,32 @@ pub fn excess(r: &Recent, rate: f64) -> Option<i64> {
     (e >= MIN_BATCH && changed_tail(recent, base, BATCH_SIGNIFICANCE, true)).then_some(e)
 }
 
+/// What one decision saw of a batch in the last two slices ([`record`]): its size if one is
+/// there ([`excess`]), their claims served at once, the idle buffer the pool kept before it,
+/// and whether a hint was live (the batch was announced).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Look {
+    pub seen: Option<i64>,
+    pub served: i64,
+    pub buffer: i64,
+    pub announced: bool,
+}
+
 /// The batches remembered after this decision: those of the last `memory` seconds (at most
-/// [`MAX_BATCHES`]), with the one just seen (`seen`: its size) added at `r.at`, or merged into
+/// [`MAX_BATCHES`]), with the one just seen (`look.seen`: its size) added at `r.at`, or merged into
 /// the last one when that came within two slices (the same batch, seen again as the slices
 /// move on). `buffer` is the idle buffer the pool kept before this batch: of the batch's
-/// claims served at once (`served`), that many at most were the buffer's.
+/// claims served at once (`served`), that many at most were the buffer's. A batch that came
+/// while a hint was live (`announced`) is the hint's: all of it is covered (the hint's VMs
+/// served it, not the buffer), and no buffer is kept for it.
 ///
-/// A batch is confirmed once two slices have passed after it, if the slices after it hold
+/// A batch is confirmed once two slices have passed after it (slices that start half a slice
+/// or more after its median arrival: its claims may straddle a slice's start), if those hold
 /// fewer fresh arrivals than it did (pro rata: under half of it in two slices, under it in
-/// four); else it was the first seconds of a step, and is dropped. Only confirmed batches make
-/// a buffer ([`buffer`]).
-pub fn record(
-    prev: &[Batch],
-    now: f64,
-    memory: f64,
-    r: &Recent,
-    seen: Option<i64>,
-    served: i64,
-    buffer: i64,
-) -> Vec<Batch> {
+/// four); else it was the first seconds of a step, and is dropped. Only confirmed batches that
+/// were not announced make a buffer ([`buffer`]).
+pub fn record(prev: &[Batch], now: f64, memory: f64, r: &Recent, look: Look) -> Vec<Batch> {
+    let Look { seen, served, buffer, announced } = look;
     let slice = r.slice.max(1e-3);
     let f = r.fresh.map(|n| n.max(0));
     let mut out: Vec<Batch> = prev
@@ -88,7 +95,9 @@ pub fn record(
         .copied()
         .filter(|b| b.at > now - memory && b.at <= now)
         .filter_map(|b| {
-            let after = ((now - b.at) / slice).floor();
+            // The slices that start half a slice or more after its median arrival: a batch's
+            // claims come within a second, and can straddle two slices.
+            let after = ((now - b.at - slice / 2.0) / slice).floor();
             if b.confirmed || after < 2.0 {
                 return Some(b);
             }
@@ -104,13 +113,19 @@ pub fn record(
             Some(last) if !last.confirmed && last.at >= now - 2.0 * slice => {
                 // Seen again: the later look holds more of it.
                 (last.n, last.at) = (last.n.max(n), at.max(last.at));
+                last.announced |= announced;
                 let covered = i64::from(last.n).min(served).min(i64::from(last.buffer));
-                last.covered = last.covered.max(i32::try_from(covered).unwrap_or(0));
+                last.covered =
+                    if last.announced { last.n } else { last.covered.max(i32::try_from(covered).unwrap_or(0)) };
             }
             _ => {
                 let buffer = i32::try_from(buffer.max(0)).unwrap_or(i32::MAX);
-                let covered = i64::from(n).min(served.max(0)).min(i64::from(buffer));
-                out.push(Batch { at, n, covered: i32::try_from(covered).unwrap_or(0), buffer, confirmed: false });
+                let covered = if announced {
+                    n
+                } else {
+                    i32::try_from(i64::from(n).min(served.max(0)).min(i64::from(buffer))).unwrap_or(0)
+                };
+                out.push(Batch { at, n, covered, buffer, confirmed: false, announced });
             }
         }
     }
@@ -131,7 +146,7 @@ pub fn covered_within(batches: &[Batch], now: f64, span: f64) -> i64 {
 /// more confirmed ones, the last within [`KEEP_COMING_GAPS`] of their mean gap); else the smallest `b` whose
 /// misses on them, Σ max(0, n − b), are at most `allowance`.
 pub fn buffer(batches: &[Batch], now: f64, allowance: f64) -> i64 {
-    let batches: Vec<Batch> = batches.iter().copied().filter(|b| b.confirmed).collect();
+    let batches: Vec<Batch> = batches.iter().copied().filter(|b| b.confirmed && !b.announced).collect();
     let (Some(first), Some(last)) = (batches.first(), batches.last()) else { return 0 };
     if batches.len() < 2 || now - last.at > KEEP_COMING_GAPS * (last.at - first.at) / (batches.len() - 1) as f64 {
         return 0;
@@ -157,8 +172,12 @@ mod tests {
         Recent { fresh, served: fresh, slice: 2.5, at: None }
     }
 
+    fn look(seen: Option<i64>, served: i64, buffer: i64, announced: bool) -> Look {
+        Look { seen, served, buffer, announced }
+    }
+
     fn batch(at: f64, n: i32) -> Batch {
-        Batch { at, n, covered: 0, buffer: 0, confirmed: true }
+        Batch { at, n, covered: 0, buffer: 0, confirmed: true, announced: false }
     }
 
     #[test]
@@ -183,32 +202,47 @@ mod tests {
     #[test]
     fn a_batch_seen_again_is_merged_confirmed_when_what_follows_is_less_and_forgotten_later() {
         let at = |t: f64, fresh: [i64; 4]| Recent { at: Some(t), ..recent(fresh) };
-        let b = record(&[], 100.0, 3600.0, &at(99.5, [0, 0, 0, 30]), Some(30), 30, 40);
-        assert_eq!(b, vec![Batch { at: 99.5, n: 30, covered: 30, buffer: 40, confirmed: false }]);
-        let b = record(&b, 102.0, 3600.0, &at(99.6, [0, 0, 30, 15]), Some(45), 42, 99);
+        let b = record(&[], 100.0, 3600.0, &at(99.5, [0, 0, 0, 30]), look(Some(30), 30, 40, false));
+        assert_eq!(b, vec![Batch { at: 99.5, n: 30, covered: 30, buffer: 40, confirmed: false, announced: false }]);
+        let b = record(&b, 102.0, 3600.0, &at(99.6, [0, 0, 30, 15]), look(Some(45), 42, 99, false));
         assert_eq!(
             b,
-            vec![Batch { at: 99.6, n: 45, covered: 40, buffer: 40, confirmed: false }],
+            vec![Batch { at: 99.6, n: 45, covered: 40, buffer: 40, confirmed: false, announced: false }],
             "one batch, seen whole; the buffer before it served 40"
         );
-        // Two slices after it, the slices after hold 3: a batch.
-        let b = record(&b, 104.7, 3600.0, &recent([45, 0, 1, 2]), None, 0, 45);
+        // Its claims straddle a slice's start (100 s): the 25 after it are its own, not what
+        // followed it, so it is not judged on them.
+        let straddled = record(&b, 105.0, 3600.0, &recent([0, 20, 25, 2]), look(None, 0, 45, false));
+        assert_eq!(straddled, b, "not judged yet");
+        // Two slices after the one that ends its claims, the slices after hold 3: a batch.
+        let b = record(&straddled, 107.5, 3600.0, &recent([20, 25, 1, 2]), look(None, 0, 45, false));
         assert!(b[0].confirmed, "{b:?}");
         // A new one, refused, that turns out to be a step's first seconds: dropped.
-        let b = record(&b, 110.0, 3600.0, &at(109.0, [0, 0, 0, 10]), Some(10), 0, 5);
+        let b = record(&b, 110.0, 3600.0, &at(109.0, [0, 0, 0, 10]), look(Some(10), 0, 5, false));
         assert_eq!(b.len(), 2, "{b:?}");
         assert_eq!((b[1].n, b[1].covered, b[1].confirmed), (10, 0, false));
-        assert_eq!(record(&b, 115.0, 3600.0, &recent([10, 5, 5, 6]), None, 0, 0).len(), 1, "the step goes on");
-        // Four slices on, all four are after it.
-        assert!(record(&b, 119.5, 3600.0, &recent([2, 2, 3, 2]), None, 0, 0)[1].confirmed);
-        assert_eq!(record(&b, 119.5, 3600.0, &recent([3, 3, 3, 2]), None, 0, 0).len(), 1);
         assert_eq!(
-            record(&b, 3700.0, 3600.0, &recent([0; 4]), None, 0, 0).len(),
+            record(&b, 116.0, 3600.0, &recent([10, 5, 5, 6]), look(None, 0, 0, false)).len(),
+            1,
+            "the step goes on"
+        );
+        // Four slices on, all four are after it.
+        assert!(record(&b, 121.0, 3600.0, &recent([2, 2, 3, 2]), look(None, 0, 0, false))[1].confirmed);
+        assert_eq!(record(&b, 121.0, 3600.0, &recent([3, 3, 3, 2]), look(None, 0, 0, false)).len(), 1);
+        // One that comes while a hint is live was announced: all of it is the hint's, and the
+        // buffer is not kept for it.
+        let hinted = record(&[], 100.0, 3600.0, &at(99.5, [0, 0, 0, 30]), look(Some(30), 12, 5, true));
+        assert_eq!((hinted[0].covered, hinted[0].announced), (30, true));
+        let merged = record(&[], 100.0, 3600.0, &at(99.5, [0, 0, 0, 30]), look(Some(30), 12, 5, false));
+        let merged = record(&merged, 102.0, 3600.0, &at(99.6, [0, 0, 30, 15]), look(Some(45), 42, 5, true));
+        assert_eq!((merged[0].n, merged[0].covered, merged[0].announced), (45, 45, true), "seen again under a hint");
+        assert_eq!(
+            record(&b, 3700.0, 3600.0, &recent([0; 4]), look(None, 0, 0, false)).len(),
             1,
             "the first one is past the memory"
         );
         let many: Vec<Batch> = (0..100).map(|i| batch(f64::from(i), 5)).collect();
-        let kept = record(&many, 100.0, 3600.0, &recent([0; 4]), None, 0, 0);
+        let kept = record(&many, 100.0, 3600.0, &recent([0; 4]), look(None, 0, 0, false));
         assert_eq!((kept.len(), kept[0].at), (MAX_BATCHES, 36.0), "the newest kept");
         assert_eq!(covered_within(&b, 110.0, 60.0), 40);
         assert_eq!(covered_within(&b, 110.0, 5.0), 0);
@@ -230,10 +264,13 @@ mod tests {
         assert_eq!(buffer(&seen, 2699.0, 0.0), 45);
         assert_eq!(buffer(&seen, 2701.0, 0.0), 0);
         assert_eq!(buffer(&[], 0.0, 0.0), 0);
-        // Not confirmed yet: not counted.
+        // Not confirmed yet, or announced by a hint: not counted.
         let mut open = seen.clone();
         open[1].confirmed = false;
         assert_eq!(buffer(&open, 1300.0, 0.0), 30);
+        let mut hinted = seen.clone();
+        hinted[1].announced = true;
+        assert_eq!(buffer(&hinted, 1300.0, 0.0), 30);
         // The model day's matrix hours: 0.5 claims/s over an hour and these batches, 99 %.
         let a = allowance(0.99, 0.5, 3600.0, &seen);
         assert!((a - 0.005 * (1800.0 + 116.0)).abs() < 1e-9, "{a}");

@@ -298,6 +298,9 @@ pub fn decide(
         (raw, ScaleReason::Demand)
     };
     let rec = i32::try_from(rec).unwrap_or(policy.max);
+    // What the stabilization window remembers is the measured demand's recommendation: a
+    // hint's claims, once they came, took the VMs it asked for, so nothing is held for it.
+    let measured = i32::try_from(demand.clamp(floor, ceiling)).unwrap_or(policy.max);
 
     // The stabilization window's recommendations, in buckets of a twentieth of it.
     let stab = f64::from(policy.scale_down_stabilization_seconds.max(0));
@@ -307,10 +310,10 @@ pub fn decide(
     let mut recs: Vec<(f64, i32)> =
         if stab > 0.0 { prev.recs.iter().copied().filter(|(t, _)| *t > now - stab - bucket).collect() } else { vec![] };
     match recs.last_mut() {
-        Some((t, r)) if *t == start => *r = (*r).max(rec),
-        _ => recs.push((start, rec)),
+        Some((t, r)) if *t == start => *r = (*r).max(measured),
+        _ => recs.push((start, measured)),
     }
-    let held = recs.iter().map(|(_, r)| *r).max().unwrap_or(rec);
+    let held = recs.iter().map(|(_, r)| *r).max().unwrap_or(measured);
     let floor32 = i32::try_from(floor).unwrap_or(policy.min);
     // A dead band of a tenth, at least one VM, above the window's highest recommendation; none
     // when the whole window asked for the floor (an idle pool goes back to its floor).
@@ -344,6 +347,7 @@ pub fn decide(
         provisioning_seconds: o.provisioning_seconds,
         expected_claims: hint,
         hint_base,
+        hint_rate: prev.hint_rate,
         batches: prev.batches.clone(),
         batch_buffer: o.batch_buffer,
         active: o.batch_buffer > 0 || lambda > 0.0 || hint > 0 || o.busy > 0 || busy_avg >= 0.05 || next != policy.min,
@@ -495,6 +499,22 @@ mod tests {
         let o = Observed { hint_remaining: 500, ..Observed::default() };
         let d = decide(Strategy::ReplaceOnDelete, &p, &o, 10, &ScalingState::default(), 10.0, 60.0);
         assert_eq!((d.desired, d.reason), (200, ScaleReason::Ceiling));
+    }
+
+    /// Once a hint's claims came, they took the VMs it asked for: the size falls back to the
+    /// measured demand's at once, not held for a stabilization window as a measured peak is.
+    #[test]
+    fn a_hint_is_not_held_once_its_claims_came() {
+        let p = ratio(1, 200, 0.99, 300);
+        let o = Observed { hint_remaining: 50, ..Observed::default() };
+        let hinted = decide(Strategy::ImmediateOnLease, &p, &o, 1, &ScalingState::default(), 10.0, 60.0);
+        assert_eq!((hinted.desired, hinted.reason), (50, ScaleReason::Hint));
+        let after = decide(Strategy::ImmediateOnLease, &p, &Observed::default(), 50, &hinted.state, 12.0, 60.0);
+        assert_eq!((after.desired, after.reason), (1, ScaleReason::Floor));
+        // A measured peak is held.
+        let peak = decide(Strategy::ImmediateOnLease, &p, &obs(1.0, 45.0, 0), 1, &ScalingState::default(), 10.0, 60.0);
+        let later = decide(Strategy::ImmediateOnLease, &p, &Observed::default(), peak.desired, &peak.state, 12.0, 60.0);
+        assert_eq!(later.desired, peak.desired);
     }
 
     #[test]

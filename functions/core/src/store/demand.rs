@@ -60,8 +60,15 @@ pub struct PoolDemand {
     pub provisioning: Option<f64>,
     /// VMs leased or being claimed.
     pub busy: i64,
-    /// Announced claims not arrived yet (0 without a live hint).
-    pub hint_remaining: i64,
+    /// The claims a live hint announced (0: no live hint), the arrivals since it came (claims,
+    /// or refusals when more) and how long ago it came (seconds): the sizing step counts the
+    /// arrivals beyond the pool's usual rate as the announced ones (`reconcile::scale`).
+    #[serde(default)]
+    pub hint_claims: i64,
+    #[serde(default)]
+    pub hint_arrivals: i64,
+    #[serde(default)]
+    pub hint_age: f64,
     /// The hint has expired: clear it.
     pub hint_expired: bool,
 }
@@ -170,10 +177,12 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                              ORDER BY e.id DESC LIMIT 20) x) AS provisioning,
                         (SELECT count(*) FROM vms v WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name
                            AND v.phase IN ('LEASED', 'PRE_LEASE_HOOK_RUNNING')) AS busy,
-                        -- Arrivals since the hint: claims, or refusals when more (a request
-                        -- refused and then served counts in both: the larger is a floor on the
-                        -- arrivals, so the hint lasts rather than runs down too soon).
-                        CASE WHEN p.expected_until > now() THEN greatest(0, p.expected_claims - greatest(
+                        -- A live hint: its claims, and the arrivals since it came: claims, or
+                        -- refusals when more (a request refused and then served counts in both:
+                        -- the larger is a floor on the arrivals, so the hint lasts rather than
+                        -- runs down too soon).
+                        CASE WHEN p.expected_until > now() THEN p.expected_claims ELSE 0 END AS hint_claims,
+                        CASE WHEN p.expected_until > now() THEN greatest(
                                (SELECT count(*) FROM events e
                                 WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name
                                   AND e.id >= coalesce((SELECT min(id) FROM events WHERE created_at >= p.expected_at),
@@ -181,8 +190,10 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                                   AND e.type = 'VM_CLAIMED' AND e.created_at >= p.expected_at),
                                (SELECT count(*) FROM pool_refused_claims r
                                 WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
-                                  AND r.refused_at >= p.expected_at)))
-                        ELSE 0 END AS hint_remaining,
+                                  AND r.refused_at >= p.expected_at))
+                        ELSE 0 END AS hint_arrivals,
+                        CASE WHEN p.expected_until > now()
+                             THEN greatest(0, extract(epoch FROM now() - p.expected_at))::float8 ELSE 0 END AS hint_age,
                         coalesce(p.expected_until <= now(), false) AS hint_expired
                  FROM cand k JOIN pools p ON (p.namespace, p.name) = (k.namespace, k.name)
                  -- The windows start no earlier than the pool (a pool of the same name
