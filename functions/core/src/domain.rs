@@ -621,6 +621,10 @@ pub struct ScalingState {
     /// keep coming meanwhile; only the arrivals beyond that rate are the announced ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hint_rate: Option<f64>,
+    /// While a hint lasts: the claims it announced when last seen (a hint posted on a live one
+    /// adds to them), so its claims not arrived yet only go down between posts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint_announced: Option<i64>,
     /// The batches (claims at once) seen over the batch memory (`reconcile::batches`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub batches: Vec<Batch>,

@@ -55,7 +55,14 @@ pub fn decision_with(window: f64, default_provisioning: f64, d: &PoolDemand) -> 
     // it lasts is the announced one.
     let hint_rate = (d.hint_claims > 0).then(|| prev.hint_rate.unwrap_or(prev.demand_per_second).max(0.0));
     let usual = hint_rate.map_or(0.0, |r| r * d.hint_age.max(0.0));
-    let hint_remaining = (d.hint_claims - (d.hint_arrivals - (usual + 2.0 * usual.sqrt()).ceil() as i64).max(0)).max(0);
+    let beyond = (d.hint_arrivals - (usual + 2.0 * usual.sqrt()).ceil() as i64).max(0);
+    // Only down while the hint lasts, but for claims a new post adds: the usual claims' count
+    // grows with every second and the arrivals come one by one, so the count beyond them
+    // wobbles, and a size that followed it would go up and down with every pass.
+    let mut hint_remaining = (d.hint_claims - beyond).max(0);
+    if let (Some(_), Some(was), true) = (prev.hint_rate, prev.hint_announced, d.hint_claims > 0) {
+        hint_remaining = hint_remaining.min(prev.expected_claims + (d.hint_claims - was).max(0));
+    }
     let announced = d.hint_claims > 0;
     let look = Look { seen, served, buffer: prev.batch_buffer, announced };
     let batches = batches::record(&prev.batches, d.now, memory, &recent, look);
@@ -82,6 +89,7 @@ pub fn decision_with(window: f64, default_provisioning: f64, d: &PoolDemand) -> 
     let mut out = decide(d.strategy, &d.autoscaling, &observed, from, &prev, d.now, window);
     out.state.batches = batches;
     out.state.hint_rate = hint_rate;
+    out.state.hint_announced = (d.hint_claims > 0).then_some(d.hint_claims);
     ScalingWrite {
         namespace: d.namespace.clone(),
         name: d.name.clone(),
@@ -129,6 +137,7 @@ fn same_but_time(a: &crate::domain::ScalingState, b: &crate::domain::ScalingStat
         && a.expected_claims == b.expected_claims
         && a.hint_base == b.hint_base
         && a.hint_rate == b.hint_rate
+        && a.hint_announced == b.hint_announced
         && a.batches == b.batches
         && a.batch_buffer == b.batch_buffer
         && (a.demand_per_second - b.demand_per_second).abs() < 1e-9
@@ -226,6 +235,20 @@ mod tests {
         assert_eq!(left(&hinted(at(3.0, Some(0.5)), 30, 120, 180.0)), 19);
         // No live hint: none kept.
         assert_eq!(decision_with(60.0, 45.0, &hinted(at(0.5, Some(0.5)), 0, 0, 0.0)).scaling.hint_rate, None);
+        // Only down while it lasts (the count beyond the usual claims wobbles as they come one
+        // by one), but for the claims a new post adds.
+        let was = |left: i64, announced: i64| {
+            Some(ScalingState {
+                demand_per_second: 0.5,
+                hint_rate: Some(0.5),
+                hint_announced: Some(announced),
+                expected_claims: left,
+                ..ScalingState::default()
+            })
+        };
+        assert_eq!(left(&hinted(was(19, 30), 30, 110, 190.0)), 19, "not back up to 30");
+        assert_eq!(left(&hinted(was(19, 30), 40, 110, 190.0)), 29, "10 more announced");
+        assert_eq!(left(&hinted(was(19, 30), 30, 144, 190.0)), 1, "95 usual, 20 of wobble, 29 announced");
     }
 
     /// How [`replay`] feeds the decisions.
@@ -530,7 +553,24 @@ mod tests {
                 ratio(&without),
                 share(&without)
             );
+            let reversals = |o: &Outcome| {
+                let mut changes = o.sizes.windows(2).filter(|w| w[1].1 != w[0].1).map(|w| w[1].1 > w[0].1);
+                let mut last = changes.next();
+                let mut n = 0;
+                for up in changes {
+                    n += usize::from(Some(up) != last);
+                    last = Some(up);
+                }
+                n
+            };
             assert!(ratio(&with) >= 0.99, "seed {seed}: {:.4}", ratio(&with));
+            // Each hint takes the size up once and lets it go once.
+            assert!(
+                reversals(&with) <= reversals(&without) + 2 * hints.len(),
+                "seed {seed}: {} for {} hints",
+                reversals(&with),
+                hints.len()
+            );
             assert!(
                 with.idle_vm_minutes <= 0.85 * without.idle_vm_minutes,
                 "seed {seed}: the buffer is not kept for what the hints announce"

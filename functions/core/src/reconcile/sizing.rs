@@ -348,6 +348,7 @@ pub fn decide(
         expected_claims: hint,
         hint_base,
         hint_rate: prev.hint_rate,
+        hint_announced: prev.hint_announced,
         batches: prev.batches.clone(),
         batch_buffer: o.batch_buffer,
         active: o.batch_buffer > 0 || lambda > 0.0 || hint > 0 || o.busy > 0 || busy_avg >= 0.05 || next != policy.min,
