@@ -11,7 +11,7 @@ use super::ReconcileError;
 use super::batches::{self, BATCH_MEMORY_WINDOWS, Look, Recent};
 use super::sizing::{Arrivals, Observed, arrival_rate, cut_spans, decide};
 use crate::app::AppState;
-use crate::domain::PoolRef;
+use crate::domain::{PoolRef, ScalingState};
 use crate::store::{self, DEMAND_WINDOWS, PoolDemand, RISE_SLICE_WINDOWS, ScalingWrite};
 
 /// What one sizing step did.
@@ -50,19 +50,8 @@ pub fn decision_with(window: f64, default_provisioning: f64, d: &PoolDemand) -> 
     let memory = BATCH_MEMORY_WINDOWS * window;
     let seen = batches::excess(&recent, prev.demand_per_second);
     let served = recent.served[2] + recent.served[3];
-    // A live hint: the pool's usual arrivals go on meanwhile (at the rate it had when the hint
-    // came), so the announced claims are the arrivals beyond those; a batch that comes while
-    // it lasts is the announced one.
-    let hint_rate = (d.hint_claims > 0).then(|| prev.hint_rate.unwrap_or(prev.demand_per_second).max(0.0));
-    let usual = hint_rate.map_or(0.0, |r| r * d.hint_age.max(0.0));
-    let beyond = (d.hint_arrivals - (usual + 2.0 * usual.sqrt()).ceil() as i64).max(0);
-    // Only down while the hint lasts, but for claims a new post adds: the usual claims' count
-    // grows with every second and the arrivals come one by one, so the count beyond them
-    // wobbles, and a size that followed it would go up and down with every pass.
-    let mut hint_remaining = (d.hint_claims - beyond).max(0);
-    if let (Some(_), Some(was), true) = (prev.hint_rate, prev.hint_announced, d.hint_claims > 0) {
-        hint_remaining = hint_remaining.min(prev.expected_claims + (d.hint_claims - was).max(0));
-    }
+    let (hint_rate, hint_remaining) = hint_left(&prev, d);
+    // A batch that comes while a hint is live is the announced one.
     let announced = d.hint_claims > 0;
     let look = Look { seen, served, buffer: prev.batch_buffer, announced };
     let batches = batches::record(&prev.batches, d.now, memory, &recent, look);
@@ -99,6 +88,26 @@ pub fn decision_with(window: f64, default_provisioning: f64, d: &PoolDemand) -> 
         scaling: out.state,
         clear_hint: d.hint_expired,
         policy: d.autoscaling.clone(),
+    }
+}
+
+/// A live hint's rate (the pool's when the hint came, kept while it lasts) and its claims not
+/// arrived yet: the pool's usual arrivals go on meanwhile, so the announced claims are the
+/// arrivals beyond those and their Poisson wobble. The count only goes down while the hint
+/// lasts, but for the claims a new post adds: the usual claims' count grows with every second
+/// and the arrivals come one by one, so the count beyond them wobbles, and a size that
+/// followed it would go up and down with every pass.
+fn hint_left(prev: &ScalingState, d: &PoolDemand) -> (Option<f64>, i64) {
+    if d.hint_claims <= 0 {
+        return (None, 0);
+    }
+    let rate = prev.hint_rate.unwrap_or(prev.demand_per_second).max(0.0);
+    let usual = rate * d.hint_age.max(0.0);
+    let beyond = (d.hint_arrivals - (usual + 2.0 * usual.sqrt()).ceil() as i64).max(0);
+    let left = (d.hint_claims - beyond).max(0);
+    match (prev.hint_rate, prev.hint_announced) {
+        (Some(_), Some(was)) => (Some(rate), left.min(prev.expected_claims + (d.hint_claims - was).max(0))),
+        _ => (Some(rate), left),
     }
 }
 
@@ -176,14 +185,11 @@ mod tests {
         sizes: Vec<(f64, i32)>,
         /// The most confirmed batches remembered at any pass.
         confirmed: usize,
-        /// When the requests that were not warm hits arrived.
-        missed: Vec<f64>,
-        /// Idle VM-minutes per hour of the trace.
-        idle_by_hour: Vec<f64>,
     }
 
     /// An IMMEDIATE_ON_LEASE pool's demand with nothing measured but a live hint: `claims`
-    /// announced `age` seconds ago, `arrivals` since.
+    /// announced `age` seconds ago, `arrivals` since (no hint: 0 claims). [`replay`] fills in
+    /// what it measured.
     fn hinted(scaling: Option<ScalingState>, claims: i64, arrivals: i64, age: f64) -> PoolDemand {
         PoolDemand {
             namespace: "ns".into(),
@@ -296,16 +302,7 @@ mod tests {
         // The pool's hint: (claims, since, until), as `store::pool_expect` keeps it.
         let (mut hint, mut next_hint): (Option<(i64, f64, f64)>, usize) = (None, 0);
         let requests = arrivals.iter().filter(|a| **a >= warmup).count();
-        let mut out = Outcome {
-            requests,
-            warm: 0,
-            idle_vm_minutes: 0.0,
-            buffers: vec![],
-            sizes: vec![],
-            confirmed: 0,
-            missed: vec![],
-            idle_by_hour: vec![0.0; (until / 3600.0).ceil() as usize + 1],
-        };
+        let mut out = Outcome { requests, warm: 0, idle_vm_minutes: 0.0, buffers: vec![], sizes: vec![], confirmed: 0 };
         let (dt, mut t, mut next) = (0.5, 0.0, 0usize);
         let count = |v: &Vec<f64>, from: f64, to: f64| {
             v.iter().rev().take_while(|x| **x >= from).filter(|x| **x < to).count() as i64
@@ -358,16 +355,12 @@ mod tests {
                 } else {
                     refused.push(t);
                     waiting.push(t + 2.0);
-                    if t >= warmup {
-                        out.missed.push(t);
-                    }
                 }
                 next += 1;
             }
             if t >= warmup {
                 out.idle_vm_minutes += available as f64 * dt / 60.0;
             }
-            out.idle_by_hour[(t / 3600.0) as usize] += available as f64 * dt / 60.0;
             if (t / 2.0).fract() != 0.0 {
                 continue;
             }
@@ -397,13 +390,9 @@ mod tests {
             let recent_at = (!last.is_empty()).then(|| last[(last.len() - 1) / 2]);
             let live = hint.filter(|h| h.2 > t);
             let d = PoolDemand {
-                namespace: "ns".into(),
-                name: "p".into(),
-                strategy: Strategy::ImmediateOnLease,
                 autoscaling: policy.clone(),
                 desired_size: Some(desired),
                 size: 20,
-                scaling: scaling.clone(),
                 now: t,
                 claims: c,
                 refused: r,
@@ -412,11 +401,13 @@ mod tests {
                 recent_at,
                 age: t,
                 provisioning: (!booted.is_empty()).then(|| p90(&booted)),
-                busy: 0,
-                hint_claims: live.map_or(0, |h| h.0),
-                hint_arrivals: live.map_or(0, |h| count(&claims, h.1, f64::MAX).max(count(&refused, h.1, f64::MAX))),
-                hint_age: live.map_or(0.0, |h| t - h.1),
                 hint_expired: hint.is_some_and(|h| h.2 <= t),
+                ..hinted(
+                    scaling.clone(),
+                    live.map_or(0, |h| h.0),
+                    live.map_or(0, |h| count(&claims, h.1, f64::MAX).max(count(&refused, h.1, f64::MAX))),
+                    live.map_or(0.0, |h| t - h.1),
+                )
             };
             let wr = decision_with(w, 45.0, &d);
             if wr.clear_hint {
@@ -538,14 +529,6 @@ mod tests {
             let (arrivals, hints) = model_day(seed);
             let without = replay(&arrivals, 86_400.0, 30.0, 0.99, Seen::All, &[]);
             let with = replay(&arrivals, 86_400.0, 30.0, 0.99, Seen::All, &hints);
-            let by_hour = |o: &Outcome| {
-                let mut h = vec![0; 24];
-                o.missed.iter().for_each(|t| h[(*t / 3600.0) as usize] += 1);
-                h
-            };
-            eprintln!("misses by hour: hinted {:?}\n   unhinted {:?}", by_hour(&with), by_hour(&without));
-            let idle = |o: &Outcome| o.idle_by_hour.iter().map(|x| x.round() as i64).collect::<Vec<_>>();
-            eprintln!("idle by hour: hinted {:?}\n   unhinted {:?}", idle(&with), idle(&without));
             eprintln!(
                 "seed {seed}: hinted {:.4} warm at {:.3}; unhinted {:.4} at {:.3}",
                 ratio(&with),
