@@ -303,7 +303,12 @@ async fn record_demand(app: &TestApp, n: i32, secs: f64, ago: f64, provision: f6
 }
 
 async fn scaling_state(app: &TestApp) -> Value {
-    app.conn().await.query_one("SELECT scaling FROM pools WHERE name = 'ci'", &[]).await.unwrap().get(0)
+    scaling_of(app, "ci").await
+}
+
+/// A pool's sizing state, as kept in its row.
+async fn scaling_of(app: &TestApp, name: &str) -> Value {
+    app.conn().await.query_one("SELECT scaling FROM pools WHERE name = $1", &[&name]).await.unwrap().get(0)
 }
 
 /// Issue 22: after a drop in demand the estimate starts every window at the drop, so the
@@ -500,14 +505,7 @@ async fn batches_that_keep_coming_get_a_buffer_and_a_served_retry_is_not_one() {
     assert_eq!(status.autoscaling.as_ref().expect("autoscaled").batch_buffer, 0, "{status:?}");
     tokio::time::sleep(Duration::from_millis(4500)).await;
     app.pass().await;
-    let state = |name: &'static str| {
-        let c = &c;
-        async move {
-            let row = c.query_one("SELECT scaling FROM pools WHERE name = $1", &[&name]).await.unwrap();
-            row.get::<_, Value>(0)
-        }
-    };
-    let (fresh, retried) = (state("fresh").await, state("retried").await);
+    let (fresh, retried) = (scaling_of(&app, "fresh").await, scaling_of(&app, "retried").await);
     assert_eq!(fresh["batches"].as_array().map(Vec::len), Some(2), "{fresh}");
     assert_eq!(retried["batches"].as_array().map(Vec::len), Some(1), "{retried}");
     let status = app.get_pool("fresh").await.status;
@@ -523,4 +521,84 @@ async fn batches_that_keep_coming_get_a_buffer_and_a_served_retry_is_not_one() {
         text.contains(&format!("poolmgr_pool_batch_buffer{{pool_namespace=\"default\",pool_name=\"fresh\"}} {buffer}")),
         "{text}"
     );
+}
+
+/// A drained pool's requests: each waits for a VM of its own, and each is one arrival. Two
+/// pools refused the same 40 requests 20 s ago (within the 48 s window). The first served
+/// them all in the last second (their retries took VMs as they came up): counted once, at
+/// their refusal (about 40 / 48 s, not twice that), and the burst of served retries is no rise
+/// and no batch. The second still has them waiting: 40 VMs on top of what the rate asks
+/// for, not held by its stabilization window once they are served.
+#[tokio::test]
+async fn a_drained_pools_waiting_requests_each_get_a_vm_and_count_once() {
+    let app = rate_pools(&["served", "waiting"], 600).await;
+    let c = app.conn().await;
+    c.batch_execute(
+        "INSERT INTO pool_refused_claims (pool_namespace, pool_name, request_key, refused_at)
+         SELECT 'default', p, 'client-a:' || p || '-job-' || i, now() - interval '20 s'
+         FROM unnest(ARRAY['served', 'waiting']) p, generate_series(1, 40) i;
+         INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at, last_heartbeat_at, expires_at,
+                             request_id, principal)
+         SELECT 'served-lease-' || i, 'served-vm-' || i, 'default', 'served', now(), now(), now() + interval '1 hour',
+                'served-job-' || i, 'client-a'
+         FROM generate_series(1, 40) i;
+         INSERT INTO events (type, pool_namespace, pool_name, lease_id, payload, created_at)
+         SELECT 'VM_CLAIMED', 'default', 'served', 'served-lease-' || i, '{}', now() - make_interval(secs => 0.5 + 0.01 * i)
+         FROM generate_series(1, 40) i;",
+    )
+    .await
+    .unwrap();
+    app.pass().await;
+    let rate = |s: &Value| s["demand_per_second"].as_f64().unwrap();
+    let (served, waiting) = (scaling_of(&app, "served").await, scaling_of(&app, "waiting").await);
+    assert!((0.7..1.0).contains(&rate(&served)), "40 arrivals in 48 s, once each: {served}");
+    assert!((0.7..1.0).contains(&rate(&waiting)), "{waiting}");
+    assert_eq!(served["batches"].as_array().map_or(0, Vec::len), 0, "served retries are no batch: {served}");
+    let (s, w) = (app.get_pool("served").await.status, app.get_pool("waiting").await.status);
+    // 0.83 claims/s × 3 s: 2.5 Erlangs, 8 VMs at 99 %.
+    assert!(s.desired_size <= 9, "the rate's size only: {s:?}");
+    assert_eq!(w.desired_size, s.desired_size + 40, "a VM for each waiting request: {w:?}");
+    // The waiting requests are served: the size goes back to the rate's at once (within its
+    // dead band), though the stabilization window is ten minutes.
+    c.batch_execute(
+        "INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at, last_heartbeat_at, expires_at,
+                             request_id, principal)
+         SELECT 'waiting-lease-' || i, 'waiting-vm-' || i, 'default', 'waiting', now(), now(), now() + interval '1 hour',
+                'waiting-job-' || i, 'client-a'
+         FROM generate_series(1, 40) i;
+         INSERT INTO events (type, pool_namespace, pool_name, lease_id, payload, created_at)
+         SELECT 'VM_CLAIMED', 'default', 'waiting', 'waiting-lease-' || i, '{}', now() - make_interval(secs => 0.01 * i)
+         FROM generate_series(1, 40) i;",
+    )
+    .await
+    .unwrap();
+    app.pass().await;
+    let after = app.get_pool("waiting").await.status;
+    assert!(after.desired_size <= s.desired_size + 1, "not held: {after:?} ({})", scaling_of(&app, "waiting").await);
+}
+
+/// Erlang B depends on the provisioning time through its mean only: a pool whose last 20 VMs
+/// took 2 s (16 of them) or 12 s (4) shows their p90, 12 s, and is sized for their mean, 4 s.
+/// 200 claims over the last 48 s (about 4 claims/s): 17 Erlangs and about 26 VMs, where the
+/// p90 would give 50 Erlangs and about 63.
+#[tokio::test]
+async fn a_pool_is_sized_by_its_mean_provisioning_time_and_shows_the_p90() {
+    let app = rate_pools(&["ci"], 0).await;
+    let c = app.conn().await;
+    c.batch_execute(
+        "DELETE FROM events WHERE type = 'VM_AVAILABLE';
+         INSERT INTO events (type, pool_namespace, pool_name, payload)
+         SELECT 'VM_AVAILABLE', 'default', 'ci', jsonb_build_object('provision_seconds', CASE WHEN i <= 16 THEN 2.0 ELSE 12.0 END)
+         FROM generate_series(1, 20) i;
+         INSERT INTO events (type, pool_namespace, pool_name, payload, created_at)
+         SELECT 'VM_CLAIMED', 'default', 'ci', '{}', now() - make_interval(secs => 48.0 * (1 - i::float8 / 200))
+         FROM generate_series(1, 200) i;",
+    )
+    .await
+    .unwrap();
+    app.pass().await;
+    let p = app.get_pool("ci").await.status;
+    let a = p.autoscaling.clone().expect("autoscaled status");
+    assert!((a.provisioning_seconds - 12.0).abs() < 1e-6, "the p90: {a:?}");
+    assert!((20..=35).contains(&p.desired_size), "sized for the mean's 17 Erlangs: {p:?}");
 }

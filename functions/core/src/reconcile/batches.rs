@@ -143,15 +143,19 @@ pub fn covered_within(batches: &[Batch], now: f64, span: f64) -> i64 {
 }
 
 /// The idle buffer at `now` for the batches remembered: none unless they keep coming (two or
-/// more confirmed ones, the last within [`KEEP_COMING_GAPS`] of their mean gap); else the smallest `b` whose
-/// misses on them, Σ max(0, n − b), are at most `allowance`.
-pub fn buffer(batches: &[Batch], now: f64, allowance: f64) -> i64 {
+/// more confirmed ones, the last within [`KEEP_COMING_GAPS`] of their mean gap); else the
+/// smallest `b` whose misses on them are at most `allowance`. A batch of `n` above the buffer
+/// misses `n − b` of its claims and takes every idle VM, so the claims of the provisioning
+/// interval after it miss too: `load` of them (the rate times the mean provisioning time).
+pub fn buffer(batches: &[Batch], now: f64, allowance: f64, load: f64) -> i64 {
     let batches: Vec<Batch> = batches.iter().copied().filter(|b| b.confirmed && !b.announced).collect();
     let (Some(first), Some(last)) = (batches.first(), batches.last()) else { return 0 };
     if batches.len() < 2 || now - last.at > KEEP_COMING_GAPS * (last.at - first.at) / (batches.len() - 1) as f64 {
         return 0;
     }
-    let misses = |b: i64| batches.iter().map(|x| (i64::from(x.n) - b).max(0)).sum::<i64>() as f64;
+    let load = if load.is_finite() { load.max(0.0) } else { 0.0 };
+    let misses =
+        |b: i64| batches.iter().filter(|x| i64::from(x.n) > b).map(|x| (i64::from(x.n) - b) as f64 + load).sum::<f64>();
     let top = batches.iter().map(|x| i64::from(x.n)).max().unwrap_or(0);
     (0..=top).find(|b| misses(*b) <= allowance).unwrap_or(top)
 }
@@ -252,28 +256,34 @@ mod tests {
 
     #[test]
     fn the_buffer_covers_the_batches_within_the_allowance_while_they_keep_coming() {
-        assert_eq!(buffer(&[batch(0.0, 50)], 10.0, 0.0), 0, "one batch is not batches that keep coming");
+        assert_eq!(buffer(&[batch(0.0, 50)], 10.0, 0.0, 0.0), 0, "one batch is not batches that keep coming");
         // Every 300 s, the last at 1200 s.
         let seen: Vec<Batch> =
             [12, 45, 30, 7, 22].iter().zip(0..).map(|(n, i)| batch(f64::from(i) * 300.0, *n)).collect();
-        assert_eq!(buffer(&seen, 1300.0, 0.0), 45);
+        assert_eq!(buffer(&seen, 1300.0, 0.0, 0.0), 45);
         // Five misses allowed: 45 - 40 = 5.
-        assert_eq!(buffer(&seen, 1300.0, 5.0), 40);
-        assert_eq!(buffer(&seen, 1300.0, 1000.0), 0);
+        assert_eq!(buffer(&seen, 1300.0, 5.0, 0.0), 40);
+        assert_eq!(buffer(&seen, 1300.0, 1000.0, 0.0), 0);
         // They stopped: none for five mean gaps (1500 s).
-        assert_eq!(buffer(&seen, 2699.0, 0.0), 45);
-        assert_eq!(buffer(&seen, 2701.0, 0.0), 0);
-        assert_eq!(buffer(&[], 0.0, 0.0), 0);
+        assert_eq!(buffer(&seen, 2699.0, 0.0, 0.0), 45);
+        assert_eq!(buffer(&seen, 2701.0, 0.0, 0.0), 0);
+        assert_eq!(buffer(&[], 0.0, 0.0, 0.0), 0);
         // Not confirmed yet, or announced by a hint: not counted.
         let mut open = seen.clone();
         open[1].confirmed = false;
-        assert_eq!(buffer(&open, 1300.0, 0.0), 30);
+        assert_eq!(buffer(&open, 1300.0, 0.0, 0.0), 30);
         let mut hinted = seen.clone();
         hinted[1].announced = true;
-        assert_eq!(buffer(&hinted, 1300.0, 0.0), 30);
+        assert_eq!(buffer(&hinted, 1300.0, 0.0, 0.0), 30);
         // The model day's matrix hours: 0.5 claims/s over an hour and these batches, 99 %.
         let a = allowance(0.99, 0.5, 3600.0, &seen);
         assert!((a - 0.005 * (1800.0 + 116.0)).abs() < 1e-9, "{a}");
-        assert_eq!(buffer(&seen, 1300.0, a), 36);
+        assert_eq!(buffer(&seen, 1300.0, a, 0.0), 36);
+        // A batch above the buffer drains the pool: the rate's claims of the provisioning
+        // interval after it (0.5 claims/s × 31 s) miss too, so a miss costs more than the
+        // allowance and the buffer covers the largest batch …
+        assert_eq!(buffer(&seen, 1300.0, a, 15.5), 45);
+        // … unless the allowance takes one: 45 − 31 + 15.5 = 29.5 ≤ 30 < 45 − 30 + 15.5.
+        assert_eq!(buffer(&seen, 1300.0, 30.0, 15.5), 31);
     }
 }

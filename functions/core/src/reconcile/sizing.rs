@@ -14,7 +14,11 @@
 //! for the lease too, so the load is `λ·(h + p)`, whose `λ·h` is the mean number of busy VMs
 //! (Little's law), measured as a moving average (or the busy VMs now, when more: a burst
 //! counts at once). The size is the smallest whose Erlang-B loss
-//! is at most `1 - target_warm_ratio`; Erlang B holds for any holding-time distribution.
+//! is at most `1 - target_warm_ratio`; Erlang B holds for any holding-time distribution
+//! and depends on it only through its mean, so `p` is the mean of the recent provisioning
+//! times (the status shows their p90; sized by the p90, every busy pool carried the
+//! difference idle: a third more slots for the simulator's log-normal boots). Requests
+//! refused and still waiting each add a VM, not remembered by the stabilization window.
 //! Or, with `buffer`, an explicit number of idle VMs on top of the busy ones (Actions Runner
 //! Controller's `minRunners + assignedJobs`). With a warm ratio, batches of claims at once
 //! that keep coming add an idle buffer of their own (`super::batches`; [`Observed::batch_buffer`]).
@@ -42,14 +46,20 @@ pub struct Observed {
     pub claims_per_second: f64,
     /// Claims refused with 429 (each request once, however often retried), per second.
     pub refused_per_second: f64,
-    /// The p90 of recent VMs' creation to AVAILABLE, seconds.
+    /// The p90 of recent VMs' creation to AVAILABLE, seconds: what the status shows.
     pub provisioning_seconds: f64,
+    /// Their mean, seconds: what a slot is out for on average, which is all of the
+    /// provisioning time Erlang B depends on.
+    pub provisioning_mean_seconds: f64,
     /// VMs leased or being claimed now.
     pub busy: i64,
     /// Announced claims that have not arrived yet, while the hint lasts.
     pub hint_remaining: i64,
     /// The idle buffer for batches of claims at once (`super::batches::buffer`; 0: none).
     pub batch_buffer: i64,
+    /// Requests refused within the demand window and not served since: each waits for a VM
+    /// of its own, on top of what the rate asks for.
+    pub pending: i64,
 }
 
 /// A decision: the size to work towards and why, and the state to keep.
@@ -230,7 +240,7 @@ fn counts_leased(strategy: Strategy) -> bool {
 fn demand_size(strategy: Strategy, policy: &Autoscaling, o: &Observed, busy_avg: f64) -> (i64, i64) {
     let cap = u32::try_from(policy.max.max(0)).unwrap_or(0) + 1;
     let lambda = o.demand_per_second.max(0.0);
-    let p = o.provisioning_seconds.max(0.0);
+    let p = o.provisioning_mean_seconds.max(0.0);
     let demand = match (policy.buffer, policy.target_warm_ratio) {
         (Some(b), _) => i64::from(b) + if counts_leased(strategy) { o.busy } else { 0 },
         (None, Some(r)) => {
@@ -287,7 +297,11 @@ pub fn decide(
     // moved with every claim would shed and re-create VMs and flap.
     let ceiling = i64::from(policy.max);
     let floor = i64::from(policy.min).min(ceiling);
-    let raw = hinted.unwrap_or(demand);
+    // Requests waiting (refused, retrying) each take the first VM that comes up, before the
+    // claims the rate's slots are for: without them on top, a step's first claims took the
+    // VMs sized for the claims after them, which then missed too, one provisioning interval
+    // after another. Not remembered by the stabilization window: once served, they are busy.
+    let raw = hinted.unwrap_or(demand) + o.pending.max(0);
     let (rec, rec_reason) = if raw > ceiling {
         (ceiling, ScaleReason::Ceiling)
     } else if raw < floor {
@@ -351,7 +365,13 @@ pub fn decide(
         hint_announced: prev.hint_announced,
         batches: prev.batches.clone(),
         batch_buffer: o.batch_buffer,
-        active: o.batch_buffer > 0 || lambda > 0.0 || hint > 0 || o.busy > 0 || busy_avg >= 0.05 || next != policy.min,
+        active: o.batch_buffer > 0
+            || o.pending > 0
+            || lambda > 0.0
+            || hint > 0
+            || o.busy > 0
+            || busy_avg >= 0.05
+            || next != policy.min,
     };
     Decision { desired: next, reason, state }
 }
@@ -369,6 +389,7 @@ mod tests {
             demand_per_second: lambda,
             claims_per_second: lambda,
             provisioning_seconds: p,
+            provisioning_mean_seconds: p,
             busy,
             ..Observed::default()
         }
@@ -518,6 +539,38 @@ mod tests {
         assert_eq!(later.desired, peak.desired);
     }
 
+    /// Erlang B depends on the provisioning time through its mean only: the load is the rate
+    /// times the mean, whatever the p90 (the status's figure) says.
+    #[test]
+    fn the_load_is_the_rate_times_the_mean_provisioning_time() {
+        let p = ratio(1, 1000, 0.99, 300);
+        let o = Observed { provisioning_seconds: 41.0, provisioning_mean_seconds: 31.0, ..obs(2.0, 41.0, 0) };
+        let d = decide(Strategy::ImmediateOnLease, &p, &o, 1, &ScalingState::default(), 100.0, 60.0);
+        assert_eq!(d.desired as u32, servers_for(62.0, 0.01, 1001));
+        assert!(servers_for(82.0, 0.01, 1001) > d.desired as u32 + 15, "the p90's load asks for many more");
+        assert_eq!(d.state.provisioning_seconds, 41.0, "the status shows the p90");
+    }
+
+    /// Requests refused and still waiting each take the first VM that comes up: a VM each on
+    /// top of what the rate asks for, and not held once they are served (they are then busy,
+    /// and their claims are in the rate).
+    #[test]
+    fn waiting_requests_each_add_a_vm_and_are_not_held() {
+        let p = ratio(1, 1000, 0.99, 300);
+        let base = decide(Strategy::ImmediateOnLease, &p, &obs(1.0, 10.0, 0), 1, &ScalingState::default(), 100.0, 60.0);
+        let waiting = Observed { pending: 25, ..obs(1.0, 10.0, 0) };
+        let up = decide(Strategy::ImmediateOnLease, &p, &waiting, base.desired, &base.state, 102.0, 60.0);
+        assert_eq!(up.desired, base.desired + 25);
+        assert_eq!(up.reason, ScaleReason::Demand);
+        let served = decide(Strategy::ImmediateOnLease, &p, &obs(1.0, 10.0, 0), up.desired, &up.state, 104.0, 60.0);
+        let band = ((f64::from(base.desired) * 0.1).round() as i32).max(1);
+        assert_eq!(served.desired, base.desired + band, "down to the held rate's size and its dead band at once");
+        // At the ceiling, the ceiling.
+        let capped = ratio(1, 20, 0.99, 300);
+        let d = decide(Strategy::ImmediateOnLease, &capped, &waiting, 1, &ScalingState::default(), 100.0, 60.0);
+        assert_eq!((d.desired, d.reason), (20, ScaleReason::Ceiling));
+    }
+
     #[test]
     fn a_buffer_keeps_idle_vms_on_top_of_the_busy_ones() {
         let p = Autoscaling { buffer: Some(3), target_warm_ratio: None, ..ratio(0, 20, 0.5, 0) };
@@ -603,6 +656,7 @@ mod tests {
             let o = Observed {
                 demand_per_second: rate,
                 provisioning_seconds: 45.0,
+                provisioning_mean_seconds: 45.0,
                 hint_remaining: hint(t),
                 ..Observed::default()
             };

@@ -50,6 +50,11 @@ pub struct PoolDemand {
     /// `refused` already): the rest are fresh arrivals (`reconcile::batches`).
     #[serde(default)]
     pub retried: [i64; RISE_SLICES],
+    /// Of the demand window's claims, those whose request was refused within the window: an
+    /// arrival `claims[0] + refused[0]` counts twice; the window's other refusals are requests
+    /// still waiting for a VM.
+    #[serde(default)]
+    pub served_refused: i64,
     /// When the last two slices' claims and refusals came: their median (seconds since the
     /// epoch; `None`: none came).
     #[serde(default)]
@@ -58,6 +63,9 @@ pub struct PoolDemand {
     pub age: f64,
     /// The p90 of the last 20 VMs' creation to AVAILABLE (`None`: none recorded).
     pub provisioning: Option<f64>,
+    /// Their mean: what a slot is out for on average (`reconcile::sizing`).
+    #[serde(default)]
+    pub provisioning_mean: Option<f64>,
     /// VMs leased or being claimed.
     pub busy: i64,
     /// The claims a live hint announced (0: no live hint), the arrivals since it came (claims,
@@ -145,20 +153,7 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                          FROM pool_refused_claims r
                          WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
                            AND r.refused_at >= s.since) AS refused,
-                        -- The slices' claims of a request refused before (its retry served).
-                        (SELECT jsonb_build_array(
-                                    count(*) FILTER (WHERE e.created_at < now() - make_interval(secs => 3 * $1 / 24)),
-                                    count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => 3 * $1 / 24) AND e.created_at < now() - make_interval(secs => 2 * $1 / 24)),
-                                    count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => 2 * $1 / 24) AND e.created_at < now() - make_interval(secs => $1 / 24)),
-                                    count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => $1 / 24)))
-                         FROM events e
-                         JOIN leases l ON l.lease_id = e.lease_id
-                         JOIN pool_refused_claims r ON (r.pool_namespace, r.pool_name, r.request_key)
-                                                     = (p.namespace, p.name, l.principal || ':' || l.request_id)
-                         , bound
-                         WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name AND e.id >= bound.first_id
-                           AND e.type = 'VM_CLAIMED' AND e.created_at >= now() - make_interval(secs => 4 * $1 / 24)
-                           AND l.request_id IS NOT NULL AND r.refused_at <= e.created_at) AS retried,
+                        rt.retried, rt.served_refused,
                         -- When the last two slices' arrivals came: their median.
                         (SELECT extract(epoch FROM percentile_disc(0.5) WITHIN GROUP (ORDER BY x.t))::float8 FROM (
                              SELECT e.created_at AS t FROM events e, bound
@@ -169,12 +164,7 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                              WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
                                AND r.refused_at >= now() - make_interval(secs => 2 * $1 / 24)) x) AS recent_at,
                         greatest(0, extract(epoch FROM now() - p.created_at))::float8 AS age,
-                        -- events_pool_available: the pool's last VM_AVAILABLE events only.
-                        (SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY x.s) FROM (
-                             SELECT (e.payload->>'provision_seconds')::float8 AS s FROM events e
-                             WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name AND e.type = 'VM_AVAILABLE'
-                               AND e.payload ? 'provision_seconds'
-                             ORDER BY e.id DESC LIMIT 20) x) AS provisioning,
+                        pv.provisioning, pv.provisioning_mean,
                         (SELECT count(*) FROM vms v WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name
                            AND v.phase IN ('LEASED', 'PRE_LEASE_HOOK_RUNNING')) AS busy,
                         -- A live hint: its claims, and the arrivals since it came: claims, or
@@ -203,6 +193,33 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                  CROSS JOIN LATERAL (SELECT greatest(now() - make_interval(secs => 30 * $1), p.created_at,
                                                      least(now() - make_interval(secs => $1),
                                                            to_timestamp(coalesce((p.scaling->>'since')::float8, 0)))) AS since) s
+                 -- The claims of a request refused before (its retry served): in each slice
+                 -- (the rest are fresh arrivals, `reconcile::batches`), and within the demand
+                 -- window of a request refused within it too (an arrival counted twice there:
+                 -- once refused, once served).
+                 CROSS JOIN LATERAL (
+                     SELECT jsonb_build_array(
+                                count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => 4 * $1 / 24) AND e.created_at < now() - make_interval(secs => 3 * $1 / 24)),
+                                count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => 3 * $1 / 24) AND e.created_at < now() - make_interval(secs => 2 * $1 / 24)),
+                                count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => 2 * $1 / 24) AND e.created_at < now() - make_interval(secs => $1 / 24)),
+                                count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => $1 / 24))) AS retried,
+                            count(*) FILTER (WHERE r.refused_at >= greatest(p.created_at, now() - make_interval(secs => $1))) AS served_refused
+                     FROM events e
+                     JOIN leases l ON l.lease_id = e.lease_id
+                     JOIN pool_refused_claims r ON (r.pool_namespace, r.pool_name, r.request_key)
+                                                 = (p.namespace, p.name, l.principal || ':' || l.request_id)
+                     , bound
+                     WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name AND e.id >= bound.first_id
+                       AND e.type = 'VM_CLAIMED' AND e.created_at >= greatest(p.created_at, now() - make_interval(secs => $1))
+                       AND l.request_id IS NOT NULL AND r.refused_at <= e.created_at) rt
+                 -- The last 20 VMs' creation to AVAILABLE (events_pool_available: the pool's
+                 -- last VM_AVAILABLE events only): its p90 and its mean.
+                 CROSS JOIN LATERAL (
+                     SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY x.s) AS provisioning, avg(x.s) AS provisioning_mean
+                     FROM (SELECT (e.payload->>'provision_seconds')::float8 AS s FROM events e
+                           WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name AND e.type = 'VM_AVAILABLE'
+                             AND e.payload ? 'provision_seconds'
+                           ORDER BY e.id DESC LIMIT 20) x) pv
                  WHERE p.autoscaling IS NOT NULL
              ), pruned AS (
                  -- Refusals past any window or hint (an hour is the longest hint).
