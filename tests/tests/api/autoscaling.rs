@@ -602,3 +602,29 @@ async fn a_pool_is_sized_by_its_mean_provisioning_time_and_shows_the_p90() {
     assert!((a.provisioning_seconds - 12.0).abs() < 1e-6, "the p90: {a:?}");
     assert!((20..=35).contains(&p.desired_size), "sized for the mean's 17 Erlangs: {p:?}");
 }
+
+/// A drained pool (most of its arrivals since its first refusal still waiting) also creates
+/// VMs for the claims of the rest of the provisioning interval since that refusal: they will
+/// be refused and wait too, and VMs created as they are refused come up after those the
+/// waiting requests take. Two pools whose VMs take 30 s, each with 40 requests waiting (40
+/// in the 48 s window: 0.83 claims/s): one's first refusal a second ago, about 24 VMs more
+/// (0.83 × 29 s); the other's 40 s ago, past its interval, none.
+#[tokio::test]
+async fn a_drained_pool_creates_vms_for_the_claims_that_will_wait_too() {
+    let app = rate_pools(&["now", "earlier"], 0).await;
+    app.conn()
+        .await
+        .batch_execute(
+            "UPDATE events SET payload = jsonb_build_object('provision_seconds', 30.0) WHERE type = 'VM_AVAILABLE';
+             INSERT INTO pool_refused_claims (pool_namespace, pool_name, request_key, refused_at)
+             SELECT 'default', p, 'client-a:' || p || '-job-' || i,
+                    now() - make_interval(secs => CASE p WHEN 'now' THEN 1 ELSE 40 END)
+             FROM unnest(ARRAY['now', 'earlier']) p, generate_series(1, 40) i;",
+        )
+        .await
+        .unwrap();
+    app.pass().await;
+    let (now, earlier) = (app.get_pool("now").await.status, app.get_pool("earlier").await.status);
+    let more = now.desired_size - earlier.desired_size;
+    assert!((15..=30).contains(&more), "{more} more: {now:?} against {earlier:?}");
+}

@@ -57,8 +57,8 @@ pub struct Observed {
     pub hint_remaining: i64,
     /// The idle buffer for batches of claims at once (`super::batches::buffer`; 0: none).
     pub batch_buffer: i64,
-    /// Requests refused within the demand window and not served since: each waits for a VM
-    /// of its own, on top of what the rate asks for.
+    /// VMs for requests refused within the demand window and not served since, each waiting
+    /// for a VM of its own, on top of what the rate asks for ([`waiting_need`]).
     pub pending: i64,
 }
 
@@ -228,6 +228,34 @@ pub fn servers_for(load: f64, loss: f64, cap: u32) -> u32 {
         }
     }
     cap
+}
+
+/// A drained pool: at least this many requests waiting …
+pub const DRAINED_MIN_WAITING: i64 = 3;
+/// … and at least this share of the arrivals since its first refusal in the window.
+pub const DRAINED_SHARE: f64 = 0.5;
+
+/// The VMs a pool's waiting requests need ([`Observed::pending`]): one each, and, while the
+/// pool is drained (most of its arrivals since its first refusal in the window still wait:
+/// [`DRAINED_MIN_WAITING`], [`DRAINED_SHARE`]), one for each claim of the rest of the
+/// provisioning interval since that refusal. Until the first VMs created for the drain come
+/// up, every claim is refused and waits; a VM created when it is refused comes up a
+/// provisioning interval later, after the VMs sized for the claims that follow, which the
+/// waiting requests take first (a retry comes before a fresh claim when the pool is empty),
+/// so those claims missed too, one interval after another. Created at the drain's start
+/// instead, the waiting requests and the claims after them are served as the first VMs come
+/// up. `waiting`: requests refused within the window and not served; `rate` per second,
+/// `holding` the mean provisioning time and `since` the seconds since the first refusal.
+pub fn waiting_need(waiting: i64, rate: f64, holding: f64, since: Option<f64>) -> i64 {
+    let waiting = waiting.max(0);
+    let (rate, holding) = (rate.max(0.0), holding.max(0.0));
+    let coming = match since {
+        Some(age) if waiting >= DRAINED_MIN_WAITING && waiting as f64 >= DRAINED_SHARE * rate * age.max(0.0) => {
+            (rate * (holding - age.max(0.0))).max(0.0)
+        }
+        _ => 0.0,
+    };
+    waiting + if coming.is_finite() { coming.ceil() as i64 } else { 0 }
 }
 
 /// Whether the strategy counts leased VMs in its size.
@@ -549,6 +577,22 @@ mod tests {
         assert_eq!(d.desired as u32, servers_for(62.0, 0.01, 1001));
         assert!(servers_for(82.0, 0.01, 1001) > d.desired as u32 + 15, "the p90's load asks for many more");
         assert_eq!(d.state.provisioning_seconds, 41.0, "the status shows the p90");
+    }
+
+    /// A drained pool's waiting requests, and the claims of the rest of the provisioning
+    /// interval since its first refusal, which will wait too; an isolated miss is one VM.
+    #[test]
+    fn a_drained_pool_needs_vms_for_the_claims_that_will_wait_too() {
+        // 2 claims/s, 31 s mean provisioning, the first refusal 10 s ago and 20 waiting:
+        // drained, 21 s of claims still to come before the first VMs do.
+        assert_eq!(waiting_need(20, 2.0, 31.0, Some(10.0)), 20 + 42);
+        // Past a provisioning interval since: what waits only.
+        assert_eq!(waiting_need(70, 2.0, 31.0, Some(40.0)), 70);
+        // A steady pool's misses: a few of the arrivals since the first one.
+        assert_eq!(waiting_need(5, 2.0, 31.0, Some(20.0)), 5);
+        assert_eq!(waiting_need(2, 2.0, 31.0, Some(1.0)), 2, "fewer than three");
+        assert_eq!(waiting_need(0, 2.0, 31.0, None), 0);
+        assert_eq!(waiting_need(-3, f64::NAN, 31.0, Some(1.0)), 0);
     }
 
     /// Requests refused and still waiting each take the first VM that comes up: a VM each on

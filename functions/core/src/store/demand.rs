@@ -55,6 +55,9 @@ pub struct PoolDemand {
     /// still waiting for a VM.
     #[serde(default)]
     pub served_refused: i64,
+    /// Seconds since the demand window's first refusal (`None`: none in the window).
+    #[serde(default)]
+    pub first_refused_age: Option<f64>,
     /// When the last two slices' claims and refusals came: their median (seconds since the
     /// epoch; `None`: none came).
     #[serde(default)]
@@ -154,6 +157,9 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                          WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
                            AND r.refused_at >= s.since) AS refused,
                         rt.retried, rt.served_refused,
+                        (SELECT extract(epoch FROM now() - min(r.refused_at))::float8 FROM pool_refused_claims r
+                         WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
+                           AND r.refused_at >= greatest(p.created_at, now() - make_interval(secs => $1))) AS first_refused_age,
                         -- When the last two slices' arrivals came: their median.
                         (SELECT extract(epoch FROM percentile_disc(0.5) WITHIN GROUP (ORDER BY x.t))::float8 FROM (
                              SELECT e.created_at AS t FROM events e, bound
