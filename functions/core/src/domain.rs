@@ -631,10 +631,19 @@ pub struct ScalingState {
     /// The idle buffer the size keeps for them (0: none).
     #[serde(default)]
     pub batch_buffer: i64,
+    /// When a decision last saw requests waiting for a VM (seconds on the database's clock;
+    /// 0: never): the size does not go down within a provisioning time of it
+    /// (`reconcile::sizing::decide`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub waiting_at: f64,
     /// Whether the next passes must look at the pool again (demand measured, a hint, or a
     /// size above the floor); the sizing step skips the others (`pools_scaling_active`).
     #[serde(default)]
     pub active: bool,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 fn default_stabilization() -> i32 {

@@ -528,7 +528,8 @@ async fn batches_that_keep_coming_get_a_buffer_and_a_served_retry_is_not_one() {
 /// them all in the last second (their retries took VMs as they came up): counted once, at
 /// their refusal (about 40 / 48 s, not twice that), and the burst of served retries is no rise
 /// and no batch. The second still has them waiting: 40 VMs on top of what the rate asks
-/// for, not held by its stabilization window once they are served.
+/// for, held for a provisioning time once they are served (a drain's served requests and new
+/// refusals do not take the size down and up), not for its stabilization window.
 #[tokio::test]
 async fn a_drained_pools_waiting_requests_each_get_a_vm_and_count_once() {
     let app = rate_pools(&["served", "waiting"], 600).await;
@@ -573,8 +574,46 @@ async fn a_drained_pools_waiting_requests_each_get_a_vm_and_count_once() {
     .await
     .unwrap();
     app.pass().await;
+    let held = app.get_pool("waiting").await.status;
+    assert_eq!(held.desired_size, w.desired_size, "held for a provisioning time (3 s) after the last wait: {held:?}");
+    // No request has waited for longer than a provisioning time: down, but not held for
+    // the stabilization window.
+    tokio::time::sleep(std::time::Duration::from_millis(3500)).await;
+    app.pass().await;
     let after = app.get_pool("waiting").await.status;
     assert!(after.desired_size <= s.desired_size + 1, "not held: {after:?} ({})", scaling_of(&app, "waiting").await);
+}
+
+/// A request's arrival is its first attempt: 40 requests refused before the demand window
+/// (48 s) and served within its last seconds are no arrivals of the window. Counted as its
+/// claims, they read as a rise to 0.83 claims/s a window after the drain (the pool grew for
+/// demand that had already come, then shrank: a reversal).
+#[tokio::test]
+async fn requests_refused_before_the_window_and_served_in_it_are_no_arrivals_of_it() {
+    let app = rate_pools(&["late"], 600).await;
+    let c = app.conn().await;
+    c.batch_execute(
+        "INSERT INTO pool_refused_claims (pool_namespace, pool_name, request_key, refused_at)
+         SELECT 'default', 'late', 'client-a:late-job-' || i, now() - interval '60 s'
+         FROM generate_series(1, 40) i;
+         INSERT INTO leases (lease_id, vm_id, pool_namespace, pool_name, claimed_at, last_heartbeat_at, expires_at,
+                             request_id, principal)
+         SELECT 'late-lease-' || i, 'late-vm-' || i, 'default', 'late', now(), now(), now() + interval '1 hour',
+                'late-job-' || i, 'client-a'
+         FROM generate_series(1, 40) i;
+         INSERT INTO events (type, pool_namespace, pool_name, lease_id, payload, created_at)
+         SELECT 'VM_CLAIMED', 'default', 'late', 'late-lease-' || i, '{}', now() - make_interval(secs => 10 - 0.2 * i)
+         FROM generate_series(1, 40) i;",
+    )
+    .await
+    .unwrap();
+    app.pass().await;
+    let scaling = scaling_of(&app, "late").await;
+    let rate = scaling["demand_per_second"].as_f64().unwrap();
+    assert!(rate < 0.3, "40 arrivals a minute ago, none in the window: {scaling}");
+    let status = app.get_pool("late").await.status;
+    // Nothing waits: no VM for the served requests either.
+    assert!(status.desired_size <= 5, "{status:?} ({scaling})");
 }
 
 /// Erlang B depends on the provisioning time through its mean only: a pool whose last 20 VMs

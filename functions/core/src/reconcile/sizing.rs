@@ -357,6 +357,15 @@ pub fn decide(
     }
     let held = recs.iter().map(|(_, r)| *r).max().unwrap_or(measured);
     let floor32 = i32::try_from(floor).unwrap_or(policy.min);
+    // A drain: while requests wait for a VM, and for a provisioning time after a decision last
+    // saw them, the size does not go down. The waiting part falls as they are served, the
+    // rate's estimate reads a rise low while its windows still hold the quiet before it, and
+    // the served requests' places are taken by new refusals while the first VMs come up one
+    // by one: a size that followed them went up and down every few seconds of a step's first
+    // minute (4–6 reversals an hour in the step benchmark), though the VMs it asked for were
+    // all still booting. Held instead, the pool refills what the served requests took (a
+    // percent more boots) and goes down once, when the drain is over.
+    let draining = o.pending > 0 || (prev.waiting_at > 0.0 && now - prev.waiting_at < o.provisioning_mean_seconds);
     // A dead band of a tenth, at least one VM, above the window's highest recommendation; none
     // when the whole window asked for the floor (an idle pool goes back to its floor).
     let band = if held <= floor32 || stab <= 0.0 { 0 } else { ((f64::from(held) * 0.1).round() as i32).max(1) };
@@ -364,7 +373,7 @@ pub fn decide(
 
     let (next, reason) = if rec > desired {
         (rec, rec_reason)
-    } else if desired > keep.max(rec) {
+    } else if desired > keep.max(rec) && !draining {
         // Down, but not below what the window's highest recommendation asks for; the reason
         // is the recommendation's.
         (keep.max(rec), rec_reason)
@@ -393,6 +402,7 @@ pub fn decide(
         hint_announced: prev.hint_announced,
         batches: prev.batches.clone(),
         batch_buffer: o.batch_buffer,
+        waiting_at: if o.pending > 0 { now } else { prev.waiting_at },
         active: o.batch_buffer > 0
             || o.pending > 0
             || lambda > 0.0
@@ -596,19 +606,30 @@ mod tests {
     }
 
     /// Requests refused and still waiting each take the first VM that comes up: a VM each on
-    /// top of what the rate asks for, and not held once they are served (they are then busy,
-    /// and their claims are in the rate).
+    /// top of what the rate asks for. Once they are served (they are then busy, and their
+    /// claims are in the rate) the size goes down after a provisioning time without a request
+    /// waiting, not after the stabilization window: a drain's served requests and new
+    /// refusals do not take it down and up again.
     #[test]
-    fn waiting_requests_each_add_a_vm_and_are_not_held() {
+    fn waiting_requests_each_add_a_vm_held_for_a_provisioning_time_not_the_window() {
         let p = ratio(1, 1000, 0.99, 300);
         let base = decide(Strategy::ImmediateOnLease, &p, &obs(1.0, 10.0, 0), 1, &ScalingState::default(), 100.0, 60.0);
         let waiting = Observed { pending: 25, ..obs(1.0, 10.0, 0) };
         let up = decide(Strategy::ImmediateOnLease, &p, &waiting, base.desired, &base.state, 102.0, 60.0);
         assert_eq!(up.desired, base.desired + 25);
         assert_eq!(up.reason, ScaleReason::Demand);
+        // Served 2 s later: still a drain (the provisioning time is 10 s).
         let served = decide(Strategy::ImmediateOnLease, &p, &obs(1.0, 10.0, 0), up.desired, &up.state, 104.0, 60.0);
+        assert_eq!(served.desired, up.desired, "held while the drain's VMs come up");
+        let again = Observed { pending: 3, ..obs(1.0, 10.0, 0) };
+        let refused = decide(Strategy::ImmediateOnLease, &p, &again, served.desired, &served.state, 108.0, 60.0);
+        assert_eq!(refused.desired, up.desired, "new refusals within it: no change");
+        let quiet =
+            decide(Strategy::ImmediateOnLease, &p, &obs(1.0, 10.0, 0), refused.desired, &refused.state, 117.0, 60.0);
+        assert_eq!(quiet.desired, up.desired, "9 s after the last request waited");
+        let over = decide(Strategy::ImmediateOnLease, &p, &obs(1.0, 10.0, 0), quiet.desired, &quiet.state, 119.0, 60.0);
         let band = ((f64::from(base.desired) * 0.1).round() as i32).max(1);
-        assert_eq!(served.desired, base.desired + band, "down to the held rate's size and its dead band at once");
+        assert_eq!(over.desired, base.desired + band, "then down to the held rate's size and its dead band at once");
         // At the ceiling, the ceiling.
         let capped = ratio(1, 20, 0.99, 300);
         let d = decide(Strategy::ImmediateOnLease, &capped, &waiting, 1, &ScalingState::default(), 100.0, 60.0);

@@ -55,6 +55,11 @@ pub struct PoolDemand {
     /// still waiting for a VM.
     #[serde(default)]
     pub served_refused: i64,
+    /// Of the demand window's claims, all whose request was refused before (within the window
+    /// or before it): the window's fresh arrivals are `claims[0] + refused[0] - retried_window`.
+    /// A claim of a request refused before the window arrived before it.
+    #[serde(default)]
+    pub retried_window: i64,
     /// Seconds since the demand window's first refusal (`None`: none in the window).
     #[serde(default)]
     pub first_refused_age: Option<f64>,
@@ -156,7 +161,7 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                          FROM pool_refused_claims r
                          WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
                            AND r.refused_at >= s.since) AS refused,
-                        rt.retried, rt.served_refused,
+                        rt.retried, rt.served_refused, rt.retried_window,
                         (SELECT extract(epoch FROM now() - min(r.refused_at))::float8 FROM pool_refused_claims r
                          WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
                            AND r.refused_at >= greatest(p.created_at, now() - make_interval(secs => $1))) AS first_refused_age,
@@ -200,16 +205,18 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                                                      least(now() - make_interval(secs => $1),
                                                            to_timestamp(coalesce((p.scaling->>'since')::float8, 0)))) AS since) s
                  -- The claims of a request refused before (its retry served): in each slice
-                 -- (the rest are fresh arrivals, `reconcile::batches`), and within the demand
-                 -- window of a request refused within it too (an arrival counted twice there:
-                 -- once refused, once served).
+                 -- (the rest are fresh arrivals, `reconcile::batches`); within the demand
+                 -- window, those of a request refused within it too (the rest of its refusals
+                 -- still wait), and all of them (no arrival of the window's: the request
+                 -- arrived when it was first refused).
                  CROSS JOIN LATERAL (
                      SELECT jsonb_build_array(
                                 count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => 4 * $1 / 24) AND e.created_at < now() - make_interval(secs => 3 * $1 / 24)),
                                 count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => 3 * $1 / 24) AND e.created_at < now() - make_interval(secs => 2 * $1 / 24)),
                                 count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => 2 * $1 / 24) AND e.created_at < now() - make_interval(secs => $1 / 24)),
                                 count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => $1 / 24))) AS retried,
-                            count(*) FILTER (WHERE r.refused_at >= greatest(p.created_at, now() - make_interval(secs => $1))) AS served_refused
+                            count(*) FILTER (WHERE r.refused_at >= greatest(p.created_at, now() - make_interval(secs => $1))) AS served_refused,
+                            count(*) AS retried_window
                      FROM events e
                      JOIN leases l ON l.lease_id = e.lease_id
                      JOIN pool_refused_claims r ON (r.pool_namespace, r.pool_name, r.request_key)
