@@ -1489,6 +1489,109 @@ async fn lease_run_forwards_sigterm_to_the_command_and_releases_before_exiting_w
     s.no_lease_left().await;
 }
 
+/// A proxy to `upstream` that passes every request on and holds the answer of each claim
+/// (`POST /v1/claims`) once the server has given it: it notifies `committed`, then waits for
+/// `go` before answering. The claim committed, the CLI still waits for it.
+async fn claim_holding_proxy(
+    upstream: String,
+    committed: std::sync::Arc<tokio::sync::Notify>,
+    go: std::sync::Arc<tokio::sync::Notify>,
+) -> String {
+    use axum::body::{Body, to_bytes};
+    use axum::http::Request;
+    let http = reqwest::Client::new();
+    let app = axum::Router::new().fallback(move |req: Request<Body>| {
+        let (http, upstream, committed, go) = (http.clone(), upstream.clone(), committed.clone(), go.clone());
+        async move {
+            let (parts, body) = req.into_parts();
+            let body = to_bytes(body, 1 << 20).await.unwrap();
+            let r = pass_on(&http, &format!("{upstream}{}", parts.uri), &parts, &body).await;
+            if parts.method == reqwest::Method::POST && parts.uri.path() == "/v1/claims" {
+                committed.notify_one();
+                go.notified().await;
+            }
+            answer(r).await
+        }
+    });
+    serve_proxy(app).await
+}
+
+/// A signal before the command started: the command never runs. Forced at the two moments a
+/// claim can be in: refused and waiting for a VM (an empty pool, --wait), and committed on the
+/// server with its answer not yet back (a proxy holds it). The first leaves no lease; the
+/// second says under which request_id a lease may exist, and claiming it again as it says
+/// replays that lease, which can then be released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_run_stopped_by_a_signal_while_claiming_never_starts_the_command() {
+    use std::sync::Arc;
+    let s = Stack::start().await;
+    s.add_sim_host().await;
+    s.create_pool("empty", 0).await;
+    let marker = s.dir.join("ran").to_string_lossy().into_owned();
+    let touch = format!("touch {marker}");
+    let mut run = s.spawn_ctl(&[
+        "lease",
+        "run",
+        "--pool",
+        "empty",
+        "--wait",
+        "5m",
+        "--request-id",
+        "job-1",
+        "--",
+        "sh",
+        "-c",
+        &touch,
+    ]);
+    // Refused at least once: the run is waiting for a VM.
+    let mut seen = String::new();
+    {
+        let mut lines = BufReader::new(run.stderr.as_mut().expect("piped stderr")).lines();
+        while !seen.contains("claim: attempt 1:") {
+            let l = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await;
+            seen += &l.expect("a refused claim within 60 s").unwrap().expect("stderr open");
+            seen.push('\n');
+        }
+    }
+    signal(&run, "-TERM");
+    let o = out(tokio::time::timeout(Duration::from_secs(60), run.wait_with_output()).await.unwrap().unwrap());
+    assert_eq!(o.code, 143, "{seen}{o:#?}");
+    assert!(o.stderr.contains("SIGTERM while claiming"), "{o:#?}");
+    assert!(!Path::new(&marker).exists(), "the command never ran");
+    assert!(s.lease_ids().await.is_empty());
+
+    // A claim that committed while its answer was on the way.
+    s.create_pool("ci", 1).await;
+    s.wait_available("ci", 1).await;
+    let (committed, go) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+    let proxy = claim_holding_proxy(s.endpoint.clone(), committed.clone(), go.clone()).await;
+    let run =
+        ctl_cmd(&proxy, ADMIN, &["lease", "run", "--pool", "ci", "--request-id", "job-2", "--", "sh", "-c", &touch])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), committed.notified()).await.expect("the claim reached the server");
+    let ids = s.lease_ids().await;
+    assert_eq!(ids.len(), 1, "committed");
+    signal(&run, "-TERM");
+    let o = out(tokio::time::timeout(Duration::from_secs(60), run.wait_with_output()).await.unwrap().unwrap());
+    go.notify_one();
+    assert_eq!(o.code, 143, "{o:#?}");
+    assert!(
+        o.stderr.contains("SIGTERM while claiming") && o.stderr.contains("lease claim --request-id job-2"),
+        "says how to find the lease: {o:#?}"
+    );
+    assert!(!Path::new(&marker).exists(), "the command never ran");
+    // As it says: the same request_id replays the lease, which is then released.
+    let again = s.ctl(&["lease", "claim", "--pool", "ci", "--request-id", "job-2", "-o", "json"]).await.ok().json();
+    assert_eq!(again["lease"]["lease_id"], json!(ids[0]), "{again}");
+    assert_eq!(again["replayed"], json!(true), "{again}");
+    s.ctl(&["lease", "release", &ids[0]]).await.ok();
+    s.no_lease_left().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_run_heartbeats_and_when_the_lease_is_lost_stops_the_command_and_exits_7() {
     let s = Stack::start().await;
