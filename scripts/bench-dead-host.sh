@@ -76,12 +76,7 @@ BIN=$STACK_BIN
 PSQL=$(pg_bindir)/psql
 
 PG_FAST=1 stack_pg_fresh "$WORK/pg" "see $WORK/pg/postgres.log"
-ADMIN=bench-admin-$(random_token)
-CLIENT=bench-client-$(random_token)
-WAKE_KEY=AKIDBENCH$(random_token | cut -c1-12 | tr 'a-f' 'A-F')
-WAKE_SECRET=$(random_token)
-DB_ARN=arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/db-Bench01
-TOKENS_ARN=arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/tokens-Bench01
+stack_bench_credentials
 
 # start_app NAME KEY=VALUE...: poolmgr-local with those variables (and only for it).
 start_app() {
@@ -117,31 +112,8 @@ run_one() {
         start_app "$name" "${common[@]}" POOLMGR_RECONCILE_TICKER=off POOLMGR_WAKE_LAMBDA_FUNCTION=reconcile \
             POOLMGR_LAMBDA_ENDPOINT="http://127.0.0.1:$emu_port" AWS_REGION=eu-west-1 \
             AWS_ACCESS_KEY_ID="$WAKE_KEY" AWS_SECRET_ACCESS_KEY="$WAKE_SECRET" AWS_SESSION_TOKEN=bench-session
-        local pg_port=${url##*:}
-        pg_port=${pg_port%%/*}
-        local db_secret tokens_secret fenv=()
-        db_secret='{"engine": "postgres", "username": "postgres", "password": "", "host": "db.example", "port": 5432, "dbname": "postgres"}'
-        tokens_secret=$(printf '{"admin_tokens": "bench:%s", "client_tokens": "bench-client:%s"}' "$ADMIN" "$CLIENT")
-        for e in "${EXTRA_ENV[@]}"; do fenv+=(--env "$e"); done
-        local emu_out=$LOGS/lambda-emu-$name.out
-        : >"$emu_out"
-        log "$name: the reconcile function under lambda-emu, scheduled every 60 s and woken by claims"
-        stack_spawn "lambda-emu $name" "$emu_out" "$LOGS/lambda-emu-$name.log" \
-            "$BIN/lambda-emu" schedule --bin "$BIN/reconcile" --name reconcile \
-            --every-ms 60000 --invoke-addr "127.0.0.1:$emu_port" --timeout-ms 300000 --coalesce \
-            --credentials "$WAKE_KEY:$WAKE_SECRET" \
-            --secret "$DB_ARN=$db_secret" --secret "$TOKENS_ARN=$tokens_secret" \
-            --env "POOLMGR_DATABASE_SECRET_ARN=$DB_ARN" --env "POOLMGR_TOKENS_SECRET_ARN=$TOKENS_ARN" \
-            --env POOLMGR_DATABASE_HOST=127.0.0.1 --env "POOLMGR_DATABASE_PORT=$pg_port" --env "POOLMGR_DATABASE_NAME=$db" \
-            --env POOLMGR_DB_POOL_SIZE=4 --env POOLMGR_WAKE_LAMBDA_FUNCTION=reconcile \
-            --env "POOLMGR_LAMBDA_ENDPOINT=http://127.0.0.1:$emu_port" --env "RUST_LOG=${RUST_LOG:-warn}" "${fenv[@]}"
+        stack_reconcile_fn_start "$name" "$url" "$emu_port" 60000 300000 "$LOGS" "${EXTRA_ENV[@]}"
         emu_pid=$SPAWNED_PID
-        local t0=$SECONDS
-        until grep -q 'lambda-emu invoke API listening on' "$emu_out" 2>/dev/null; do
-            pid_alive "$emu_pid" || die "lambda-emu exited during startup; see $LOGS/lambda-emu-$name.log"
-            ((SECONDS - t0 < 60)) || die "lambda-emu did not start within 60 s; see $LOGS/lambda-emu-$name.log"
-            sleep 0.1
-        done
     else
         log "$name: poolmgr-local with its in-process reconciler"
         start_app "$name" "${common[@]}"

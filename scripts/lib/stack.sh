@@ -29,6 +29,12 @@
 #   stack_app_start [--out FILE] [--bin BIN] ADDR LOG  poolmgr-local on ADDR (with the caller's
 #                               environment) until /healthz answers 200; sets APP_PID, APP_URL
 #   stack_register_host URL TOKEN NAME ADDR  POST /v1/hosts (PUT on 409): ADDR as host NAME
+#   stack_bench_credentials     set ADMIN, CLIENT (bearer tokens), WAKE_KEY, WAKE_SECRET (the
+#                               wakes' SigV4 credentials), DB_ARN and TOKENS_ARN (the secrets')
+#   stack_reconcile_fn_start NAME DB_URL EMU_PORT EVERY_MS TIMEOUT_MS LOGDIR [KEY=VALUE...]
+#                               the deployed shape's reconcile function: $STACK_BIN/reconcile
+#                               under `lambda-emu schedule`, as stack_bench_credentials set it up;
+#                               returns once its Invoke API listens; sets SPAWNED_PID
 #   pid_alive PID               PID exists and is not a zombie
 #   stack_pidfile_pid FILE NAME print the PID in FILE if that process is alive and runs NAME
 #   stack_stop_pidfile FILE NAME [SIGNAL]  stop the process in FILE (checked as above), remove FILE
@@ -219,6 +225,52 @@ stack_register_host() {
         die "registering host '$name' answered '${code:-no response}'; see ${STACK_APP_LOG:-the server log}"
     fi
     rm -f "$resp"
+}
+
+# --- the deployed shape (bench scripts) ----------------------------------------------------
+
+stack_bench_credentials() {
+    ADMIN=bench-admin-$(random_token)
+    CLIENT=bench-client-$(random_token)
+    # The deployed poolmgr-local signs its wakes with these (the emulator checks the signature).
+    WAKE_KEY=AKIDBENCH$(random_token | cut -c1-12 | tr 'a-f' 'A-F')
+    WAKE_SECRET=$(random_token)
+    DB_ARN=arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/db-Bench01
+    TOKENS_ARN=arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/tokens-Bench01
+}
+
+# stack_reconcile_fn_start NAME DB_URL EMU_PORT EVERY_MS TIMEOUT_MS LOGDIR [KEY=VALUE...]: the
+# reconcile function invoked every EVERY_MS as EventBridge Scheduler does and woken through the
+# emulated Invoke API on 127.0.0.1:EMU_PORT, each invocation at most TIMEOUT_MS; it reads
+# DB_URL's database (port and name; the secret's host is a stand-in) and the tokens from
+# emulated Secrets Manager secrets; each KEY=VALUE is one more variable of the function.
+stack_reconcile_fn_start() {
+    local name=$1 url=$2 emu_port=$3 every=$4 timeout=$5 logdir=$6 e
+    shift 6
+    local db=${url##*/} pg_port=${url##*:} fenv=() db_secret tokens_secret
+    db=${db%%\?*}
+    pg_port=${pg_port%%/*}
+    for e in "$@"; do fenv+=(--env "$e"); done
+    db_secret='{"engine": "postgres", "username": "postgres", "password": "", "host": "poolmgr-db.abcdefghijkl.eu-west-1.rds.amazonaws.com", "port": 5432, "dbname": "postgres"}'
+    tokens_secret=$(printf '{"admin_tokens": "bench:%s", "client_tokens": "bench-client:%s"}' "$ADMIN" "$CLIENT")
+    local out=$logdir/lambda-emu-$name.out errlog=$logdir/lambda-emu-$name.log
+    : >"$out"
+    log "stack $name: lambda-emu schedule, the reconcile function every $every ms (log: $errlog)"
+    stack_spawn "lambda-emu $name" "$out" "$errlog" \
+        "$STACK_BIN/lambda-emu" schedule --bin "$STACK_BIN/reconcile" --name reconcile \
+        --every-ms "$every" --invoke-addr "127.0.0.1:$emu_port" --timeout-ms "$timeout" --coalesce \
+        --credentials "$WAKE_KEY:$WAKE_SECRET" \
+        --secret "$DB_ARN=$db_secret" --secret "$TOKENS_ARN=$tokens_secret" \
+        --env "POOLMGR_DATABASE_SECRET_ARN=$DB_ARN" --env "POOLMGR_TOKENS_SECRET_ARN=$TOKENS_ARN" \
+        --env POOLMGR_DATABASE_HOST=127.0.0.1 --env "POOLMGR_DATABASE_PORT=$pg_port" --env "POOLMGR_DATABASE_NAME=$db" \
+        --env POOLMGR_DB_POOL_SIZE=4 --env POOLMGR_WAKE_LAMBDA_FUNCTION=reconcile \
+        --env "POOLMGR_LAMBDA_ENDPOINT=http://127.0.0.1:$emu_port" --env "RUST_LOG=${RUST_LOG:-warn}" "${fenv[@]}"
+    local t0=$SECONDS
+    until grep -q 'lambda-emu invoke API listening on' "$out" 2>/dev/null; do
+        pid_alive "$SPAWNED_PID" || { show_log_tail "$errlog"; die "lambda-emu exited during startup; see $errlog"; }
+        ((SECONDS - t0 < 60)) || die "lambda-emu did not print its address within 60 s; see $errlog"
+        sleep 0.1
+    done
 }
 
 # --- pid files (processes another run left running) ---------------------------------------
