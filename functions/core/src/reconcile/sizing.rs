@@ -18,7 +18,8 @@
 //! and depends on it only through its mean, so `p` is the mean of the recent provisioning
 //! times (the status shows their p90; sized by the p90, every busy pool carried the
 //! difference idle: a third more slots for the simulator's log-normal boots). Requests
-//! refused and still waiting each add a VM, not remembered by the stabilization window.
+//! refused and still waiting each add a VM, not remembered by the stabilization window; while
+//! they wait, and for a provisioning time after, the size does not go down (a drain).
 //! Or, with `buffer`, an explicit number of idle VMs on top of the busy ones (Actions Runner
 //! Controller's `minRunners + assignedJobs`). With a warm ratio, batches of claims at once
 //! that keep coming add an idle buffer of their own (`super::batches`; [`Observed::batch_buffer`]).
