@@ -139,13 +139,7 @@ stack_build "$PROFILE" -q -p poolmgr-bench -p flintlock-sim -p lambda-emu -p poo
 BIN=$STACK_BIN
 
 PG_FAST=1 stack_pg_fresh "$WORK/pg" "see $WORK/pg/postgres.log"
-ADMIN=bench-admin-$(random_token)
-CLIENT=bench-client-$(random_token)
-# The deployed poolmgr-local signs its wakes with these (the emulator checks the signature).
-WAKE_KEY=AKIDBENCH$(random_token | cut -c1-12 | tr 'a-f' 'A-F')
-WAKE_SECRET=$(random_token)
-DB_ARN=arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/db-Bench01
-TOKENS_ARN=arn:aws:secretsmanager:eu-west-1:123456789012:secret:poolmgr/tokens-Bench01
+stack_bench_credentials
 
 # The knobs that set how fast things happen, divided by k; the safety bounds (timeouts,
 # deadlines, heartbeat expiry, the loop budget POOLMGR_RECONCILE_LOOP_SECONDS) are not. Each
@@ -215,32 +209,8 @@ start_stack() {
             POOLMGR_LAMBDA_ENDPOINT="http://127.0.0.1:$emu_port" AWS_REGION=eu-west-1 \
             AWS_ACCESS_KEY_ID="$WAKE_KEY" AWS_SECRET_ACCESS_KEY="$WAKE_SECRET" AWS_SESSION_TOKEN=bench-session -- \
             stack_app_start --out "$LOGS/poolmgr-local-$name.out" "127.0.0.1:$port" "$LOGS/poolmgr-local-$name.log"
-        local pg_port=${url##*:}
-        pg_port=${pg_port%%/*}
-        local db_secret tokens_secret
-        db_secret=$(printf '{"engine": "postgres", "username": "postgres", "password": "", "host": "poolmgr-db.abcdefghijkl.eu-west-1.rds.amazonaws.com", "port": 5432, "dbname": "postgres"}')
-        tokens_secret=$(printf '{"admin_tokens": "bench:%s", "client_tokens": "bench-client:%s"}' "$ADMIN" "$CLIENT")
-        local fenv=()
-        for e in "${env_lines[@]}"; do fenv+=(--env "$e"); done
-        local emu_out=$LOGS/lambda-emu-$name.out
-        : >"$emu_out"
-        log "stack $name: lambda-emu schedule, the reconcile function every $(knob 60000 10) ms (log: ${LOGS#"$ROOT"/}/lambda-emu-$name.log)"
-        stack_spawn "lambda-emu $name" "$emu_out" "$LOGS/lambda-emu-$name.log" \
-            "$BIN/lambda-emu" schedule --bin "$BIN/reconcile" --name reconcile \
-            --every-ms "$(knob 60000 10)" --invoke-addr "127.0.0.1:$emu_port" --timeout-ms 120000 --coalesce \
-            --credentials "$WAKE_KEY:$WAKE_SECRET" \
-            --secret "$DB_ARN=$db_secret" --secret "$TOKENS_ARN=$tokens_secret" \
-            --env "POOLMGR_DATABASE_SECRET_ARN=$DB_ARN" --env "POOLMGR_TOKENS_SECRET_ARN=$TOKENS_ARN" \
-            --env POOLMGR_DATABASE_HOST=127.0.0.1 --env "POOLMGR_DATABASE_PORT=$pg_port" --env "POOLMGR_DATABASE_NAME=$db" \
-            --env POOLMGR_DB_POOL_SIZE=4 --env POOLMGR_WAKE_LAMBDA_FUNCTION=reconcile \
-            --env "POOLMGR_LAMBDA_ENDPOINT=http://127.0.0.1:$emu_port" --env "RUST_LOG=${RUST_LOG:-warn}" "${fenv[@]}"
+        stack_reconcile_fn_start "$name" "$url" "$emu_port" "$(knob 60000 10)" 120000 "$LOGS" "${env_lines[@]}"
         CPU_ARGS+=(--cpu-pid "lambda-emu+reconcile-$name=$SPAWNED_PID")
-        local t0=$SECONDS
-        until grep -q 'lambda-emu invoke API listening on' "$emu_out" 2>/dev/null; do
-            pid_alive "$SPAWNED_PID" || { show_log_tail "$LOGS/lambda-emu-$name.log"; die "lambda-emu exited during startup; see $LOGS/lambda-emu-$name.log"; }
-            ((SECONDS - t0 < 60)) || die "lambda-emu did not print its address within 60 s; see $LOGS/lambda-emu-$name.log"
-            sleep 0.1
-        done
     else
         log "stack $name (k = $k): poolmgr-local with its in-process reconciler"
         with_env "${common[@]}" -- stack_app_start --out "$LOGS/poolmgr-local-$name.out" "127.0.0.1:$port" "$LOGS/poolmgr-local-$name.log"
