@@ -50,9 +50,9 @@ pub struct PoolDemand {
     /// `refused` already): the rest are fresh arrivals (`reconcile::batches`).
     #[serde(default)]
     pub retried: [i64; RISE_SLICES],
-    /// Of the demand window's claims, those whose request was refused within the window: an
-    /// arrival `claims[0] + refused[0]` counts twice; the window's other refusals are requests
-    /// still waiting for a VM.
+    /// Of the demand window's claims, those whose request was refused within the window: the
+    /// window's other refusals (`refused[0] - served_refused`) are requests still waiting for
+    /// a VM.
     #[serde(default)]
     pub served_refused: i64,
     /// Of the demand window's claims, all whose request was refused before (within the window
@@ -206,9 +206,9 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                                                            to_timestamp(coalesce((p.scaling->>'since')::float8, 0)))) AS since) s
                  -- The claims of a request refused before (its retry served): in each slice
                  -- (the rest are fresh arrivals, `reconcile::batches`); within the demand
-                 -- window, those of a request refused within it too (the rest of its refusals
-                 -- still wait), and all of them (no arrival of the window's: the request
-                 -- arrived when it was first refused).
+                 -- window, those of a request refused within it too (the window's other
+                 -- refusals still wait), and all of them (none is an arrival of the window:
+                 -- its request arrived when it was first refused).
                  CROSS JOIN LATERAL (
                      SELECT jsonb_build_array(
                                 count(*) FILTER (WHERE e.created_at >= now() - make_interval(secs => 4 * $1 / 24) AND e.created_at < now() - make_interval(secs => 3 * $1 / 24)),
