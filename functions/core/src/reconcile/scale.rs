@@ -285,6 +285,10 @@ mod tests {
         /// No batch is remembered, so none is ever confirmed, covered or buffered for (the
         /// sizing before batches).
         NoBatches,
+        /// Told when [`model_day`]'s bursts may come: no batch is remembered, and the size is at
+        /// least the true load's slots (its rate times the boots' 31 s mean) plus an idle
+        /// buffer from 07:00 to 17:00: the first in the two peak hours, the second after.
+        Told(i32, i32),
     }
 
     /// A hint a replay posts: when, its `claims` and `within_seconds`.
@@ -455,6 +459,13 @@ mod tests {
                 )
             };
             let mut wr = decision_with(w, 45.0, &d);
+            if let Seen::Told(peak, rest) = seen {
+                wr.scaling.batches.clear();
+                if (7.0 * 3600.0..17.0 * 3600.0).contains(&t) {
+                    let (rate, buffer) = if t < 9.0 * 3600.0 { (2.0, peak) } else { (0.5, rest) };
+                    wr.desired = wr.desired.max((rate * 31.0_f64).ceil() as i32 + buffer);
+                }
+            }
             if seen == Seen::NoBatches {
                 // Nothing remembered: no batch is ever confirmed, covered or buffered for.
                 wr.scaling.batches.clear();
@@ -640,6 +651,43 @@ mod tests {
             // Only the bursts of fewer than 10, unannounced, keep a buffer: at most their size.
             let most = with.buffers.iter().map(|(_, b)| *b).max().unwrap_or(0);
             assert!(most <= 9, "seed {seed}: {most}");
+        }
+    }
+
+    /// The unannounced day against pools told when its bursts may come (from 07:00 to 17:00)
+    /// and at what rate its steady claims do, each keeping a constant idle buffer through those
+    /// hours on top of the load's slots (one for the two peak hours, one for the rest). A
+    /// policy not told of each burst can do no better than a constant buffer while they may
+    /// come: a burst's instant is a Poisson arrival and its misses are convex in the buffer.
+    /// The cheapest of them that is 99 % warm costs more than 28 % of the static peak-sized
+    /// pool's idle VM-minutes, so the two targets for this day (99 % warm at 25 %)
+    /// cannot both be met without hints. (Session 13 estimated 28 % from the bursts' sizes
+    /// alone, leaving out the steady claims that miss after a burst larger than the buffer:
+    /// it takes every idle VM, and the claims of the next provisioning time wait for the
+    /// VMs it started.) The autoscaled pool, which finds the hours, the rate and the buffer
+    /// itself, spends at most 9 points more.
+    #[test]
+    fn the_unannounced_day_costs_near_what_a_buffer_told_the_burst_hours_does() {
+        for seed in [1, 2, 3] {
+            let (arrivals, _) = model_day(seed);
+            let auto = replay(&arrivals, 86_400.0, 30.0, 0.99, Seen::All, &[]);
+            let told: Vec<(Seen, Outcome)> = [(50, 40), (60, 40), (50, 45), (60, 45), (50, 50), (60, 50)]
+                .into_iter()
+                .map(|(peak, rest)| {
+                    let seen = Seen::Told(peak, rest);
+                    (seen, replay(&arrivals, 86_400.0, 30.0, 0.99, seen, &[]))
+                })
+                .collect();
+            for (seen, o) in &told {
+                eprintln!("seed {seed}: {seen:?}: {:.4} warm at {:.3}", ratio(o), share(o));
+            }
+            let warm = told.iter().filter(|(_, o)| ratio(o) >= 0.99);
+            let best = warm.map(|(_, o)| share(o)).fold(f64::INFINITY, f64::min);
+            eprintln!("seed {seed}: autoscaled {:.4} at {:.3}; told at best {best:.3}", ratio(&auto), share(&auto));
+            assert!(best.is_finite(), "seed {seed}: a buffer told the hours reaches 99 %");
+            assert!(best > 0.28, "seed {seed}: {best:.3}");
+            assert!(ratio(&auto) >= 0.99, "seed {seed}: {:.4}", ratio(&auto));
+            assert!(share(&auto) <= best + 0.09, "seed {seed}: {:.3} against {best:.3}", share(&auto));
         }
     }
 
