@@ -352,6 +352,15 @@ pub fn decide(
     // No window: no history, the size follows the recommendation down at once.
     let mut recs: Vec<(f64, i32)> =
         if stab > 0.0 { prev.recs.iter().copied().filter(|(t, _)| *t > now - stab - bucket).collect() } else { vec![] };
+    if prev.at <= 0.0 && stab > 0.0 {
+        // The first decision since autoscaling was switched on (a new pool, or an existing
+        // one given the block): the size it starts from (`size`) is the window's first
+        // recommendation, so the pool keeps it for a stabilization window before the demand
+        // measured since takes it down, as HPA seeds its window with the replicas it found.
+        // Without it, a pool went to its floor in its first pass, before any demand could
+        // have been measured. Up at once, as ever.
+        recs.push((start, desired));
+    }
     match recs.last_mut() {
         Some((t, r)) if *t == start => *r = (*r).max(measured),
         _ => recs.push((start, measured)),
@@ -528,6 +537,29 @@ mod tests {
         // Past the window: down to the floor.
         let d = decide(Strategy::ImmediateOnLease, &p, &Observed::default(), desired, &st, 1320.0, 60.0);
         assert_eq!((d.desired, d.reason), (1, ScaleReason::Floor));
+    }
+
+    /// A pool created (or switched to autoscaling) at `size` keeps it for a stabilization
+    /// window before the demand measured since takes it down: none can have been measured by
+    /// its first pass. Up at once, as ever; without a window, down at once.
+    #[test]
+    fn a_new_pool_keeps_its_size_for_a_stabilization_window_then_follows_demand() {
+        let p = ratio(1, 100, 0.99, 300);
+        let (mut st, mut desired) = (ScalingState::default(), 19);
+        for t in [10.0, 100.0, 200.0, 300.0] {
+            let d = decide(Strategy::ImmediateOnLease, &p, &Observed::default(), desired, &st, t, 60.0);
+            assert_eq!(d.desired, 19, "kept at {t}");
+            assert!(d.state.active, "looked at again");
+            (desired, st) = (d.desired, d.state);
+        }
+        let d = decide(Strategy::ImmediateOnLease, &p, &Observed::default(), desired, &st, 330.0, 60.0);
+        assert_eq!((d.desired, d.reason), (1, ScaleReason::Floor), "past the window");
+        let d = decide(Strategy::ImmediateOnLease, &p, &obs(1.0, 30.0, 0), 19, &ScalingState::default(), 10.0, 60.0);
+        assert!(d.desired > 30, "up at once: {d:?}");
+        let none = ratio(1, 100, 0.99, 0);
+        let d =
+            decide(Strategy::ImmediateOnLease, &none, &Observed::default(), 19, &ScalingState::default(), 10.0, 60.0);
+        assert_eq!(d.desired, 1, "no window");
     }
 
     /// Issue 22: no flapping under steady load. A demand estimate that wobbles by ±20 %
