@@ -285,9 +285,10 @@ mod tests {
         /// No batch is remembered, so none is ever confirmed, covered or buffered for (the
         /// sizing before batches).
         NoBatches,
-        /// Told when [`model_day`]'s bursts may come: no batch is remembered, and the size is at
-        /// least the true load's slots (its rate times the boots' 31 s mean) plus an idle
-        /// buffer from 07:00 to 17:00: the first in the two peak hours, the second after.
+        /// Told when [`model_day`]'s bursts may come and at what rate its steady claims do:
+        /// through [`BURST_HOURS`] (from a mean boot before), the size is a constant, the
+        /// steady load's slots (the rate of [`DAY`]'s phase times the boots' mean) plus an idle
+        /// buffer, the first in the peak phase, the second after; the sizing's outside them.
         Told(i32, i32),
     }
 
@@ -461,9 +462,12 @@ mod tests {
             let mut wr = decision_with(w, 45.0, &d);
             if let Seen::Told(peak, rest) = seen {
                 wr.scaling.batches.clear();
-                if (7.0 * 3600.0..17.0 * 3600.0).contains(&t) {
-                    let (rate, buffer) = if t < 9.0 * 3600.0 { (2.0, peak) } else { (0.5, rest) };
-                    wr.desired = wr.desired.max((rate * 31.0_f64).ceil() as i32 + buffer);
+                let mean_boot = boot * (0.25_f64 * 0.25 / 2.0).exp();
+                let (from, to) = (BURST_HOURS.0 * 3600.0 - mean_boot, BURST_HOURS.1 * 3600.0);
+                if (from..to).contains(&t) {
+                    let rate = day_rate(t + mean_boot);
+                    let buffer = if rate >= 2.0 { peak } else { rest };
+                    wr.desired = (rate * mean_boot).ceil() as i32 + buffer;
                 }
             }
             if seen == Seen::NoBatches {
@@ -488,6 +492,23 @@ mod tests {
         out
     }
 
+    /// [`model_day`]'s steady phases, (hours, claims per second) from midnight, and the hours
+    /// its bursts come in.
+    const DAY: [(f64, f64); 4] = [(7.0, 0.02), (2.0, 2.0), (8.0, 0.5), (7.0, 0.02)];
+    const BURST_HOURS: (f64, f64) = (7.0, 17.0);
+
+    /// [`DAY`]'s rate at `t` seconds from midnight.
+    fn day_rate(t: f64) -> f64 {
+        let mut end = 0.0;
+        for (hours, rate) in DAY {
+            end += hours * 3600.0;
+            if t < end {
+                return rate;
+            }
+        }
+        DAY[DAY.len() - 1].1
+    }
+
     /// The benchmark's model day at the demand: 7 h at 0.02 claims/s, 2 h at 2, 8 h at
     /// 0.5, 7 h at 0.02, and matrix bursts of 1 to 50 at once, 10 an hour from 07:00 to 17:00;
     /// and its hints, as the benchmark's `autoscaled-hints` sends them: each burst of 10 or
@@ -496,7 +517,7 @@ mod tests {
         let mut u = rng(seed);
         let (mut out, mut hints) = (vec![], vec![]);
         let (mut start, mut t) = (0.0_f64, 0.0_f64);
-        for (hours, rate) in [(7.0, 0.02), (2.0, 2.0), (8.0, 0.5), (7.0, 0.02)] {
+        for (hours, rate) in DAY {
             let end = start + hours * 3600.0;
             t = t.max(start);
             loop {
@@ -508,10 +529,10 @@ mod tests {
             }
             start = end;
         }
-        let mut t = 7.0 * 3600.0;
+        let mut t = BURST_HOURS.0 * 3600.0;
         loop {
             t += -u().ln() / (10.0 / 3600.0);
-            if t >= 17.0 * 3600.0 {
+            if t >= BURST_HOURS.1 * 3600.0 {
                 break;
             }
             let n = 1 + (u() * 50.0) as usize;
@@ -655,39 +676,39 @@ mod tests {
     }
 
     /// The unannounced day against pools told when its bursts may come (from 07:00 to 17:00)
-    /// and at what rate its steady claims do, each keeping a constant idle buffer through those
-    /// hours on top of the load's slots (one for the two peak hours, one for the rest). A
-    /// policy not told of each burst can do no better than a constant buffer while they may
-    /// come: a burst's instant is a Poisson arrival and its misses are convex in the buffer.
-    /// The cheapest of them that is 99 % warm costs more than 28 % of the static peak-sized
-    /// pool's idle VM-minutes, so the two targets for this day (99 % warm at 25 %)
-    /// cannot both be met without hints. (Session 13 estimated 28 % from the bursts' sizes
-    /// alone, leaving out the steady claims that miss after a burst larger than the buffer:
-    /// it takes every idle VM, and the claims of the next provisioning time wait for the
-    /// VMs it started.) The autoscaled pool, which finds the hours, the rate and the buffer
-    /// itself, spends at most 9 points more.
+    /// and at what rate its steady claims do, each keeping a constant size through those hours
+    /// (from a mean boot before): the steady load's slots plus an idle buffer, one for the two
+    /// peak hours and one after. A policy not told of each burst does about best with a
+    /// constant buffer while they may come: a burst's instant is a Poisson arrival, and its
+    /// misses are convex in the buffer. None of them that costs at most 27 % of the static
+    /// peak-sized pool's idle VM-minutes is 99 % warm, so the two targets for this day
+    /// (99 % warm at 25 %) cannot both be met without hints. (Session 13 estimated 28 % from
+    /// the bursts' sizes alone, leaving out the steady claims that miss after a burst larger
+    /// than the buffer: it takes every idle VM, and the claims of the next provisioning time
+    /// wait for the VMs it started.) The autoscaled pool, which finds the hours, the rate and
+    /// the buffer itself, spends at most 12 points more than the cheapest of them that is.
     #[test]
     fn the_unannounced_day_costs_near_what_a_buffer_told_the_burst_hours_does() {
         for seed in [1, 2, 3] {
             let (arrivals, _) = model_day(seed);
             let auto = replay(&arrivals, 86_400.0, 30.0, 0.99, Seen::All, &[]);
-            let told: Vec<(Seen, Outcome)> = [(50, 40), (60, 40), (50, 45), (60, 45), (50, 50), (60, 50)]
+            let told: Vec<(Seen, Outcome)> = [40, 50, 60]
                 .into_iter()
-                .map(|(peak, rest)| {
-                    let seen = Seen::Told(peak, rest);
-                    (seen, replay(&arrivals, 86_400.0, 30.0, 0.99, seen, &[]))
-                })
+                .flat_map(|peak| [35, 40, 45, 50].map(|rest| Seen::Told(peak, rest)))
+                .map(|seen| (seen, replay(&arrivals, 86_400.0, 30.0, 0.99, seen, &[])))
                 .collect();
             for (seen, o) in &told {
                 eprintln!("seed {seed}: {seen:?}: {:.4} warm at {:.3}", ratio(o), share(o));
+                if share(o) <= 0.27 {
+                    assert!(ratio(o) < 0.99, "seed {seed}: {seen:?} is 99 % warm at {:.3}", share(o));
+                }
             }
             let warm = told.iter().filter(|(_, o)| ratio(o) >= 0.99);
             let best = warm.map(|(_, o)| share(o)).fold(f64::INFINITY, f64::min);
             eprintln!("seed {seed}: autoscaled {:.4} at {:.3}; told at best {best:.3}", ratio(&auto), share(&auto));
             assert!(best.is_finite(), "seed {seed}: a buffer told the hours reaches 99 %");
-            assert!(best > 0.28, "seed {seed}: {best:.3}");
             assert!(ratio(&auto) >= 0.99, "seed {seed}: {:.4}", ratio(&auto));
-            assert!(share(&auto) <= best + 0.09, "seed {seed}: {:.3} against {best:.3}", share(&auto));
+            assert!(share(&auto) <= best + 0.12, "seed {seed}: {:.3} against {best:.3}", share(&auto));
         }
     }
 

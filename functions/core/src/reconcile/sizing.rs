@@ -352,7 +352,8 @@ pub fn decide(
     // No window: no history, the size follows the recommendation down at once.
     let mut recs: Vec<(f64, i32)> =
         if stab > 0.0 { prev.recs.iter().copied().filter(|(t, _)| *t > now - stab - bucket).collect() } else { vec![] };
-    if prev.at <= 0.0 && stab > 0.0 {
+    let first = prev.at <= 0.0 && stab > 0.0;
+    if first {
         // The first decision since autoscaling was switched on (a new pool, or an existing
         // one given the block): the size it starts from (`size`) is the window's first
         // recommendation, so the pool keeps it for a stabilization window before the demand
@@ -392,7 +393,9 @@ pub fn decide(
     } else if i64::from(desired) > ceiling {
         (i32::try_from(ceiling).unwrap_or(policy.max), ScaleReason::Ceiling)
     } else {
-        (desired, prev.reason.unwrap_or(rec_reason))
+        // Kept: for the reason it has; the size a pool starts from, held above what the
+        // demand asks for, is the spec's (STATIC).
+        (desired, prev.reason.unwrap_or(if first && desired > rec { ScaleReason::Static } else { rec_reason }))
     };
     let lambda = o.demand_per_second;
     let state = ScalingState {
@@ -548,7 +551,7 @@ mod tests {
         let (mut st, mut desired) = (ScalingState::default(), 19);
         for t in [10.0, 100.0, 200.0, 300.0] {
             let d = decide(Strategy::ImmediateOnLease, &p, &Observed::default(), desired, &st, t, 60.0);
-            assert_eq!(d.desired, 19, "kept at {t}");
+            assert_eq!((d.desired, d.reason), (19, ScaleReason::Static), "kept at {t}");
             assert!(d.state.active, "looked at again");
             (desired, st) = (d.desired, d.state);
         }
@@ -683,7 +686,12 @@ mod tests {
     #[test]
     fn a_changed_policy_clamps_the_size_at_once() {
         let p = ratio(5, 8, 0.99, 300);
-        let st = ScalingState { recs: vec![(0.0, 50)], reason: Some(ScaleReason::Demand), ..ScalingState::default() };
+        let st = ScalingState {
+            recs: vec![(0.0, 50)],
+            at: 5.0,
+            reason: Some(ScaleReason::Demand),
+            ..ScalingState::default()
+        };
         let d = decide(Strategy::ReplaceOnDelete, &p, &Observed::default(), 50, &st, 10.0, 60.0);
         assert_eq!(d.desired, 8, "above the new ceiling");
         let d = decide(Strategy::ReplaceOnDelete, &p, &Observed::default(), 1, &ScalingState::default(), 10.0, 60.0);
