@@ -36,6 +36,19 @@ async fn scaled_events(app: &TestApp) -> Vec<Value> {
         .collect()
 }
 
+/// Runs passes (100 ms apart, at most 300) until pool default/ci's desired size is `n`:
+/// whether it got there.
+async fn passes_until_desired(app: &TestApp, n: i32) -> bool {
+    for _ in 0..300 {
+        app.pass().await;
+        if app.get_pool("ci").await.status.desired_size == n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
 #[tokio::test]
 async fn every_autoscaling_field_is_validated_and_a_bad_block_creates_nothing() {
     let app = spawn().await;
@@ -155,22 +168,39 @@ async fn a_pool_scales_down_only_after_its_window_and_never_takes_a_leased_vm() 
     let status = app.get_pool("ci").await.status;
     assert_eq!(status.desired_size, 5, "held within the window: {status:?}");
     // Past the window: down to the busy VM (buffer 0), the floor 1.
-    let mut down = false;
-    for _ in 0..300 {
-        app.pass().await;
-        if app.get_pool("ci").await.status.desired_size == 1 {
-            down = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(down, "{:?}", app.get_pool("ci").await.status);
+    assert!(passes_until_desired(&app, 1).await, "{:?}", app.get_pool("ci").await.status);
     app.settle(40, "surplus shed", || async { app.count_phase("ci", "AVAILABLE").await == 0 }).await;
     assert_eq!(app.count_phase("ci", "LEASED").await, 1, "the leased VM stays");
     app.get(CLIENT_A, &format!("/v1/leases/{lease}")).await.assert_ok(200);
     let reasons: Vec<Value> = scaled_events(&app).await.iter().map(|e| e["reason"].clone()).collect();
     assert_eq!(reasons.first(), Some(&json!("HINT")), "{reasons:?}");
     assert!(app.count_events("VM_DELETED_ON_SCALE_DOWN").await >= 1);
+}
+
+/// A pool created with the block keeps its `size` for its stabilization window (reason
+/// STATIC), before any demand can have been measured, and creates that many VMs; after the
+/// window its (absent) demand takes it down to the floor, once.
+#[tokio::test]
+async fn a_new_pool_keeps_its_size_for_its_window_then_follows_its_demand() {
+    let app = spawn().await;
+    app.created_pool(autoscaled(
+        "ci",
+        4,
+        json!({"min": 1, "max": 20, "target_warm_ratio": 0.99, "scale_down_stabilization_seconds": 2}),
+    ))
+    .await;
+    // The first pass decides and fills: the status it wrote is read however long it took.
+    app.pass().await;
+    let r = app.get(ADMIN, "/v1/pools/default/ci").await;
+    r.assert_ok(200);
+    let (desired, reason): (i64, String) = (r.json_at("/status/desired_size"), r.json_at("/status/autoscaling/reason"));
+    assert_eq!((desired, reason.as_str()), (4, "STATIC"), "{}", r.body);
+    let live = app.count_phase("ci", "PROVISIONING").await + app.count_phase("ci", "AVAILABLE").await;
+    assert_eq!(live, 4, "the starting size's VMs");
+    assert!(passes_until_desired(&app, 1).await, "{:?}", app.get_pool("ci").await.status);
+    let scaled = scaled_events(&app).await;
+    assert_eq!(scaled.len(), 1, "{scaled:?}");
+    assert_eq!((&scaled[0]["from"], &scaled[0]["to"]), (&json!(4), &json!(1)), "{scaled:?}");
 }
 
 /// The ceiling counts every VM (leased, provisioning and available), whatever the strategy,
