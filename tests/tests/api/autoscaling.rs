@@ -684,9 +684,11 @@ async fn a_pool_is_sized_by_its_mean_provisioning_time_and_shows_the_p90() {
 /// A drained pool (most of its arrivals since its first refusal still waiting) also creates
 /// VMs for the claims of the rest of the provisioning interval since that refusal: they will
 /// be refused and wait too, and VMs created as they are refused come up after those the
-/// waiting requests take. Two pools whose VMs take 30 s, each with 40 requests waiting (40
-/// in the 48 s window: 0.83 claims/s): one's first refusal a second ago, about 24 VMs more
-/// (0.83 × 29 s); the other's 40 s ago, past its interval, none.
+/// waiting requests take. Within that interval it creates twice what they need
+/// (`DRAIN_HEADROOM`): about half are up by the mean provisioning time. Two pools whose VMs
+/// take 30 s, each with 40 requests waiting (40 in the 48 s window: 0.83 claims/s): one's
+/// first refusal a second ago, 2 × (40 + 0.83 × 29 s) = 129; the other's 40 s ago, past its
+/// interval, a VM for each waiting request, 40: about 89 more.
 #[tokio::test]
 async fn a_drained_pool_creates_vms_for_the_claims_that_will_wait_too() {
     let app = rate_pools(&["now", "earlier"], 0).await;
@@ -704,5 +706,5 @@ async fn a_drained_pool_creates_vms_for_the_claims_that_will_wait_too() {
     app.pass().await;
     let (now, earlier) = (app.get_pool("now").await.status, app.get_pool("earlier").await.status);
     let more = now.desired_size - earlier.desired_size;
-    assert!((15..=30).contains(&more), "{more} more: {now:?} against {earlier:?}");
+    assert!((70..=100).contains(&more), "{more} more: {now:?} against {earlier:?}");
 }

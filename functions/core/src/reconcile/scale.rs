@@ -201,6 +201,7 @@ mod tests {
         confirmed: usize,
         /// Each request's first attempt: when, and whether it was warm.
         attempts: Vec<(f64, bool)>,
+        created: usize,
     }
 
     /// An IMMEDIATE_ON_LEASE pool's demand with nothing measured but a live hint: `claims`
@@ -339,6 +340,7 @@ mod tests {
             sizes: vec![],
             confirmed: 0,
             attempts: vec![],
+            created: 0,
         };
         let (dt, mut t, mut next) = (0.5, 0.0, 0usize);
         let count = |v: &Vec<f64>, from: f64, to: f64| {
@@ -484,6 +486,7 @@ mod tests {
             scaling = Some(wr.scaling);
             let have = available + booting.len() as i64;
             if have < i64::from(desired) {
+                out.created += (i64::from(desired) - have) as usize;
                 booting.extend((have..i64::from(desired)).map(|_| (t, t + boot_time())));
             } else {
                 available -= (have - i64::from(desired)).min(available);
@@ -647,11 +650,13 @@ mod tests {
             let without = replay(&arrivals, 86_400.0, 30.0, 0.99, Seen::All, &[]);
             let with = replay(&arrivals, 86_400.0, 30.0, 0.99, Seen::All, &hints);
             eprintln!(
-                "seed {seed}: hinted {:.4} warm at {:.3}; unhinted {:.4} at {:.3}",
+                "seed {seed}: hinted {:.4} warm at {:.3}; unhinted {:.4} at {:.3}; created {} {}",
                 ratio(&with),
                 share(&with),
                 ratio(&without),
-                share(&without)
+                share(&without),
+                with.created,
+                without.created
             );
             let reversals = |o: &Outcome| reversals(o, 0.0, f64::MAX);
             assert!(ratio(&with) >= 0.99, "seed {seed}: {:.4}", ratio(&with));
@@ -726,11 +731,12 @@ mod tests {
 
     /// The step benchmark's trace in the model: 0.02 claims/s for an hour, 2 claims/s for 30
     /// minutes, four seeds. A drained pool creates VMs for the claims that will wait until its
-    /// first VMs come up (`sizing::waiting_need`), so the rolling minute's warm hits are back
-    /// at 95 % and stay there within 100 s of the step's first claim (the target: boot + 60 s,
-    /// 90 s at the simulator's 30 s median; the boots' spread takes the rest). VMs created for
-    /// each request as it was refused came up after those sized for the claims behind it,
-    /// which the waiting requests took: 99–119 s (103 for seed 7).
+    /// first VMs come up, twice over (`sizing::waiting_need`, `DRAIN_HEADROOM`), so the
+    /// rolling minute's warm hits are back at 95 % and stay there within 88–91 s of the
+    /// step's first claim (the target: boot + 60 s, 90 s at the simulator's 30 s median).
+    /// Created once over, the waiting requests were served only by the slowest boots: 95–96 s.
+    /// VMs created for each request as it was refused came up after those sized for the claims
+    /// behind it, which the waiting requests took: 99–119 s (103 for seed 7).
     #[test]
     fn a_step_is_warm_again_within_a_boot_and_a_minute_or_so() {
         for seed in [7, 8, 9, 10] {
@@ -748,8 +754,8 @@ mod tests {
                 s += 1.0;
             }
             let back = back.expect("back at 95 %");
-            eprintln!("seed {seed}: back at 95 % {back:.0} s after the step");
-            assert!(back <= 100.0, "seed {seed}: {back:.0} s");
+            eprintln!("seed {seed}: back at 95 % {back:.0} s after the step; {} created", o.created);
+            assert!(back <= 92.0, "seed {seed}: {back:.0} s");
         }
     }
 

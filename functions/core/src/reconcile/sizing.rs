@@ -235,6 +235,10 @@ pub fn servers_for(load: f64, loss: f64, cap: u32) -> u32 {
 pub const DRAINED_MIN_WAITING: i64 = 3;
 /// … and at least this share of the arrivals since its first refusal in the window.
 pub const DRAINED_SHARE: f64 = 0.5;
+/// Within a provisioning interval of a drain's first refusal, its VMs are created this many
+/// times over: about half of them are up by the mean provisioning time (boots spread around
+/// it), and that half serves the requests waiting by then ([`waiting_need`]).
+pub const DRAIN_HEADROOM: f64 = 2.0;
 
 /// The VMs a pool's waiting requests need ([`Observed::pending`]): one each, and, while the
 /// pool is drained (most of its arrivals since its first refusal in the window still wait:
@@ -245,18 +249,26 @@ pub const DRAINED_SHARE: f64 = 0.5;
 /// waiting requests take first (a retry comes before a fresh claim when the pool is empty),
 /// so those claims missed too, one interval after another. Created at the drain's start
 /// instead, the waiting requests and the claims after them are served as the first VMs come
-/// up. `waiting`: requests refused within the window and not served; `rate` per second,
-/// `holding` the mean provisioning time and `since` the seconds since the first refusal.
+/// up. Those VMs come up spread around the mean provisioning time, and until the requests
+/// waiting are served every fresh claim misses: sized for the need, the last of them were
+/// served by the slowest boots. So within that interval the need is created
+/// [`DRAIN_HEADROOM`] times over, and the backlog is served by the time about half of the
+/// VMs are up; the rest are shed as they come up once the drain is over (extra boots, few
+/// idle minutes). `waiting`: requests refused within the window and not served; `rate` per
+/// second, `holding` the mean provisioning time and `since` the seconds since the first refusal.
 pub fn waiting_need(waiting: i64, rate: f64, holding: f64, since: Option<f64>) -> i64 {
     let waiting = waiting.max(0);
     let (rate, holding) = (rate.max(0.0), holding.max(0.0));
-    let coming = match since {
+    let left = match since {
         Some(age) if waiting >= DRAINED_MIN_WAITING && waiting as f64 >= DRAINED_SHARE * rate * age.max(0.0) => {
-            (rate * (holding - age.max(0.0))).max(0.0)
+            holding - age.max(0.0)
         }
         _ => 0.0,
     };
-    waiting + if coming.is_finite() { coming.ceil() as i64 } else { 0 }
+    if !(left > 0.0 && (rate * left).is_finite()) {
+        return waiting;
+    }
+    ((waiting as f64 + rate * left) * DRAIN_HEADROOM).ceil() as i64
 }
 
 /// Whether the strategy counts leased VMs in its size.
@@ -630,9 +642,12 @@ mod tests {
     #[test]
     fn a_drained_pool_needs_vms_for_the_claims_that_will_wait_too() {
         // 2 claims/s, 31 s mean provisioning, the first refusal 10 s ago and 20 waiting:
-        // drained, 21 s of claims still to come before the first VMs do.
-        assert_eq!(waiting_need(20, 2.0, 31.0, Some(10.0)), 20 + 42);
-        // Past a provisioning interval since: what waits only.
+        // drained, 21 s of claims still to come before the first VMs do; twice that, so the
+        // half of them that is up by the mean provisioning time serves them.
+        assert_eq!(waiting_need(20, 2.0, 31.0, Some(10.0)), 2 * (20 + 42));
+        assert_eq!(waiting_need(40, 2.0, 31.0, Some(30.9)), 81, "2 × (40 + 0.2)");
+        // Past a provisioning interval since (the VMs created for it have come up): what
+        // waits only.
         assert_eq!(waiting_need(70, 2.0, 31.0, Some(40.0)), 70);
         // A steady pool's misses: a few of the arrivals since the first one.
         assert_eq!(waiting_need(5, 2.0, 31.0, Some(20.0)), 5);
