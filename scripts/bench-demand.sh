@@ -35,6 +35,8 @@
 #                      so the two configurations' busiest minutes do not share the CPUs
 #   --demand D         demand factor on every arrival rate and the burst rate (default 0.05)
 #   --seed S           the traces' seed (default 1)
+#   --hint-lead S      how long before a burst or the step `autoscaled-hints` announces it
+#                      (unscaled seconds; default 180)
 #   --rollout-scale K  the rollout trace's (default 10: its 13 min take 78 s, plus fill and settle)
 #   --traces LIST      comma-separated: model-day, step, step-hinted, rollout
 #                      (default model-day,step,step-hinted)
@@ -63,6 +65,7 @@ ROLLOUT_SCALE=10
 STAGGER=75
 DEMAND=0.05
 SEED=1
+HINT_LEAD=180
 TRACES=model-day,step,step-hinted
 POLICIES=static-peak,static-mean,autoscaled,autoscaled-hints
 CONFIGURATIONS=local,deployed
@@ -85,6 +88,7 @@ while [[ $# -gt 0 ]]; do
         --stagger) STAGGER=$2; shift 2 ;;
         --demand) DEMAND=$2; shift 2 ;;
         --seed) SEED=$2; shift 2 ;;
+        --hint-lead) HINT_LEAD=$2; shift 2 ;;
         --traces) TRACES=$2; shift 2 ;;
         --policies) POLICIES=$2; shift 2 ;;
         --configurations) CONFIGURATIONS=$2; shift 2 ;;
@@ -95,7 +99,7 @@ while [[ $# -gt 0 ]]; do
         --no-docs) DOCS=0; shift ;;
         --env) EXTRA_ENV+=("$2"); shift 2 ;;
         --rollout-scale) ROLLOUT_SCALE=$2; shift 2 ;;
-        -h | --help) sed -n '2,56p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,58p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
 done
@@ -266,7 +270,7 @@ log "running the demand benchmark (k = $SCALE for model-day, $STEP_SCALE for the
 bench_status=0
 RUST_BACKTRACE=0 "$BIN/poolmgr-bench" demand "${STACK_ARGS[@]}" "${CPU_ARGS[@]}" \
     --postmaster-pid "$(head -n 1 "$WORK/pg/data/postmaster.pid")" --admin-token "$ADMIN" --client-token "$CLIENT" \
-    --scale "$SCALE" --step-scale "$STEP_SCALE" --stagger-s "$STAGGER" --demand "$DEMAND" --seed "$SEED" --traces "$TRACES" --policies "$POLICIES" "${ALL_ROWS[@]}" \
+    --scale "$SCALE" --step-scale "$STEP_SCALE" --stagger-s "$STAGGER" --demand "$DEMAND" --seed "$SEED" --hint-lead-s "$HINT_LEAD" --traces "$TRACES" --policies "$POLICIES" "${ALL_ROWS[@]}" \
     --boot-median-ms "$BOOT_MEDIAN_MS" --boot-sigma "$BOOT_SIGMA" \
     --realtime-claims "$REALTIME_CLAIMS" --realtime-gap-s "$REALTIME_GAP" \
     --rollout-scale "$ROLLOUT_SCALE" --rollout-results "$ROLLOUT_RESULTS" \

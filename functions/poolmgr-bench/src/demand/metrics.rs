@@ -40,6 +40,10 @@ pub struct Row {
     /// D: every arrival rate (and the burst rate) multiplied by it.
     pub demand: f64,
     pub seed: u64,
+    /// How long before what they announce `autoscaled-hints` sent its hints (unscaled
+    /// seconds; other policies send none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint_lead_s: Option<f64>,
     pub pool: String,
     /// The static size, or the autoscaled pool's starting size.
     pub pool_size: i64,
@@ -304,6 +308,7 @@ pub struct RowPlan<'a> {
     pub scale: f64,
     pub demand: f64,
     pub seed: u64,
+    pub hint_lead_s: f64,
     pub pool_size: i64,
     pub autoscaling: Option<(i64, i64)>,
     pub peak_load: f64,
@@ -419,6 +424,7 @@ pub fn row(plan: &RowPlan<'_>, m: &Measured<'_>) -> Row {
         scale: k,
         demand: plan.demand,
         seed: plan.seed,
+        hint_lead_s: (!plan.trace.hints.is_empty() && plan.policy == "autoscaled-hints").then_some(plan.hint_lead_s),
         pool: plan.pool.to_owned(),
         pool_size: plan.pool_size,
         autoscaling_min: plan.autoscaling.map(|a| a.0),

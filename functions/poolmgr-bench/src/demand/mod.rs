@@ -134,6 +134,9 @@ pub struct Args {
     pub demand: f64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// How long before a burst (or the step) `autoscaled-hints` announces it, unscaled seconds.
+    #[arg(long, default_value_t = trace::HINT_LEAD_S)]
+    pub hint_lead_s: f64,
     #[arg(long, value_delimiter = ',', default_value = "model-day,step,step-hinted")]
     pub traces: Vec<String>,
     #[arg(long, value_delimiter = ',', default_value = "static-peak,static-mean,autoscaled,autoscaled-hints")]
@@ -200,6 +203,9 @@ pub struct Summary {
     pub stagger_s: f64,
     pub demand: f64,
     pub seed: u64,
+    /// `--hint-lead-s` (`None`: a summary from before it, [`trace::HINT_LEAD_S`]).
+    #[serde(default)]
+    pub hint_lead_s: Option<f64>,
     pub boot: String,
     pub boot_mean_s: f64,
     pub jobs: String,
@@ -452,16 +458,23 @@ fn rollout_setup(args: &Args) -> anyhow::Result<rollout::Setup> {
 
 async fn run_traces(args: Args) -> anyhow::Result<bool> {
     // Written so that NaN fails too.
-    let sane = args.scale >= 1.0 && args.step_scale >= 1.0 && args.demand > 0.0 && args.stagger_s >= 0.0;
+    let sane = args.scale >= 1.0
+        && args.step_scale >= 1.0
+        && args.demand > 0.0
+        && args.stagger_s >= 0.0
+        && args.hint_lead_s >= 0.0
+        && args.hint_lead_s.is_finite();
     if !sane {
-        bail!("--scale and --step-scale must be at least 1, --demand above 0, --stagger-s not negative");
+        bail!(
+            "--scale and --step-scale must be at least 1, --demand above 0, --stagger-s and --hint-lead-s not negative"
+        );
     }
     let traces: Vec<Arc<Trace>> = args
         .traces
         .iter()
         .map(|t| {
             TraceKind::parse(t)
-                .map(|k| Arc::new(Trace::generate(k, args.demand, args.seed)))
+                .map(|k| Arc::new(Trace::generate(k, args.demand, args.seed, args.hint_lead_s)))
                 .with_context(|| format!("unknown trace {t:?}: model-day, step or step-hinted"))
         })
         .collect::<anyhow::Result<_>>()?;
@@ -698,6 +711,7 @@ async fn run_traces(args: Args) -> anyhow::Result<bool> {
             scale: r.k,
             demand: args.demand,
             seed: args.seed,
+            hint_lead_s: args.hint_lead_s,
             pool_size: r.size,
             autoscaling: r.autoscaling,
             peak_load: r.peak_load,
@@ -756,6 +770,7 @@ async fn run_traces(args: Args) -> anyhow::Result<bool> {
         stagger_s: args.stagger_s,
         demand: args.demand,
         seed: args.seed,
+        hint_lead_s: Some(args.hint_lead_s),
         boot: format!("log-normal, median {:.1} s, σ {}", args.boot_median_ms / 1000.0, args.boot_sigma),
         boot_mean_s,
         jobs: format!(

@@ -81,6 +81,7 @@ pub fn markdown(rows: &[Row], s: &Summary, machine: &str, checks: &str) -> Strin
         out.push_str(&format!("Stacks: {}\n\n", s.settings));
     }
     out.push_str("Traces (claims as generated for this run):\n\n");
+    let lead = s.hint_lead_s.unwrap_or(trace::HINT_LEAD_S);
     for t in &s.traces {
         let name = t["trace"].as_str().unwrap_or("");
         let what = match name {
@@ -95,8 +96,8 @@ pub fn markdown(rows: &[Row], s: &Summary, machine: &str, checks: &str) -> Strin
                 bm = trace::BURST_MAX,
                 bph = trace::BURSTS_PER_HOUR,
                 hm = trace::HINT_MIN_BURST,
-                lead = trace::HINT_LEAD_S,
-                within = trace::HINT_LEAD_S + trace::BURST_HINT_AFTER_S
+                lead = lead,
+                within = lead + trace::BURST_HINT_AFTER_S
             ),
             "step" | "step-hinted" => format!(
                 "{:.0} min at {lo}/s, a step to {hi}/s for {:.0} min, {:.0} min at {lo}/s{}",
@@ -107,10 +108,10 @@ pub fn markdown(rows: &[Row], s: &Summary, machine: &str, checks: &str) -> Strin
                     format!(
                         "; announced {:.0} s before the step with `claims` = its first {:.0} s of claims ({}), \
                          `within_seconds` = {:.0} s",
-                        trace::HINT_LEAD_S,
+                        lead,
                         trace::STEP_HINT_COVERS_S,
                         (trace::HIGH_RATE * s.demand * trace::STEP_HINT_COVERS_S).ceil(),
-                        trace::HINT_LEAD_S + trace::STEP_HINT_COVERS_S
+                        lead + trace::STEP_HINT_COVERS_S
                     )
                 } else {
                     String::new()

@@ -7,9 +7,10 @@
 //!   8 h at 0.5/s, 7 h at 0.02/s, Poisson arrivals; plus matrix bursts (N claims at once, N
 //!   uniform in 1..=50) as a Poisson process of [`BURSTS_PER_HOUR`] during working hours
 //!   (07:00–17:00). Hints (policy `autoscaled-hints`): each burst of at least
-//!   [`HINT_MIN_BURST`] claims is announced [`HINT_LEAD_S`] before it.
+//!   [`HINT_MIN_BURST`] claims is announced a lead before it ([`HINT_LEAD_S`] unless the run
+//!   says otherwise).
 //! - `step`, `step-hinted`: [`STEP_BEFORE_S`] at 0.02/s, [`STEP_S`] at 2/s, [`STEP_AFTER_S`]
-//!   at 0.02/s; the hinted one announces the step [`HINT_LEAD_S`] before it.
+//!   at 0.02/s; the hinted one announces the step the same lead before it.
 //!
 //! Every rate (and the burst rate, not the burst sizes) is multiplied by the demand factor D
 //! of the run. Job durations: log-normal, median [`JOB_MEDIAN_S`], σ [`JOB_SIGMA`], at most
@@ -30,7 +31,7 @@ pub const BURSTS_PER_HOUR: f64 = 10.0;
 pub const BURST_MAX: u32 = 50;
 /// Bursts of at least this many claims are announced (`autoscaled-hints`).
 pub const HINT_MIN_BURST: u32 = 10;
-/// How long before a burst or the step its hint is sent.
+/// How long before a burst or the step its hint is sent, by default (`--hint-lead`).
 pub const HINT_LEAD_S: f64 = 180.0;
 /// A burst's hint covers it and a minute more.
 pub const BURST_HINT_AFTER_S: f64 = 60.0;
@@ -156,8 +157,9 @@ fn poisson(rng: &mut StdRng, phase: &Phase) -> Vec<f64> {
 }
 
 impl Trace {
-    /// The trace `kind` at demand factor `demand`, drawn from `seed`.
-    pub fn generate(kind: TraceKind, demand: f64, seed: u64) -> Trace {
+    /// The trace `kind` at demand factor `demand`, drawn from `seed`, its hints sent `lead`
+    /// seconds before what they announce (the claims are the same whatever the lead).
+    pub fn generate(kind: TraceKind, demand: f64, seed: u64, lead: f64) -> Trace {
         // One stream per trace: adding a trace to a run does not change the others.
         let mut rng = StdRng::seed_from_u64(seed ^ (kind as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let h = 3600.0;
@@ -201,18 +203,14 @@ impl Trace {
                     arrivals.push(Arrival { t, job: job(&mut rng), burst: Some(id) });
                 }
                 if n >= HINT_MIN_BURST {
-                    hints.push(Hint {
-                        t: (t - HINT_LEAD_S).max(0.0),
-                        claims: n,
-                        within: HINT_LEAD_S + BURST_HINT_AFTER_S,
-                    });
+                    hints.push(Hint { t: (t - lead).max(0.0), claims: n, within: lead + BURST_HINT_AFTER_S });
                 }
             }
         }
         if kind == TraceKind::StepHinted {
             let (s, _) = step.expect("a step trace has a step");
             let claims = (HIGH_RATE * demand * STEP_HINT_COVERS_S).ceil().max(1.0) as u32;
-            hints.push(Hint { t: s - HINT_LEAD_S, claims, within: HINT_LEAD_S + STEP_HINT_COVERS_S });
+            hints.push(Hint { t: s - lead, claims, within: lead + STEP_HINT_COVERS_S });
         }
         arrivals.sort_by(|a, b| a.t.total_cmp(&b.t));
         hints.sort_by(|a, b| a.t.total_cmp(&b.t));
@@ -317,9 +315,17 @@ mod tests {
 
     #[test]
     fn traces_are_reproducible_and_have_their_stated_shape() {
-        let a = Trace::generate(TraceKind::ModelDay, 1.0, 7);
-        let b = Trace::generate(TraceKind::ModelDay, 1.0, 7);
+        let a = Trace::generate(TraceKind::ModelDay, 1.0, 7, HINT_LEAD_S);
+        let b = Trace::generate(TraceKind::ModelDay, 1.0, 7, HINT_LEAD_S);
         assert_eq!(a.arrivals, b.arrivals, "same seed, same claims");
+        // Another lead: the same claims and hints, each hint that much nearer its burst.
+        let near = Trace::generate(TraceKind::ModelDay, 1.0, 7, 60.0);
+        assert_eq!(near.arrivals, a.arrivals, "the lead changes no claim");
+        assert_eq!(near.hints.len(), a.hints.len());
+        for (h, far) in near.hints.iter().zip(&a.hints) {
+            assert_eq!((h.claims, h.within), (far.claims, 60.0 + BURST_HINT_AFTER_S));
+            assert!(far.t < 180.0 || (h.t - far.t - 120.0).abs() < 1e-9, "{h:?} against {far:?}");
+        }
         assert_eq!(a.duration, 86_400.0);
         assert!(a.arrivals.windows(2).all(|w| w[0].t <= w[1].t));
         let in_peak = a.arrivals.iter().filter(|x| x.burst.is_none() && (25_200.0..32_400.0).contains(&x.t)).count();
@@ -335,13 +341,15 @@ mod tests {
         assert!((285.0..315.0).contains(&median), "job median {median}");
         assert!(jobs.iter().all(|&j| j > 0.0 && j <= JOB_MAX_S));
 
-        let s = Trace::generate(TraceKind::StepHinted, 0.1, 7);
+        let s = Trace::generate(TraceKind::StepHinted, 0.1, 7, HINT_LEAD_S);
         assert_eq!(s.step, Some((STEP_BEFORE_S, STEP_BEFORE_S + STEP_S)));
         assert_eq!(s.hints.len(), 1);
         assert_eq!(s.hints[0].t, STEP_BEFORE_S - HINT_LEAD_S);
         assert_eq!(s.hints[0].claims, 24);
         assert!((s.peak_rate() - 0.2).abs() < 1e-12);
-        assert!(Trace::generate(TraceKind::Step, 0.1, 7).hints.is_empty());
+        assert!(Trace::generate(TraceKind::Step, 0.1, 7, HINT_LEAD_S).hints.is_empty());
+        let near = Trace::generate(TraceKind::StepHinted, 0.1, 7, 45.0);
+        assert_eq!((near.hints[0].t, near.hints[0].within), (STEP_BEFORE_S - 45.0, 45.0 + STEP_HINT_COVERS_S));
         let expected = (0.002 * (STEP_BEFORE_S + STEP_AFTER_S) + 0.2 * STEP_S) / s.duration;
         assert!((s.mean_rate(0.1) - expected).abs() < 1e-12);
     }
