@@ -68,6 +68,8 @@ pub fn decision_with(window: f64, default_provisioning: f64, d: &PoolDemand) -> 
     let rising_since = prev.rising.then_some(d.now - prev.since);
     let (rate, change) =
         arrival_rate(&Arrivals { counts, spans, full, provisioning: holding, rising_since, slices, slice });
+    // The demand rose within two windows (seen now, or by an earlier decision).
+    let rising = change.map_or(prev.rising && d.now - prev.since < 2.0 * window, |(_, up)| up);
     let batch_buffer = match (d.autoscaling.buffer, d.autoscaling.target_warm_ratio) {
         (None, Some(r)) => {
             let allowance = batches::allowance(r, rate, memory.min(d.age), &batches);
@@ -86,7 +88,7 @@ pub fn decision_with(window: f64, default_provisioning: f64, d: &PoolDemand) -> 
         busy: d.busy,
         hint_remaining,
         batch_buffer,
-        pending: waiting_need(d.refused[0] - d.served_refused, rate, holding, d.first_refused_age),
+        pending: waiting_need(d.refused[0] - d.served_refused, rate, holding, d.first_refused_age, rising),
     };
     let from = d.desired_size.unwrap_or_else(|| d.autoscaling.initial_size(d.size));
     let mut out = decide(d.strategy, &d.autoscaling, &observed, from, &prev, d.now, window);
@@ -240,6 +242,41 @@ mod tests {
             hint_age: age,
             hint_expired: false,
         }
+    }
+
+    /// A drain is created twice over only when the demand has just risen (nothing was booting
+    /// for its claims): a steady pool at 2 claims/s that runs out for a moment, its
+    /// replacements booting, gets a VM for each request waiting and each claim of the rest of
+    /// the provisioning interval, once; the same drain 50 s after a rise, twice that.
+    #[test]
+    fn only_a_rise_drains_twice_over() {
+        let drained = |since: f64, rising: bool, waiting: i64| {
+            let now = 10_000.0;
+            let prev = ScalingState {
+                demand_per_second: 2.0,
+                since: now - since,
+                rising,
+                at: now - 2.0,
+                recs: vec![(now - 2.0, 80)],
+                ..ScalingState::default()
+            };
+            // 2 claims/s over every window (cut at the rise), the last 10 s included.
+            let spans = cut_spans(DEMAND_WINDOWS.map(|w| w * 60.0), now, since);
+            let c = spans.map(|s| (2.0 * s) as i64);
+            let d = PoolDemand {
+                desired_size: Some(80),
+                claims: [c[0], c[1], c[2], 5, 5, 5, 5],
+                refused: [waiting, waiting, waiting, 0, 0, 0, waiting],
+                first_refused_age: (waiting > 0).then_some(1.5),
+                ..hinted(Some(prev), 0, 0, 0.0)
+            };
+            decision_with(60.0, 30.0, &d).desired
+        };
+        // 30 s mean provisioning: 3 waiting and 2 claims/s × 28.5 s to come, 60.
+        let (steady, base) = (drained(3000.0, false, 3), drained(3000.0, false, 0));
+        assert!((55..=65).contains(&(steady - base)), "once over: {steady} against {base}");
+        let (risen, base) = (drained(50.0, true, 3), drained(50.0, true, 0));
+        assert!((110..=130).contains(&(risen - base)), "twice over: {risen} against {base}");
     }
 
     /// A hint on a busy pool: its usual claims go on while the announced ones are awaited, so

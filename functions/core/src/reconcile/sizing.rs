@@ -235,9 +235,10 @@ pub fn servers_for(load: f64, loss: f64, cap: u32) -> u32 {
 pub const DRAINED_MIN_WAITING: i64 = 3;
 /// … and at least this share of the arrivals since its first refusal in the window.
 pub const DRAINED_SHARE: f64 = 0.5;
-/// Within a provisioning interval of a drain's first refusal, its VMs are created this many
-/// times over: about half of them are up by the mean provisioning time (boots spread around
-/// it), and that half serves the requests waiting by then ([`waiting_need`]).
+/// Within a provisioning interval of a drain's first refusal, while the demand is rising, its
+/// VMs are created this many times over: about half of them are up by the mean provisioning
+/// time (boots spread around it), and that half serves the requests waiting by then
+/// ([`waiting_need`]).
 pub const DRAIN_HEADROOM: f64 = 2.0;
 
 /// The VMs a pool's waiting requests need ([`Observed::pending`]): one each, and, while the
@@ -251,12 +252,15 @@ pub const DRAIN_HEADROOM: f64 = 2.0;
 /// instead, the waiting requests and the claims after them are served as the first VMs come
 /// up. Those VMs come up spread around the mean provisioning time, and until the requests
 /// waiting are served every fresh claim misses: sized for the need, the last of them were
-/// served by the slowest boots. So within that interval the need is created
+/// served by the slowest boots. So within that interval, when the demand has just risen
+/// (`rising`: nothing was booting for the new claims), the need is created
 /// [`DRAIN_HEADROOM`] times over, and the backlog is served by the time about half of the
 /// VMs are up; the rest are shed as they come up once the drain is over (extra boots, few
-/// idle minutes). `waiting`: requests refused within the window and not served; `rate` per
-/// second, `holding` the mean provisioning time and `since` the seconds since the first refusal.
-pub fn waiting_need(waiting: i64, rate: f64, holding: f64, since: Option<f64>) -> i64 {
+/// idle minutes). A steady pool that runs out for a moment (the Erlang loss it is sized for)
+/// has the replacements of the claims that emptied it booting already: once over. `waiting`:
+/// requests refused within the window and not served; `rate` per second, `holding` the mean
+/// provisioning time and `since` the seconds since the first refusal.
+pub fn waiting_need(waiting: i64, rate: f64, holding: f64, since: Option<f64>, rising: bool) -> i64 {
     let waiting = waiting.max(0);
     let (rate, holding) = (rate.max(0.0), holding.max(0.0));
     let left = match since {
@@ -268,7 +272,7 @@ pub fn waiting_need(waiting: i64, rate: f64, holding: f64, since: Option<f64>) -
     if !(left > 0.0 && (rate * left).is_finite()) {
         return waiting;
     }
-    ((waiting as f64 + rate * left) * DRAIN_HEADROOM).ceil() as i64
+    ((waiting as f64 + rate * left) * if rising { DRAIN_HEADROOM } else { 1.0 }).ceil() as i64
 }
 
 /// Whether the strategy counts leased VMs in its size.
@@ -644,16 +648,18 @@ mod tests {
         // 2 claims/s, 31 s mean provisioning, the first refusal 10 s ago and 20 waiting:
         // drained, 21 s of claims still to come before the first VMs do; twice that, so the
         // half of them that is up by the mean provisioning time serves them.
-        assert_eq!(waiting_need(20, 2.0, 31.0, Some(10.0)), 2 * (20 + 42));
-        assert_eq!(waiting_need(40, 2.0, 31.0, Some(30.9)), 81, "2 × (40 + 0.2)");
+        assert_eq!(waiting_need(20, 2.0, 31.0, Some(10.0), true), 2 * (20 + 42));
+        assert_eq!(waiting_need(40, 2.0, 31.0, Some(30.9), true), 81, "2 × (40 + 0.2)");
+        // A steady pool run out for a moment: its replacements are booting already.
+        assert_eq!(waiting_need(20, 2.0, 31.0, Some(10.0), false), 20 + 42);
         // Past a provisioning interval since (the VMs created for it have come up): what
         // waits only.
-        assert_eq!(waiting_need(70, 2.0, 31.0, Some(40.0)), 70);
+        assert_eq!(waiting_need(70, 2.0, 31.0, Some(40.0), true), 70);
         // A steady pool's misses: a few of the arrivals since the first one.
-        assert_eq!(waiting_need(5, 2.0, 31.0, Some(20.0)), 5);
-        assert_eq!(waiting_need(2, 2.0, 31.0, Some(1.0)), 2, "fewer than three");
-        assert_eq!(waiting_need(0, 2.0, 31.0, None), 0);
-        assert_eq!(waiting_need(-3, f64::NAN, 31.0, Some(1.0)), 0);
+        assert_eq!(waiting_need(5, 2.0, 31.0, Some(20.0), true), 5);
+        assert_eq!(waiting_need(2, 2.0, 31.0, Some(1.0), true), 2, "fewer than three");
+        assert_eq!(waiting_need(0, 2.0, 31.0, None, true), 0);
+        assert_eq!(waiting_need(-3, f64::NAN, 31.0, Some(1.0), true), 0);
     }
 
     /// Requests refused and still waiting each take the first VM that comes up: a VM each on
