@@ -9,7 +9,7 @@
 
 use super::ReconcileError;
 use super::batches::{self, BATCH_MEMORY_WINDOWS, Look, Recent};
-use super::sizing::{Arrivals, Observed, arrival_rate, cut_spans, decide, waiting_need};
+use super::sizing::{Arrivals, Observed, arrival_rate, cut_spans, decide, rose_lately, waiting_need};
 use crate::app::AppState;
 use crate::domain::{PoolRef, ScalingState};
 use crate::store::{self, DEMAND_WINDOWS, PoolDemand, RISE_SLICE_WINDOWS, ScalingWrite};
@@ -68,8 +68,7 @@ pub fn decision_with(window: f64, default_provisioning: f64, d: &PoolDemand) -> 
     let rising_since = prev.rising.then_some(d.now - prev.since);
     let (rate, change) =
         arrival_rate(&Arrivals { counts, spans, full, provisioning: holding, rising_since, slices, slice });
-    // The demand rose within two windows (seen now, or by an earlier decision).
-    let rising = change.map_or(prev.rising && d.now - prev.since < 2.0 * window, |(_, up)| up);
+    let rising = rose_lately(change, rising_since, spans[0].max(1.0));
     let batch_buffer = match (d.autoscaling.buffer, d.autoscaling.target_warm_ratio) {
         (None, Some(r)) => {
             let allowance = batches::allowance(r, rate, memory.min(d.age), &batches);

@@ -135,7 +135,7 @@ pub fn arrival_rate(a: &Arrivals) -> (f64, Option<(f64, bool)>) {
     // Within two windows of a step up, the windows cut at the step still hold up to a window
     // of the lower demand before it: the shortest window is the better estimate while it is
     // higher (a ramp is followed as it comes, not diluted).
-    let rising = change.is_some_and(|(_, up)| up) || a.rising_since.is_some_and(|s| s < 2.0 * span(0));
+    let rising = rose_lately(change, a.rising_since, span(0));
     if change.is_none() && rising {
         rate = rate.max(a.counts[0].max(0) as f64 / span(0));
     }
@@ -153,6 +153,14 @@ pub fn arrival_rate(a: &Arrivals) -> (f64, Option<(f64, bool)>) {
         rate = rate.max(sl[1] as f64 / a.slice);
     }
     (rate, change)
+}
+
+/// Whether the demand is rising: a rise seen now ([`arrival_rate`]'s change), or one seen
+/// within two of the `shortest` window's spans (`rising_since`: seconds since the last change,
+/// when it went up). The rate's estimate follows the shortest window and the last seconds
+/// meanwhile; a drain then gets its headroom ([`waiting_need`]).
+pub fn rose_lately(change: Option<(f64, bool)>, rising_since: Option<f64>, shortest: f64) -> bool {
+    change.is_some_and(|(_, up)| up) || rising_since.is_some_and(|s| s < 2.0 * shortest)
 }
 
 /// The spans of windows `w` (shortest first), `age` seconds after the pool was created and
