@@ -15,7 +15,8 @@
 //!   to VM_AVAILABLE of each VM (events);
 //! - step traces: the rolling one-minute warm-hit ratio on a 5 s grid; recovery = from the
 //!   step's start to the first grid point at or above 95 % after the first one below it
-//!   during the step;
+//!   during the step; and, as the model measures it, from the step's first claim the first
+//!   second (a 1 s grid) from which every rolling minute until the step's end holds ≥ 95 %;
 //!   back down = from the step's end until the warm part is within max(1, 10 %) of its mean
 //!   over the ten minutes before the step; and until the desired size is within max(1, 10 %)
 //!   of the model's size at the rate after the step (the "near the model's size").
@@ -105,6 +106,10 @@ pub struct Row {
     pub samples: usize,
     pub rolling_min_warm_ratio: Option<f64>,
     pub recovery_to_95_s: Option<f64>,
+    /// The model's measure (`core`'s scale tests): from the step's first claim, the first
+    /// second from which every rolling minute until the step's end holds ≥ 95 % warm.
+    #[serde(default)]
+    pub recovery_held_95_s: Option<f64>,
     pub back_down_s: Option<f64>,
     pub pre_step_warm: Option<f64>,
     /// The model's size after the step (Erlang B at the rate after it, the boot's mean time,
@@ -261,6 +266,18 @@ pub fn recovery(series: &[(f64, f64)], start: f64, end: f64, level: f64) -> Opti
     after[dip..].iter().find(|(_, r)| *r >= level).map(|(t, _)| t - start)
 }
 
+/// From the first claim at or after `start`: the first second (a 1 s grid) from which every
+/// rolling minute up to `end` holds at least `level` warm (0 if none falls below; `None` if
+/// the last one is below, or no claim came).
+pub fn recovery_held(claims: &[ClaimRecord], start: f64, end: f64, level: f64) -> Option<f64> {
+    let first = claims.iter().map(|c| c.arrival).filter(|a| *a >= start).reduce(f64::min)?;
+    let mut back = None;
+    for (t, r) in rolling_ratio(claims, first, end, 1.0) {
+        back = if r >= level { back.or(Some(t - first)) } else { None };
+    }
+    back
+}
+
 /// Boot draws (ms) of `pool`'s VMs in a flintlock-sim log: the `boot_delay_ms` of each
 /// "microvm created (PENDING)" line whose VM id is `<pool>-<ulid>`.
 pub fn boot_draws(log: &str, pool: &str) -> Vec<f64> {
@@ -395,11 +412,13 @@ pub fn row(plan: &RowPlan<'_>, m: &Measured<'_>) -> Row {
     }
 
     let (mut rolling_min, mut recovery_s, mut back_down_s, mut pre_step) = (None, None, None, None);
+    let mut recovery_held_s = None;
     let (mut model_after, mut desired_back_down_s) = (None, None);
     if let Some((s, e)) = plan.trace.step {
         let series = rolling_ratio(claims, s - 600.0, e + 1800.0, 5.0);
         rolling_min = series.iter().filter(|(t, _)| *t >= s && *t <= e).map(|(_, r)| *r).reduce(f64::min);
         recovery_s = recovery(&series, s, e, 0.95);
+        recovery_held_s = recovery_held(claims, s, e, 0.95);
         let before: Vec<&Sample> = m.samples.iter().filter(|x| x.t * k >= s - 600.0 && x.t * k < s).collect();
         if !before.is_empty() {
             let pre = before.iter().map(|x| x.warm() as f64).sum::<f64>() / before.len() as f64;
@@ -483,6 +502,7 @@ pub fn row(plan: &RowPlan<'_>, m: &Measured<'_>) -> Row {
         samples: m.samples.len(),
         rolling_min_warm_ratio: rolling_min,
         recovery_to_95_s: recovery_s,
+        recovery_held_95_s: recovery_held_s,
         back_down_s,
         pre_step_warm: pre_step,
         model_size_after_step: model_after,
@@ -580,6 +600,16 @@ mod tests {
         // A dip after the step's end is not the step's.
         assert_eq!(recovery(&series, 0.0, 60.0, 0.95), Some(0.0));
         assert_eq!(recovery(&[(0.0, 1.0), (5.0, 0.5)], 0.0, 10.0, 0.95), None);
+        // From the first claim at or after 92 s (95 s); the minute (t − 60, t] holds a cold claim
+        // until t = 215 s, so 120 s from it, on a 1 s grid.
+        assert_eq!(recovery_held(&claims, 92.0, 295.0, 0.95), Some(120.0));
+        // One cold claim after the recovery resets it: held only from when it leaves the minute.
+        let mut late = claims.clone();
+        late.push(claim(250.0, 2, true));
+        assert_eq!(recovery_held(&late, 92.0, 400.0, 0.95), Some(310.0 - 95.0));
+        assert_eq!(recovery_held(&claims, 220.0, 295.0, 0.95), Some(0.0));
+        assert_eq!(recovery_held(&late, 92.0, 280.0, 0.95), None, "still below at the end");
+        assert_eq!(recovery_held(&claims, 300.0, 400.0, 0.95), None, "no claim");
     }
 
     #[test]

@@ -219,24 +219,26 @@ Measured: the row's idle \
             "\n### The step, minute by minute\n\nThe rolling one-minute warm-hit ratio (claims arrived in the last \
              minute that got a VM on the first attempt), every 5 s: its lowest value during the step, the time from \
              the step's start until it is back at 95 % or more after first falling below (0: it never did; – : not \
-             before the trace ended), the time from the step's end until the pool's warm part (AVAILABLE + \
+             before the trace ended); as the model measures it (`core`'s scale tests), every second from the step's \
+             first claim, the time until every rolling minute up to the step's end holds 95 % or more; the time from the step's end until the pool's warm part (AVAILABLE + \
              PROVISIONING) is back within max(1, 10 %) of its mean over the ten minutes before the step, and until \
              the desired size (autoscaled pools) is within max(1, 10 %) of the model's size after the step (Erlang \
              B at the rate after it, the boot's mean time, 99 %).\n\n",
         );
         out.push_str(
-            "| trace | policy | configuration | lowest rolling 1-min warm hits | back ≥ 95 % after s | back down after s (warm part) | desired size near the model's after s (model) | warm VMs before the step | hints accepted |\n",
+            "| trace | policy | configuration | lowest rolling 1-min warm hits | back ≥ 95 % after s | held ≥ 95 % after s (1 s grid) | back down after s (warm part) | desired size near the model's after s (model) | warm VMs before the step | hints accepted |\n",
         );
-        out.push_str("|---|---|---|---|---|---|---|---|---|\n");
+        out.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
         for r in steps {
             let model = r.model_size_after_step.map_or(String::new(), |m| format!(" ({m})"));
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {}{} | {} | {}/{} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {}{} | {} | {}/{} |\n",
                 r.trace,
                 r.policy,
                 r.configuration,
                 r.rolling_min_warm_ratio.map_or("–".into(), pct),
                 f(r.recovery_to_95_s, 0),
+                f(r.recovery_held_95_s, 0),
                 f(r.back_down_s, 0),
                 f(r.desired_back_down_s, 0),
                 model,
