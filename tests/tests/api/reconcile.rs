@@ -480,6 +480,41 @@ async fn a_pool_whose_size_goes_down_sheds_available_vms() {
     app.settle(40, "gone from flintlock", || async { TestApp::sim_live(&app.sim).len() == 1 }).await;
 }
 
+/// A size that falls while VMs boot never sheds a ready VM for one still booting: counted
+/// with the booting ones, the pool shed the AVAILABLE VMs, kept the booting ones, and the next
+/// claims found none. The AVAILABLE ones beyond the size still go; a PROVISIONING one never.
+#[tokio::test]
+async fn a_size_that_falls_while_vms_boot_keeps_the_ready_ones() {
+    let app = TestApp::spawn().await;
+    let spec = |size: i32| {
+        let mut s = pool_spec("ci", size);
+        s["replenishment"]["strategy"] = json!("IMMEDIATE_ON_LEASE");
+        s
+    };
+    app.created_pool(spec(4)).await;
+    app.settle(40, "4 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 4 }).await;
+    // The replacements of two claims boot for an hour: the moment is held, not caught.
+    app.sim.set_boot_delay(Duration::from_secs(3600));
+    for _ in 0..2 {
+        app.claim(CLIENT_A, "ci", None).await.assert_ok(200);
+    }
+    app.settle(40, "2 replacements booting", || async { app.count_phase("ci", "PROVISIONING").await == 2 }).await;
+    // Size 2: 2 ready and 2 booting. The ready ones stay.
+    app.put(ADMIN, "/v1/pools/default/ci", spec(2)).await.assert_ok(200);
+    for _ in 0..3 {
+        app.pass().await;
+    }
+    assert_eq!(app.count_phase("ci", "AVAILABLE").await, 2, "no ready VM shed for a booting one");
+    assert_eq!(app.count_phase("ci", "PROVISIONING").await, 2);
+    assert_eq!(app.count_events("VM_DELETED_ON_SCALE_DOWN").await, 0);
+    // Size 1: one ready VM beyond it goes; the booting ones are never taken.
+    app.put(ADMIN, "/v1/pools/default/ci", spec(1)).await.assert_ok(200);
+    app.settle(40, "1 AVAILABLE", || async { app.count_phase("ci", "AVAILABLE").await == 1 }).await;
+    assert_eq!(app.count_phase("ci", "PROVISIONING").await, 2, "booting VMs are never shed");
+    assert_eq!(app.count_phase("ci", "LEASED").await, 2);
+    assert_eq!(app.count_events("VM_DELETED_ON_SCALE_DOWN").await, 1);
+}
+
 /// Passes provisioning a pool race its forced delete: whatever the interleaving, no VM row
 /// outlives the pool and no microVM is left in flintlock once passes settle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
