@@ -48,10 +48,10 @@ impl Plan {
 }
 
 pub(super) async fn step(db: &mut StepConn<'_>, pool: &PoolRow, counts: VmCounts) -> Result<Plan, ReconcileError> {
-    // A rollout that is not stepped (paused, halted, done) keeps the VMs its surge still has
-    // coming: warm VMs are never shed for VMs that are not warm yet.
-    let idle =
-        Plan { allowance: if pool.rollout_state.is_some() { counts.provisioning } else { 0 }, ..Plan::default() };
+    // A rollout that is not stepped (paused, halted, done) keeps nothing above the target: the
+    // VMs its surge still has coming are not counted as surplus (`strategy::surplus` never
+    // sheds a warm VM for one still booting), and go as they come up.
+    let idle = Plan::default();
     let (Some(policy), Some(state), Some(since)) = (&pool.rollout, pool.rollout_state, pool.rollout_event_id) else {
         return Ok(idle);
     };
