@@ -681,6 +681,40 @@ async fn a_pool_is_sized_by_its_mean_provisioning_time_and_shows_the_p90() {
     assert!((20..=35).contains(&p.desired_size), "sized for the mean's 17 Erlangs: {p:?}");
 }
 
+/// After a wave of creations the last VMs up are its slowest boots: sized by the last 20 up
+/// alone, a pool would carry them as its provisioning time until 20 more came up (a quarter
+/// of an hour at 0.02 claims/s). Two pools whose last 50 VMs were created a second apart,
+/// ending 101 s ago: one's took 20 and 40 s in turn (the last 20 up: 35 s on average), the
+/// other's 30 s each. Both are sized for 30 s (the 20 created last, all up by now), about 125
+/// Erlangs for 200 claims over the last 48 s, where 35 s would be 146 and about 25 VMs more;
+/// the status still shows the last 20 up's p90, 40 s.
+#[tokio::test]
+async fn after_a_wave_a_pool_is_not_sized_by_its_slowest_boots() {
+    let app = rate_pools(&["wave", "steady"], 0).await;
+    app.conn()
+        .await
+        .batch_execute(
+            "DELETE FROM events WHERE type = 'VM_AVAILABLE';
+             INSERT INTO events (type, pool_namespace, pool_name, payload, created_at)
+             SELECT 'VM_AVAILABLE', 'default', p, jsonb_build_object('provision_seconds', x.s),
+                    now() - make_interval(secs => 150 - i - x.s)
+             FROM unnest(ARRAY['wave', 'steady']) p, generate_series(0, 49) i,
+                  LATERAL (SELECT CASE WHEN p = 'steady' THEN 30.0 WHEN i % 2 = 0 THEN 20.0 ELSE 40.0 END AS s) x
+             ORDER BY p, 150 - i - x.s DESC;
+             INSERT INTO events (type, pool_namespace, pool_name, payload, created_at)
+             SELECT 'VM_CLAIMED', 'default', p, '{}', now() - make_interval(secs => 48.0 * (1 - i::float8 / 200))
+             FROM unnest(ARRAY['wave', 'steady']) p, generate_series(1, 200) i;",
+        )
+        .await
+        .unwrap();
+    app.pass().await;
+    let (wave, steady) = (app.get_pool("wave").await.status, app.get_pool("steady").await.status);
+    let a = wave.autoscaling.clone().expect("autoscaled status");
+    assert!((a.provisioning_seconds - 40.0).abs() < 1e-6, "the last 20 up's p90: {a:?}");
+    assert!((steady.desired_size - wave.desired_size).abs() <= 2, "{wave:?} against {steady:?}");
+    assert!((130..=160).contains(&steady.desired_size), "sized for 125 Erlangs: {steady:?}");
+}
+
 /// A drained pool (most of its arrivals since its first refusal still waiting) also creates
 /// VMs for the claims of the rest of the provisioning interval since that refusal: they will
 /// be refused and wait too, and VMs created as they are refused come up after those the

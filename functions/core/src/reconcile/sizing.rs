@@ -16,7 +16,8 @@
 //! counts at once). The size is the smallest whose Erlang-B loss
 //! is at most `1 - target_warm_ratio`; Erlang B holds for any holding-time distribution
 //! and depends on it only through its mean, so `p` is the mean of the recent provisioning
-//! times (the status shows their p90; sized by the p90, every busy pool carried the
+//! times (not held up by a wave's slowest boots: `super::scale::decision_with`; the status
+//! shows their p90; sized by the p90, every busy pool carried the
 //! difference idle: a third more slots for the simulator's log-normal boots). Requests
 //! refused and still waiting each add a VM, not remembered by the stabilization window; while
 //! they wait, and for a provisioning time after, the size does not go down (a drain).

@@ -74,6 +74,12 @@ pub struct PoolDemand {
     /// Their mean: what a slot is out for on average (`reconcile::sizing`).
     #[serde(default)]
     pub provisioning_mean: Option<f64>,
+    /// The mean of the 20 VMs created last among the last 50 up, of those created more than
+    /// two p90s ago (all up by now, the slow ones too); `None` when fewer than 10 were. After
+    /// a wave of creations the last VMs up are its slowest boots, so `provisioning_mean` reads
+    /// high for the next 20 creations; this one does not (`reconcile::scale::decision_with`).
+    #[serde(default)]
+    pub provisioning_created_mean: Option<f64>,
     /// VMs leased or being claimed.
     pub busy: i64,
     /// The claims a live hint announced (0: no live hint), the arrivals since it came (claims,
@@ -175,7 +181,7 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                              WHERE r.pool_namespace = p.namespace AND r.pool_name = p.name
                                AND r.refused_at >= now() - make_interval(secs => 2 * $1 / 24)) x) AS recent_at,
                         greatest(0, extract(epoch FROM now() - p.created_at))::float8 AS age,
-                        pv.provisioning, pv.provisioning_mean,
+                        pv.provisioning, pv.provisioning_mean, pc.provisioning_created_mean,
                         (SELECT count(*) FROM vms v WHERE v.pool_namespace = p.namespace AND v.pool_name = p.name
                            AND v.phase IN ('LEASED', 'PRE_LEASE_HOOK_RUNNING')) AS busy,
                         -- A live hint: its claims, and the arrivals since it came: claims, or
@@ -233,6 +239,17 @@ pub async fn demand_list(c: &impl Executor, window_seconds: f64, pool: Option<&P
                            WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name AND e.type = 'VM_AVAILABLE'
                              AND e.payload ? 'provision_seconds'
                            ORDER BY e.id DESC LIMIT 20) x) pv
+                 -- Of the last 50 up, the 20 created last of those created more than two p90s
+                 -- ago: their mean, when there are at least 10.
+                 CROSS JOIN LATERAL (
+                     SELECT CASE WHEN count(*) >= 10 THEN avg(y.s) END AS provisioning_created_mean
+                     FROM (SELECT x.s FROM (
+                               SELECT (e.payload->>'provision_seconds')::float8 AS s, e.created_at FROM events e
+                               WHERE e.pool_namespace = p.namespace AND e.pool_name = p.name AND e.type = 'VM_AVAILABLE'
+                                 AND e.payload ? 'provision_seconds'
+                               ORDER BY e.id DESC LIMIT 50) x
+                           WHERE x.created_at - make_interval(secs => x.s) < now() - make_interval(secs => 2 * pv.provisioning)
+                           ORDER BY x.created_at - make_interval(secs => x.s) DESC LIMIT 20) y) pc
                  WHERE p.autoscaling IS NOT NULL
              ), pruned AS (
                  -- Refusals past any window or hint (an hour is the longest hint).
