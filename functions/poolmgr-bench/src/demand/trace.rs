@@ -10,7 +10,8 @@
 //!   [`HINT_MIN_BURST`] claims is announced a lead before it ([`HINT_LEAD_S`] unless the run
 //!   says otherwise).
 //! - `step`, `step-hinted`: [`STEP_BEFORE_S`] at 0.02/s, [`STEP_S`] at 2/s, [`STEP_AFTER_S`]
-//!   at 0.02/s; the hinted one announces the step the same lead before it.
+//!   at 0.02/s; the hinted one is the same claims, and announces the step the same lead
+//!   before it.
 //!
 //! Every rate (and the burst rate, not the burst sizes) is multiplied by the demand factor D
 //! of the run. Job durations: log-normal, median [`JOB_MEDIAN_S`], σ [`JOB_SIGMA`], at most
@@ -160,8 +161,11 @@ impl Trace {
     /// The trace `kind` at demand factor `demand`, drawn from `seed`, its hints sent `lead`
     /// seconds before what they announce (the claims are the same whatever the lead).
     pub fn generate(kind: TraceKind, demand: f64, seed: u64, lead: f64) -> Trace {
-        // One stream per trace: adding a trace to a run does not change the others.
-        let mut rng = StdRng::seed_from_u64(seed ^ (kind as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        // One stream per trace's claims: adding a trace to a run does not change the others.
+        // The hinted step is the step's claims with a hint: the same stream, so its rows differ
+        // from the step's by the hint alone, not by another draw of the claims.
+        let claims = if kind == TraceKind::StepHinted { TraceKind::Step } else { kind };
+        let mut rng = StdRng::seed_from_u64(seed ^ (claims as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let h = 3600.0;
         let mut arrivals = vec![];
         let mut hints = vec![];
@@ -347,7 +351,10 @@ mod tests {
         assert_eq!(s.hints[0].t, STEP_BEFORE_S - HINT_LEAD_S);
         assert_eq!(s.hints[0].claims, 24);
         assert!((s.peak_rate() - 0.2).abs() < 1e-12);
-        assert!(Trace::generate(TraceKind::Step, 0.1, 7, HINT_LEAD_S).hints.is_empty());
+        let plain = Trace::generate(TraceKind::Step, 0.1, 7, HINT_LEAD_S);
+        assert!(plain.hints.is_empty());
+        assert_eq!(plain.arrivals, s.arrivals, "the hinted step is the same step, announced");
+        assert_ne!(plain.arrivals, Trace::generate(TraceKind::Step, 0.1, 8, HINT_LEAD_S).arrivals);
         let near = Trace::generate(TraceKind::StepHinted, 0.1, 7, 45.0);
         assert_eq!((near.hints[0].t, near.hints[0].within), (STEP_BEFORE_S - 45.0, 45.0 + STEP_HINT_COVERS_S));
         let expected = (0.002 * (STEP_BEFORE_S + STEP_AFTER_S) + 0.2 * STEP_S) / s.duration;
