@@ -112,15 +112,15 @@ fn parse(name: &str, ext: Option<&str>, text: &str) -> Result<Vec<Doc>, CliError
         .collect()
 }
 
-/// What the server writes for a field left out (`functions/core/src/domain.rs` and
-/// `template.rs`: every `serde(default)` it serializes back), by path. `[*]` stands for every
+/// What the server writes for a field left out (`functions/core/src/domain/`
+/// and `template.rs`: every `serde(default)` it serializes back), by path. `[*]` stands for every
 /// element of an array. A field at its default is left out on both sides of a comparison, so
 /// a file that names it and one that does not compare equal — and only there: a block the
 /// server keeps as absent or present (`rollout`, `autoscaling`, `initrd`, an interface's
 /// `address`) is never dropped for holding nothing but defaults, because `rollout: {}` turns
 /// rollouts on and no `rollout` leaves them off.
 const DEFAULTS: &[(&str, &str)] = &[
-    // PoolSpec (domain.rs): the client leaves these out; the server always writes them.
+    // PoolSpec (domain/mod.rs): the client leaves these out; the server always writes them.
     ("namespace", r#""default""#),
     ("flintlock_hosts", "[]"),
     ("create_commands", "[]"),
@@ -422,7 +422,7 @@ async fn apply_one(ctx: &Ctx, d: &Doc, dry_run: bool) -> Result<(Action, Option<
 mod tests {
     use super::*;
 
-    /// A pool as the real server answers it: every field it fills in written out (domain.rs,
+    /// A pool as the real server answers it: every field it fills in written out (domain/,
     /// template.rs), including each interface's `type`.
     fn server_spec() -> Value {
         json!({"namespace": "default", "name": "ci", "size": 0, "flintlock_hosts": ["a"],
