@@ -194,7 +194,7 @@ pub async fn lease_expire_for_pools(
     pools: &[PoolRef],
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<LeaseRow>> {
-    let (namespaces, names) = super::pool::pool_keys(pools);
+    let (namespaces, names) = super::pool_work::pool_keys(pools);
     let locked: Vec<String> = c
         .timed_query(
             "SELECT v.id FROM vms v JOIN leases l ON l.vm_id = v.id
@@ -286,7 +286,7 @@ pub async fn lease_warn_expiring_for_pools(
     window_seconds: f64,
     now: Option<DateTime<Utc>>,
 ) -> Result<u64> {
-    let (namespaces, names) = super::pool::pool_keys(pools);
+    let (namespaces, names) = super::pool_work::pool_keys(pools);
     c.timed_execute(
         "WITH w AS (
                  UPDATE leases SET warned_expires_at = expires_at

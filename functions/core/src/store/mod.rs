@@ -33,8 +33,10 @@
 //! statement that touches several tables lives with the entity it is named after
 //! (`pool_delete_and_mark_vms` in `pool.rs`, `lease_expire_for_pools` in `lease.rs`).
 //!
-//! - `pool.rs`: `pools`. [`PoolRow`], [`PoolStatus`]; create, update, get, list, delete; the
-//!   reconcile lease a pass takes on a pool, and why the pass holds it below its target.
+//! - `pool.rs`: `pools`. [`PoolRow`], [`PoolStatus`]; create, update, get, list, delete.
+//!   `pool_work.rs`, its second room: the pass's selection of the pools that may need a step
+//!   ([`pool_list_with_work`]), the reconcile lease a pass takes on a pool, and why the pass
+//!   holds it below its target.
 //! - `host.rs`: `hosts`. [`HostRow`]; register, update, cordon, remove; the orphan-scan lease
 //!   and the ServerInfo probe result.
 //! - `vm.rs`: `vms`. [`VmRow`]; the one SQL definition of a pool's VM counts
@@ -76,6 +78,7 @@ mod event;
 mod host;
 mod lease;
 mod pool;
+mod pool_work;
 mod principal;
 mod reconcile_loop;
 mod rollout;
@@ -90,6 +93,7 @@ pub use event::*;
 pub use host::*;
 pub use lease::*;
 pub use pool::*;
+pub use pool_work::*;
 pub use principal::*;
 pub use reconcile_loop::*;
 pub use rollout::*;

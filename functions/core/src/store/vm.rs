@@ -586,7 +586,7 @@ pub async fn vm_recover_abandoned_claims(
     older_than_seconds: f64,
     now: Option<DateTime<Utc>>,
 ) -> Result<Vec<VmRow>> {
-    let (namespaces, names) = super::pool::pool_keys(pools);
+    let (namespaces, names) = super::pool_work::pool_keys(pools);
     let rows = c
         .timed_query(
             "WITH v AS (
