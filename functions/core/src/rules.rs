@@ -6,7 +6,7 @@
 //! and its `PartialSchema` builds the schema from the same constant or [`Pattern`] that the
 //! validator checks. Shared rules are components (`$ref`), so each is stated in one place of
 //! the document too; rules that tie fields of one object together (a oneOf, an anyOf) are
-//! written next to their object (`template.rs`, `domain/mod.rs`, `service/host.rs`).
+//! written next to their object (`template.rs`, `domain/`, `service/host.rs`).
 //!
 //! Lengths are counted in characters, as JSON Schema's `maxLength` counts them, except the
 //! contract's 255-*byte* `request_id`: its schema states the 255 characters an ASCII id may

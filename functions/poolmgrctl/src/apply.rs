@@ -120,7 +120,7 @@ fn parse(name: &str, ext: Option<&str>, text: &str) -> Result<Vec<Doc>, CliError
 /// `address`) is never dropped for holding nothing but defaults, because `rollout: {}` turns
 /// rollouts on and no `rollout` leaves them off.
 const DEFAULTS: &[(&str, &str)] = &[
-    // PoolSpec (domain/mod.rs): the client leaves these out; the server always writes them.
+    // PoolSpec (domain/): the client leaves these out; the server always writes them.
     ("namespace", r#""default""#),
     ("flintlock_hosts", "[]"),
     ("create_commands", "[]"),

@@ -2,6 +2,10 @@
 //!
 //! Nothing here touches the database or the network. Validation errors are plain strings
 //! naming the field, turned into INVALID_ARGUMENT by the caller.
+//!
+//! This file: names, references, ids, phases and strategies, the pool spec and its validation;
+//! `autoscaling.rs`: the `autoscaling` block and the state its sizing keeps; `rollout.rs`:
+//! the `rollout` block and a rollout's states.
 
 use std::fmt;
 use std::sync::LazyLock;

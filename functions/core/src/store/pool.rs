@@ -1,6 +1,7 @@
 //! The `pools` table: [`PoolRow`], a pool's live [`PoolStatus`] (its VMs counted by
-//! `vm.rs`'s one definition), and the `pool_*` statements, including the reconcile lease a
-//! pass takes on one pool.
+//! `vm.rs`'s one definition), and the `pool_*` statements of the API: create, update, get,
+//! list, delete. The pass's selection and the reconcile lease it takes on a pool are in
+//! `pool_work.rs`.
 //!
 //! Never writes a VM's phase except as part of deleting the pool (its VMs go DELETING in the
 //! same transaction).

@@ -6,7 +6,8 @@
 //! once; the pools' status is polled throughout and their events read afterwards
 //! ([`replay`]); [`metrics`] turns that into one row each, [`report`] into the generated
 //! section of `docs/benchmarks.md`. A real-time segment ([`realtime`], k = 1) measures each
-//! configuration's refill lag at its own speed.
+//! configuration's refill lag at its own speed. `plan.rs`: the run's arguments, its policies
+//! and its rows.
 //!
 //! Policies: `static-peak` (a static pool Erlang B sizes for 99 % warm hits at the trace's
 //! peak load λ·p, p the mean boot time), `static-mean` (the same at the trace's mean rate),

@@ -154,7 +154,7 @@ pub struct Args {
     /// The postmaster's pid: its cluster's CPU time (exited backends included) likewise.
     #[arg(long)]
     pub postmaster_pid: Option<String>,
-    /// k of the `rollout` trace ([`rollout`]; its stacks are `NAME@K`).
+    /// k of the `rollout` trace ([`super::rollout`]; its stacks are `NAME@K`).
     #[arg(long, default_value_t = 10.0)]
     pub rollout_scale: f64,
     /// The `rollout` trace's rows, one JSON line each (overwritten); needed with `--traces rollout`.

@@ -1,7 +1,8 @@
-//! The two-phase claim of a pool with `pre_lease_commands` ([`claim_with_hook`]), and what
-//! checks a VM in flintlock before its lease is written: the pre-lease hook's claim takes a
-//! VM, runs the hook outside any transaction and writes the lease, or gives the VM back or
-//! applies the pool's hook-failure policy. Part of [`super`]'s claim.
+//! The two-phase claim ([`claim_with_hook`]): of a pool with `pre_lease_commands`, and of
+//! every claim while `POOLMGR_CLAIM_VERIFY` is on (the default), whose VM is checked in
+//! flintlock before its lease is written. Its first transaction takes a VM; the hook or the
+//! check runs outside any transaction; the second writes the lease, or the VM is given back or
+//! the pool's hook-failure policy applied. Part of [`super`]'s claim.
 
 use std::time::{Duration, Instant};
 
